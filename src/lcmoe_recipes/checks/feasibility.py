@@ -1,0 +1,231 @@
+"""Feasibility checks on a Plan: Megatron's rules that upstream ``validate()`` leaves to run time, plus ours.
+
+Every check returns :class:`Finding` objects (severity, rule, message naming the bad values, fix). They read a
+Plan only, import neither torch nor megatron, and run in well under a millisecond per plan.
+
+Sources of the rules (megatron-core 0.19.2 unless said otherwise):
+* rank folding -- ``parallel_state.initialize_model_parallel``: world % (TP·PP·CP) and world % (ETP·EP·PP);
+  VPP needs PP > 1.
+* divisibility -- ``TransformerConfig.__post_init__``: heads % TP, query groups a multiple or divisor of TP,
+  gated-DeltaNet linear key/value heads % (TP·CP); ``num_moe_experts % EP`` (``MoELayer``);
+  megatron-bridge ``validate()``: seq_length % (2·CP); with SP the per-rank sequence seq_length/CP must split over TP.
+* batch -- ``num_microbatches_calculator``: GBS % (MBS·DP); interleaved schedule (``schedules.py``):
+  microbatches >= PP and, with the default group size PP, microbatches % PP == 0.
+* dispatcher -- megatron-bridge ``flex_dispatcher_backend.py`` (DeepEP: SM 8/9 or B200/B300; HybridEP: SM 8/9/10),
+  HybridEP keeps its EP group inside one NVLink domain (Bridge's GB200 recipes set
+  ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN`` = EP); DeepEP also has inter-node kernels, so EP may span nodes.
+* precision -- MXFP8 is a Blackwell (SM 10.x) format, FP8 needs SM >= 8.9 (NVIDIA Transformer Engine docs,
+  "FP8 support"); Hopper's FP8 recipes are per-tensor and blockwise.
+* recompute, CUDA graphs, offload -- ``TransformerConfig.__post_init__`` / ``OptimizerConfig`` (REFERENCE.md §3, §5, §6);
+  "no attention recompute at very long context" is the long-context skill's rule (seeds/moe-long-context-skill.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InfeasibleConfig
+from ..plan import PRECISIONS, Plan
+
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out")
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+LONG_CONTEXT_NO_ATTN_RECOMPUTE = 65536  # tokens; the skill's "avoid SDPA-heavy recompute at very long context"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result of a check.
+
+    Attributes:
+        severity: "error" (the run cannot start or is wrong) or "warning" (legal but costly or surprising).
+        rule: short identifier, e.g. ``divisibility/seq-cp``.
+        message: what is wrong, naming the bad values.
+        fix: what to do instead.
+    """
+
+    severity: str
+    rule: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"[{self.severity}] {self.rule}: {self.message}; {self.fix}"
+
+
+def _near(candidates: list[int], bad: int, n: int = 2) -> str:
+    """'32 or 64': the ``n`` candidates closest to ``bad`` (ties: smaller first)."""
+    best = sorted(sorted(set(candidates)), key=lambda c: (abs(c - bad), c))[:n]
+    return " or ".join(str(c) for c in sorted(best)) if best else "none"
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_plan(plan: Plan) -> list[Finding]:
+    """Every finding for ``plan`` (errors first). Never raises for a bad plan; see :func:`raise_for_errors`."""
+    findings: list[Finding] = []
+    add = lambda sev, rule, msg, fix: findings.append(Finding(sev, rule, msg, fix))  # noqa: E731
+    lay, model, hw = plan.layout, plan.model_spec, plan.hardware_spec
+    world, tp, pp, cp, ep, etp, vpp = lay.world, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.vpp
+
+    # --- rank folding -------------------------------------------------------------------------------
+    if world % (tp * pp * cp):
+        ok = [c for c in _divisors(world // (tp * pp)) if plan.seq_length % (2 * c) == 0] if world % (tp * pp) == 0 else []
+        add("error", "rank-folding/dense", f"TP={tp} · PP={pp} · CP={cp} = {tp * pp * cp} does not divide the world size {world}",
+            f"use CP={_near(ok, cp)}" if ok else f"make TP·PP divide {world}")
+    if world % (etp * ep * pp):
+        ok = [e for e in _divisors(world // (etp * pp)) if model.num_moe_experts % e == 0] if world % (etp * pp) == 0 else []
+        add("error", "rank-folding/expert", f"ETP={etp} · EP={ep} · PP={pp} = {etp * ep * pp} does not divide the world size {world}",
+            f"use EP={_near(ok, ep)}" if ok else f"make ETP·PP divide {world}")
+    if vpp is not None and vpp > 1 and pp == 1:
+        add("error", "pipeline/vpp-needs-pp", f"VPP={vpp} with PP=1", "interleaving needs PP > 1: set VPP to None or PP >= 2")
+
+    # --- divisibility -------------------------------------------------------------------------------
+    if model.num_moe_experts % ep:
+        add("error", "divisibility/experts-ep", f"{model.num_moe_experts} experts do not split over EP={ep}",
+            f"use EP={_near([e for e in _divisors(model.num_moe_experts) if world % (e * etp * pp) == 0] or [1], ep)}")
+    if model.num_attention_heads % tp:
+        add("error", "divisibility/heads-tp", f"{model.num_attention_heads} attention heads do not split over TP={tp}",
+            f"use TP={_near([t for t in _divisors(model.num_attention_heads) if t <= 8 or t <= hw.nvlink_domain], tp)}")
+    groups = model.num_query_groups
+    if not (groups % tp == 0 or tp % groups == 0):
+        add("error", "divisibility/query-groups-tp", f"{groups} query groups are neither a multiple nor a divisor of TP={tp}",
+            f"use TP={_near([t for t in (1, 2, 4, 8, 16) if groups % t == 0 or t % groups == 0], tp)}")
+    if model.gated_delta_net:
+        k_heads, v_heads = model.linear_num_heads
+        if k_heads % (tp * cp) or v_heads % (tp * cp):
+            ok = [c for c in _divisors(k_heads) if k_heads % (tp * c) == 0 and v_heads % (tp * c) == 0]
+            add("error", "divisibility/linear-heads-tp-cp",
+                f"gated DeltaNet linear heads (key {k_heads}, value {v_heads}) do not split over TP·CP = {tp}·{cp} = {tp * cp}",
+                f"use CP={_near(ok, cp)} at TP={tp}" if ok else "lower TP")
+    if cp > 1 and plan.seq_length % (2 * cp):
+        ok = [c for c in (2**i for i in range(1, 12)) if plan.seq_length % (2 * c) == 0]
+        add("error", "divisibility/seq-cp",
+            f"CP={cp} does not divide seq_length {plan.seq_length} into 2·CP chunks (load-balanced causal split)",
+            f"use CP={_near(ok, cp)}")
+    if plan.sequence_parallel and tp > 1 and (plan.seq_length % cp or (plan.seq_length // cp) % tp):
+        add("error", "divisibility/seq-tp-sp",
+            f"with sequence parallel, seq_length/CP = {plan.seq_length}/{cp} does not split over TP={tp}",
+            "choose seq_length divisible by CP·TP, or lower TP")
+    if tp > 1 and not plan.sequence_parallel:
+        add("warning", "parallel/sp-off", f"TP={tp} without sequence parallel", "set sequence_parallel=True (MoE with TP>1 and EP>1 needs it)")
+
+    # --- batch --------------------------------------------------------------------------------------
+    mbs, gbs = plan.micro_batch_size, plan.global_batch_size
+    try:
+        dp = lay.dp
+    except InfeasibleConfig:
+        dp = None
+    if dp is not None:
+        if gbs % (mbs * dp):
+            ok = [gbs - gbs % (mbs * dp), gbs - gbs % (mbs * dp) + mbs * dp]
+            add("error", "batch/gbs-mbs-dp", f"GBS={gbs} is not divisible by MBS·DP = {mbs}·{dp} = {mbs * dp}",
+                f"use GBS={_near([g for g in ok if g > 0], gbs)}")
+        elif vpp and vpp > 1:
+            micro = gbs // (mbs * dp)
+            if micro < pp or micro % pp:
+                good = max(pp, micro + (-micro) % pp) * mbs * dp
+                add("error", "batch/microbatches-vpp",
+                    f"interleaved pipeline (PP={pp}, VPP={vpp}) needs microbatches per step (GBS/(MBS·DP) = {micro}) "
+                    f"to be a multiple of PP and at least PP", f"use GBS={good}")
+
+    # --- pipeline split without an explicit layout ----------------------------------------------------
+    if plan.pipeline_model_parallel_layout is None and pp > 1:
+        per_stage = model.num_layers / pp
+        if model.num_layers % pp or (vpp and (model.num_layers // pp) % vpp):
+            add("error", "pipeline/even-split",
+                f"{model.num_layers} layers do not split evenly over PP={pp}" + (f"·VPP={vpp}" if vpp else "")
+                + f" ({per_stage:g} per stage)", "set pipeline_model_parallel_layout (see build_pipeline_layout)")
+
+    # --- dispatcher ---------------------------------------------------------------------------------
+    backend = plan.moe_flex_dispatcher_backend
+    if plan.moe_token_dispatcher_type == "flex":
+        if backend == "deepep" and not hw.supports_deepep:
+            add("error", "dispatcher/deepep-hardware", f"DeepEP does not run on {hw.display} ({hw.device_name})",
+                "use moe_flex_dispatcher_backend=hybridep (NVL72) or moe_token_dispatcher_type=alltoall")
+        if backend == "hybridep" and not hw.supports_hybridep:
+            add("error", "dispatcher/hybridep-hardware", f"HybridEP does not run on {hw.display}", "use alltoall")
+        if backend not in ("deepep", "hybridep", "ncclep"):
+            add("error", "dispatcher/flex-backend", f"flex dispatcher with backend {backend!r}",
+                "set moe_flex_dispatcher_backend to deepep (H100/H200/B200) or hybridep (GB200/GB300)")
+        if backend == "hybridep" and ep * etp > hw.nvlink_domain:
+            add("warning", "dispatcher/ep-nvlink-domain",
+                f"HybridEP group of ETP·EP = {etp * ep} ranks spans more than one NVLink domain of {hw.nvlink_domain} "
+                f"GPUs on {hw.key}: its dispatch leaves NVLink", f"use EP <= {hw.nvlink_domain // etp}")
+
+    # --- recompute ----------------------------------------------------------------------------------
+    modules = plan.recompute_modules
+    if plan.recompute_granularity == "selective":
+        unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            add("error", "recompute/module-name", f"unknown recompute module(s) {unknown}",
+                f"valid modules: {', '.join(RECOMPUTE_MODULES)} (seed shorthand: up_proj -> mla_up_proj, norm -> layernorm)")
+        if "mla_up_proj" in modules and not model.multi_latent_attention:
+            add("error", "recompute/mla-up-proj", f"mla_up_proj recompute on {model.display}, which has no MLA",
+                "drop mla_up_proj (it exists for MLA models such as DeepSeek-V3 only)")
+        if "gdn_norm_out" in modules and not model.gated_delta_net:
+            add("error", "recompute/gdn-norm-out", f"gdn_norm_out recompute on {model.display} (no gated DeltaNet)", "drop gdn_norm_out")
+        if "mlp" in modules and model.num_dense_layers == 0:
+            add("warning", "recompute/mlp-noop", f"mlp recompute on {model.display}: every layer is MoE, so it recomputes nothing",
+                "drop mlp, or use moe / moe_act for MoE layers")
+        if "core_attn" in modules and plan.seq_length >= LONG_CONTEXT_NO_ATTN_RECOMPUTE:
+            add("warning", "recompute/core-attn-long-context",
+                f"core_attn recompute at seq_length {plan.seq_length}: re-runs the quadratic attention for little memory",
+                "recompute layernorm / moe_act / mla_up_proj / moe instead")
+        if plan.recompute_num_layers is not None:
+            add("error", "recompute/selective-num-layers", "selective recompute with recompute_num_layers set", "unset recompute_num_layers")
+    elif plan.recompute_granularity == "full":
+        if plan.recompute_method not in ("uniform", "block") or not plan.recompute_num_layers:
+            add("error", "recompute/full-args", "full recompute needs recompute_method (uniform|block) and recompute_num_layers",
+                "set both, e.g. recompute_method=uniform recompute_num_layers=1")
+        if plan.cuda_graph_impl not in ("none", "full_iteration"):
+            add("error", "recompute/full-with-graphs", f"full recompute with cuda_graph_impl={plan.cuda_graph_impl}",
+                "use selective recompute, or cuda_graph_impl=none")
+    elif plan.recompute_granularity is not None:
+        add("error", "recompute/granularity", f"recompute_granularity={plan.recompute_granularity!r}", "use None, 'selective' or 'full'")
+
+    # --- optimizer CPU offload -------------------------------------------------------------------------
+    if plan.optimizer_cpu_offload:
+        if not plan.use_distributed_optimizer:
+            add("error", "offload/distributed-optimizer", "optimizer CPU offload without the distributed optimizer",
+                "set use_distributed_optimizer=True")
+        if not plan.use_precision_aware_optimizer:
+            add("error", "offload/precision-aware", "optimizer CPU offload without the precision-aware optimizer",
+                "set optimizer.use_precision_aware_optimizer=True")
+        if not 0.0 < plan.optimizer_offload_fraction <= 1.0:
+            add("error", "offload/fraction", f"optimizer_offload_fraction={plan.optimizer_offload_fraction} with offload on",
+                "use a fraction in (0, 1]")
+
+    # --- CUDA graphs ---------------------------------------------------------------------------------
+    graphs = plan.cuda_graph_modules
+    if plan.cuda_graph_impl != "none":
+        unknown = [g for g in graphs if g not in CUDA_GRAPH_MODULES]
+        if unknown:
+            add("error", "cuda-graphs/module-name", f"unknown CUDA-graph module(s) {unknown}", f"valid: {', '.join(CUDA_GRAPH_MODULES)}")
+        if "moe" in graphs and "moe_router" in graphs:
+            add("error", "cuda-graphs/moe-router", "CUDA-graph modules moe and moe_router together", "keep one of them")
+        if "moe_preprocess" in graphs and "moe_router" not in graphs:
+            add("error", "cuda-graphs/preprocess-needs-router", "moe_preprocess graphed without moe_router", "add moe_router")
+        if plan.recompute_granularity == "selective" and "moe" in modules and "moe_router" in graphs:
+            add("error", "cuda-graphs/moe-recompute", "moe recompute with the moe_router module graphed (TE graphs)",
+                "recompute moe_act instead of moe, or drop moe_router from cuda_graph_modules")
+
+    if plan.precision not in PRECISIONS:
+        add("error", "precision/name", f"unknown precision {plan.precision!r}", f"valid: {', '.join(PRECISIONS)}")
+    elif plan.precision == "mxfp8" and hw.compute_capability[0] < 10:
+        add("error", "precision/hardware", f"MXFP8 needs Blackwell tensor cores (SM 10.x); {hw.display} is SM "
+            f"{hw.compute_capability[0]}.{hw.compute_capability[1]}", "use fp8_blockwise or fp8_cs on Hopper, or bf16")
+    elif plan.precision.startswith("fp8") and hw.compute_capability < (8, 9):
+        add("error", "precision/hardware", f"FP8 needs SM 8.9 or newer; {hw.display} is older", "use bf16")
+
+    findings.sort(key=lambda f: f.severity != "error")
+    return findings
+
+
+def raise_for_errors(findings: list[Finding], what: str = "plan") -> None:
+    """Raise :class:`InfeasibleConfig` naming the first error (all findings attached) if any is an error."""
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        more = f" (and {len(errors) - 1} more: {'; '.join(e.rule for e in errors[1:])})" if len(errors) > 1 else ""
+        raise InfeasibleConfig(f"{what}: {errors[0].message}{more}", errors[0].fix, findings)

@@ -1,0 +1,10 @@
+"""Plan -> megatron-bridge ConfigContainer and back; the only package that imports megatron (lazily).
+
+Importing this package is cheap; megatron-bridge loads on the first call that needs it (:func:`.stack.load_bridge`).
+"""
+
+from .config import build_config, plan_from_config, validate_config
+from .overrides import apply_overrides
+from .yaml_io import read_meta, read_yaml, write_yaml
+
+__all__ = ["build_config", "plan_from_config", "validate_config", "apply_overrides", "read_meta", "read_yaml", "write_yaml"]

@@ -1,0 +1,114 @@
+"""Hydra overrides on a ConfigContainer, with megatron-bridge's own override utilities.
+
+Grammar (Hydra's): ``model.tensor_model_parallel_size=8`` changes a field, ``+env_vars.NCCL_DEBUG=INFO`` adds a
+key, ``~model.recompute_modules`` deletes one. The flow is megatron-bridge's (``training/utils/omegaconf_utils.py``):
+``create_omegaconf_dict_config`` -> ``parse_hydra_overrides`` -> ``OmegaConf.to_container`` -> ``apply_overrides``.
+
+Two gaps of that flow are closed here, never silently:
+* ``apply_overrides`` skips (with a log line) a key that is not a field of the target dataclass, so ``+model.foo=1``
+  would vanish; we refuse it, naming the closest field;
+* deleting a dataclass field (``~model.x``) leaves the old value in place upstream; we reset it to the field's
+  dataclass default, which is what "delete" means for a dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+from ..errors import OverrideError
+from .stack import load_bridge
+
+
+def _parse(overrides: list[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides(overrides=overrides)
+    except Exception as exc:  # hydra raises OverrideParseException with a caret diagram
+        first = str(exc).strip().splitlines()[0]
+        raise OverrideError(f"cannot parse override(s) {overrides}: {first}",
+                            "use Hydra syntax: key=value, +key=value (add), ~key (delete), e.g. "
+                            "model.tensor_model_parallel_size=4") from None
+
+
+def _fields(obj: Any) -> list[str]:
+    if dataclasses.is_dataclass(obj):
+        return [f.name for f in dataclasses.fields(obj)]
+    return list(obj.keys()) if isinstance(obj, dict) else []
+
+
+def _resolve_parent(cfg: Any, key: str, text: str):
+    """(parent object, last key) for a dotted key, or OverrideError naming the first unknown part."""
+    parts = key.split(".")
+    obj = cfg
+    for depth, part in enumerate(parts[:-1]):
+        nxt = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, _MISSING)
+        if nxt is _MISSING or nxt is None:
+            _unknown(obj, part, ".".join(parts[: depth + 1]), text)
+        obj = nxt
+    return obj, parts[-1]
+
+
+_MISSING = object()
+
+
+def _unknown(obj: Any, part: str, path: str, text: str) -> None:
+    names = _fields(obj)
+    close = difflib.get_close_matches(part, names, n=1, cutoff=0.6)
+    owner = type(obj).__name__
+    raise OverrideError(f"override '{text}': '{path}' is not a field of {owner}",
+                        f"did you mean '{path.rsplit('.', 1)[0] + '.' if '.' in path else ''}{close[0]}'?" if close
+                        else f"fields of {owner} include: {', '.join(names[:12])} ...")
+
+
+def apply_overrides(cfg, overrides: list[str]):
+    """Apply Hydra overrides to ``cfg`` in place and return it.
+
+    Raises:
+        OverrideError: bad syntax, an unknown key (with the closest field name), or a value of the wrong type.
+    """
+    if not overrides:
+        return cfg
+    load_bridge(quiet=True)
+    from omegaconf import OmegaConf
+    from megatron.bridge.training.utils.omegaconf_utils import (
+        OverridesError,
+        apply_overrides as bridge_apply_overrides,
+        create_omegaconf_dict_config,
+        parse_hydra_overrides,
+    )
+
+    parsed = _parse(overrides)
+    # Check every key against the real objects before anything changes (nothing half-applied).
+    for override in parsed:
+        key = override.key_or_group
+        parent, last = _resolve_parent(cfg, key, override.input_line)
+        present = (last in parent) if isinstance(parent, dict) else hasattr(parent, last)
+        if not present and not (isinstance(parent, dict) and override.is_add()):
+            _unknown(parent, last, key, override.input_line)
+
+    omega, excluded = create_omegaconf_dict_config(cfg)
+    try:
+        omega = parse_hydra_overrides(omega, overrides)
+    except OverridesError as exc:
+        message = str(exc).replace("Failed to parse Hydra overrides: ", "").strip().splitlines()[0]
+        raise OverrideError(f"override(s) {overrides} rejected: {message}",
+                            "check the key and the value's type (e.g. integers for parallel sizes)") from None
+    bridge_apply_overrides(cfg, OmegaConf.to_container(omega, resolve=True), excluded)
+
+    for override in parsed:
+        if override.is_delete():
+            parent, last = _resolve_parent(cfg, override.key_or_group, override.input_line)
+            if dataclasses.is_dataclass(parent):
+                field = {f.name: f for f in dataclasses.fields(parent)}[last]
+                if field.default is not dataclasses.MISSING:
+                    default = field.default
+                elif field.default_factory is not dataclasses.MISSING:
+                    default = field.default_factory()
+                else:
+                    raise OverrideError(f"override '{override.input_line}': {last} has no default to reset to",
+                                        f"set it instead: {override.key_or_group}=VALUE")
+                setattr(parent, last, default)
+    return cfg

@@ -1,0 +1,112 @@
+"""Answer upstream's probes of the *local* machine for the *target* one, while upstream validation runs.
+
+megatron-bridge's ``runtime_config_update`` / ``ConfigContainer.validate()`` (what ``pretrain`` runs) looks at the
+machine it runs on in four places that say nothing about the config itself:
+
+1. the world size: ``torch.distributed``, else ``WORLD_SIZE``, else ``SLURM_NTASKS``, else 1
+   -> answered with the planned GPU count (``WORLD_SIZE``);
+2. ``torch.cuda.get_device_properties(0)`` when the MoE dispatcher is "flex"
+   (``flex_dispatcher_backend.validate_flex_dispatcher_backend``) -> answered with the target GPU's name and
+   compute capability from the hardware catalogue, so DeepEP on GB200 is rejected exactly as on a GB200;
+3. Transformer Engine's version (``megatron.core.utils.is_te_min_version``, e.g. for fused permutation, the
+   router fusion, CUDA graphs) -> in the light environment (no TE here), the cluster container's TE version
+   :data:`TARGET_TE_VERSION`; with TE installed, the installed version is used unchanged;
+4. in the light environment only: TE's fused-permutation kernels (``moe_utils.fused_permute`` and friends, ``None``
+   without TE, checked when ``moe_permute_fusion=True``) and TE's ``FusedAdam`` signature (imported by
+   ``OptimizerConfig`` for the precision-aware optimizer) -> answered by placeholders that exist for the duration
+   of the check and raise if anything tries to run them.
+
+Everything is restored on exit, ``os.environ`` included (``runtime_config_update`` writes ``cfg.env_vars`` into it).
+Validation runs on a deep copy of the ConfigContainer (:func:`lcmoe_recipes.emit.validate_config`), so the emitted
+config is never changed by any of this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from types import ModuleType, SimpleNamespace
+from typing import Iterator
+
+from ..catalog import Hardware
+from .stack import te_installed
+
+# TE in the cluster container our recipes target; the version pip resolves for transformer-engine[pytorch] with
+# megatron-core 0.19.2 / torch 2.14 (requirements/te.txt). Override with LCMOE_TARGET_TE_VERSION.
+TARGET_TE_VERSION = os.environ.get("LCMOE_TARGET_TE_VERSION", "2.20.2")
+
+_FUSED_PERMUTE_NAMES = ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                        "fused_sort_chunks_by_index_with_probs", "fused_unpermute")
+
+
+def _target_device_properties(hardware: Hardware):
+    major, minor = hardware.compute_capability
+
+    def get_device_properties(device=None):
+        return SimpleNamespace(name=hardware.device_name, major=major, minor=minor, total_memory=hardware.hbm_bytes,
+                               multi_processor_count=0, is_target_answer=True)
+
+    return get_device_properties
+
+
+def _target_only(name: str):
+    def placeholder(*args, **kwargs):
+        raise RuntimeError(f"{name} is a stand-in for the target's Transformer Engine during config validation; "
+                           "it cannot run here")
+
+    placeholder.__name__ = name
+    return placeholder
+
+
+class _FusedAdamSignature:
+    """Stands for TE's FusedAdam during validation: megatron-core only inspects its constructor signature."""
+
+    def __init__(self, params=None, *, master_weight_dtype=None, exp_avg_dtype=None, exp_avg_sq_dtype=None,
+                 use_decoupled_grad=False, **kwargs):
+        raise RuntimeError("TE FusedAdam stand-in (config validation only)")
+
+
+@contextlib.contextmanager
+def target_environment(hardware: Hardware, world_size: int) -> Iterator[None]:
+    """Make upstream validation see ``world_size`` ranks of ``hardware`` (see the module doc for what is answered)."""
+    import torch
+    import megatron.core.utils as mcore_utils
+
+    saved_env = dict(os.environ)
+    saved_props = torch.cuda.get_device_properties
+    saved_te_version = mcore_utils._te_version
+    light = not te_installed()
+    moe_utils = None
+    saved_fused: dict[str, object] = {}
+    adam_module_name = "transformer_engine.pytorch.optimizers"
+    added_adam = False
+    try:
+        os.environ["WORLD_SIZE"] = str(world_size)
+        os.environ.pop("SLURM_NTASKS", None)
+        torch.cuda.get_device_properties = _target_device_properties(hardware)
+        if light:
+            from packaging.version import Version
+            import megatron.core.transformer.moe.moe_utils as moe_utils
+
+            mcore_utils._te_version = Version(TARGET_TE_VERSION)
+            for name in _FUSED_PERMUTE_NAMES:
+                saved_fused[name] = getattr(moe_utils, name, None)
+                if saved_fused[name] is None:
+                    setattr(moe_utils, name, _target_only(name))
+            if adam_module_name not in sys.modules:
+                stand_in = ModuleType(adam_module_name)
+                stand_in.FusedAdam = _FusedAdamSignature
+                sys.modules[adam_module_name] = stand_in
+                added_adam = True
+        yield
+    finally:
+        torch.cuda.get_device_properties = saved_props
+        if light:
+            mcore_utils._te_version = saved_te_version
+            for name, value in saved_fused.items():
+                setattr(moe_utils, name, value)
+            if added_adam:
+                sys.modules.pop(adam_module_name, None)
+        os.environ.clear()
+        os.environ.update(saved_env)

@@ -1,0 +1,64 @@
+"""ConfigContainer YAML files with the target they were planned for.
+
+The body is megatron-bridge's own ``ConfigContainer.to_yaml`` output (``_target_`` entries, loadable with
+``ConfigContainer.from_yaml``). One comment line on top records what the YAML alone cannot say -- the world size,
+hardware and recipe it was validated for -- so that the entry script can refuse a mismatching cluster:
+
+    # lcmoe_recipes: {"recipe": "dsv3_128k_h100", "world_size": 256, "hardware": "h100", "overrides": []}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import LcmoeError
+from .stack import load_bridge
+
+_MARK = "# lcmoe_recipes: "
+
+
+def write_yaml(cfg, path: str | os.PathLike, meta: dict[str, Any]) -> Path:
+    """Write ``cfg`` as YAML with the ``meta`` header line; atomic (a temp file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        cfg.to_yaml(tmp)
+        body = Path(tmp).read_text(encoding="utf-8")
+        Path(tmp).write_text(_MARK + json.dumps(meta, sort_keys=True) + "\n" + body, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """The header of a YAML written by :func:`write_yaml` ({} for a YAML without one, e.g. upstream's)."""
+    with open(path, encoding="utf-8") as handle:
+        first = handle.readline()
+    return json.loads(first[len(_MARK):]) if first.startswith(_MARK) else {}
+
+
+def read_yaml(path: str | os.PathLike):
+    """(ConfigContainer, meta) from a YAML file.
+
+    Raises:
+        LcmoeError: the file does not exist or is not a ConfigContainer YAML.
+    """
+    if not Path(path).is_file():
+        raise LcmoeError(f"config file '{path}' does not exist", "give the YAML written by `launch --dry-run --output`")
+    load_bridge(quiet=True)
+    from megatron.bridge.training.config import ConfigContainer
+
+    try:
+        cfg = ConfigContainer.from_yaml(str(path))
+    except Exception as exc:  # omegaconf / instantiate errors of many types
+        raise LcmoeError(f"'{path}' is not a loadable ConfigContainer YAML: {str(exc).splitlines()[0]}",
+                         "write it with `python -m lcmoe_recipes.launch ... --dry-run --output FILE`") from None
+    return cfg, read_meta(path)

@@ -1,0 +1,34 @@
+"""Typed errors for user input: each names the bad value and the fix. The CLI turns them into exit code 2."""
+
+from __future__ import annotations
+
+
+class LcmoeError(ValueError):
+    """A request, plan, config or override that cannot be honoured.
+
+    Attributes:
+        message: what is wrong, naming the bad value(s).
+        fix: what to do instead (a valid alternative), or "" where the message already says it.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        self.message, self.fix = message, fix
+        super().__init__(f"{message}{'; ' + fix if fix else ''}")
+
+
+class UnknownName(LcmoeError):
+    """An unknown model, hardware, recipe or precision name."""
+
+
+class InfeasibleConfig(LcmoeError):
+    """A plan or ConfigContainer that breaks a rule (ours or Megatron's). ``findings`` holds every error found."""
+
+    def __init__(self, message: str, fix: str = "", findings: list | None = None) -> None:
+        super().__init__(message, fix)
+        self.findings = list(findings or [])
+
+
+class OverrideError(LcmoeError):
+    """A Hydra override that cannot be applied (bad syntax, unknown key, wrong type)."""
