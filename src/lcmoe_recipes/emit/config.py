@@ -53,7 +53,7 @@ def build_config(plan: Plan, validate: bool = True, quiet: bool = False):
     with quiet_upstream():  # transformers' "torch_dtype is deprecated", Bridge's local-fusion notices
         cfg.model = AutoBridge.from_hf_config(spec.hf_config()).to_megatron_provider(load_weights=False)
     m = cfg.model
-    _layer_spec_for_target(m)
+    _answer_local_probes_for_target(m)
 
     # Parallelism (DP and EDP are derived by Megatron from the world size).
     m.tensor_model_parallel_size = lay.tp
@@ -135,19 +135,26 @@ def build_config(plan: Plan, validate: bool = True, quiet: bool = False):
     return cfg
 
 
-def _layer_spec_for_target(model) -> None:
-    """Answer the layer-spec choice for the target, where Transformer Engine is always present.
+def _answer_local_probes_for_target(model) -> None:
+    """Replace the two provider fields megatron-bridge 0.6.2 fills by probing the *building* machine for TE.
 
-    megatron-bridge's DeepSeek-V2/V3 bridges (0.6.2, ``deepseek_v3_bridge.py``) store
-    ``partial(get_gpt_decoder_block_spec, use_transformer_engine=HAVE_TE)`` in the provider: a probe of the machine
-    *building* the config that would end up in the YAML. Built here without TE it would make the cluster build
-    the local (non-TE) layers. With ``transformer_impl="transformer_engine"`` the target's answer is True.
+    With ``transformer_impl="transformer_engine"`` the target (the cluster container) has TE, so:
+
+    * ``transformer_layer_spec``: the DeepSeek-V2/V3 bridges (``deepseek_v3_bridge.py``) store
+      ``partial(get_gpt_decoder_block_spec, use_transformer_engine=HAVE_TE)``; built without TE that would make the
+      cluster build local (non-TE) layers. Target answer: True.
+    * ``gradient_accumulation_fusion``: ``GPTModelProvider``'s default is ``fusions.can_enable_gradient_accumulation_fusion()``
+      (True when TE or APEX's fused_weight_gradient_mlp_cuda imports). Target answer: True.
+
+    A test checks that the YAML emitted without TE equals the one emitted with TE (tests/test_full_env.py).
     """
+    if getattr(model, "transformer_impl", None) != "transformer_engine":
+        return
     spec = getattr(model, "transformer_layer_spec", None)
-    if (isinstance(spec, functools.partial) and "use_transformer_engine" in spec.keywords
-            and getattr(model, "transformer_impl", None) == "transformer_engine"):
+    if isinstance(spec, functools.partial) and "use_transformer_engine" in spec.keywords:
         model.transformer_layer_spec = functools.partial(spec.func, *spec.args,
                                                          **{**spec.keywords, "use_transformer_engine": True})
+    model.gradient_accumulation_fusion = True
 
 
 def _layout_to_str(value: Any) -> str | None:
@@ -196,6 +203,9 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
                             etp=etp if etp is not None else m.tensor_model_parallel_size,
                             vpp=m.virtual_pipeline_model_parallel_size)
     modules = m.recompute_modules
+    graphs = m.cuda_graph_modules
+    if isinstance(graphs, str):  # deprecated spelling: "full" means the whole layer, i.e. []
+        graphs = [] if graphs == "full" else [graphs]
     return Plan(
         name=name, model=model_key, hardware=hw.key, seq_length=m.seq_length, layout=layout,
         pipeline_model_parallel_layout=_layout_to_str(m.pipeline_model_parallel_layout),
@@ -209,7 +219,7 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         optimizer_offload_fraction=float(cfg.optimizer.optimizer_offload_fraction or 0.0),
         use_distributed_optimizer=bool(cfg.optimizer.use_distributed_optimizer or cfg.ddp.use_distributed_optimizer),
         use_precision_aware_optimizer=bool(cfg.optimizer.use_precision_aware_optimizer),
-        cuda_graph_impl=m.cuda_graph_impl or "none", cuda_graph_modules=tuple(m.cuda_graph_modules or ()),
+        cuda_graph_impl=m.cuda_graph_impl or "none", cuda_graph_modules=tuple(graphs or ()),
         sequence_parallel=bool(m.sequence_parallel), mtp_num_layers=m.mtp_num_layers or 0,
     )
 
@@ -269,6 +279,10 @@ def validate_config(cfg, hardware: str | Hardware, world_size: int, name: str = 
     """
     hw = hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
     load_bridge(quiet=True)
+    model_seq, data_seq = cfg.model.seq_length, getattr(cfg.dataset, "seq_length", cfg.model.seq_length)
+    if model_seq != data_seq:
+        raise InfeasibleConfig(f"{name}: 'seq_length' is {model_seq} on the model but {data_seq} on the dataset",
+                               f"set both: model.seq_length={model_seq} dataset.seq_length={model_seq}")
     findings = check_plan(plan_from_config(cfg, hw, world_size, name))
     raise_for_errors(findings, name)
     _check_pipeline_layout(cfg, name)

@@ -1,0 +1,34 @@
+"""Shared fixtures. Building ConfigContainers loads megatron-bridge once per session (~15-40 s)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a hub
+
+
+@pytest.fixture(scope="session")
+def configs():
+    """name -> (Plan, ConfigContainer) for every named recipe, each validated for its target."""
+    from lcmoe_recipes import NAMED_RECIPES, recipe_plan
+    from lcmoe_recipes.emit import build_config
+
+    out = {}
+    for name in NAMED_RECIPES:
+        plan = recipe_plan(name)
+        out[name] = (plan, build_config(plan, quiet=True))
+    return out
+
+
+@pytest.fixture
+def fresh_config(configs):
+    """A deep copy of one named recipe's ConfigContainer, safe to modify: fresh_config('dsv3_128k_h100')."""
+    import copy
+
+    def make(name):
+        plan, cfg = configs[name]
+        return plan, copy.deepcopy(cfg)
+
+    return make

@@ -1,0 +1,111 @@
+"""The main job, `python -m lcmoe_recipes.launch`: end to end in a subprocess, and each bad input."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lcmoe_recipes.launch import main, torchrun_command
+from lcmoe_recipes.errors import LcmoeError
+
+
+def _run(*args, cwd):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "lcmoe_recipes.launch", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=900)
+
+
+@pytest.mark.slow
+def test_dry_run_end_to_end(tmp_path):
+    out = _run("qwen3_235b", "--seq", "131072", "model.tensor_model_parallel_size=8", "--dry-run",
+               "--output", "cfg.yaml", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "Loading Megatron-Bridge" in out.stderr  # the user sees that work is in progress
+    text = out.stdout
+    assert "qwen3_235b_128k_gb200: valid for 128 x gb200" in text
+    assert "TP=8 PP=4 VPP=12 CP=4 EP=32 ETP=1 -> DP=1 EDP=1" in text
+    assert "model.tensor_model_parallel_size=8" in text
+    assert ("torchrun --nnodes 32 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint "
+            "\"$MASTER_ADDR:${MASTER_PORT:-29500}\" -m lcmoe_recipes.train --config cfg.yaml") in text
+    yaml_text = (tmp_path / "cfg.yaml").read_text()
+    assert yaml_text.startswith('# lcmoe_recipes: {"hardware": "gb200", "overrides": ["model.tensor_model_parallel_size=8"], '
+                                '"recipe": "qwen3_235b_128k_gb200", "world_size": 128}')
+    assert "tensor_model_parallel_size: 8" in yaml_text and "seq_length: 131072" in yaml_text
+
+
+@pytest.mark.slow
+def test_bad_override_subprocess_writes_nothing(tmp_path):
+    out = _run("qwen3_235b", "--seq", "131072", "model.context_parallel_size=48", "--dry-run", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "error: qwen3_235b_128k_gb200: TP=4 · PP=4 · CP=48 = 768 does not divide the world size 128" in out.stderr
+    assert "divisibility/seq-cp: CP=48 does not divide seq_length 131072 into 2·CP chunks" in out.stderr
+    assert "use CP=32 or 64" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def _main(capsys, tmp_path, *args):
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code = main(list(args))
+    finally:
+        os.chdir(cwd)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("args,message,fix", [
+    (("qwen3_253b", "--seq", "131072"), "error: unknown model 'qwen3_253b'", "did you mean 'qwen3_235b'?"),
+    (("dsv3", "--seq", "100000"), "error: no named recipe for dsv3 at seq_length 100000",
+     "--seq 131072 --gpus 256 --hardware h100"),
+    (("dsv3", "--seq", "131072", "--hardware", "gb200"), "error: no named recipe for dsv3 at seq_length 131072 gb200", ""),
+    (("qwen3_next",), "error: --seq is required with model 'qwen3_next'", "e.g. --seq 131072"),
+    (("dsv3", "--seq", "131072", "--precision", "mxfp8"), "MXFP8 needs Blackwell tensor cores", "use fp8_blockwise"),
+])
+def test_bad_request(capsys, tmp_path, args, message, fix):
+    code, out, err = _main(capsys, tmp_path, *args, "--dry-run")
+    assert code == 2 and out == ""
+    assert message in err and fix in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override,message", [
+    ("model.tensor_model_paralel_size=4", "did you mean 'model.tensor_model_parallel_size'?"),
+    ("model.seq_length=131076", "'seq_length' is 131076 on the model but 131072 on the dataset"),
+    ("model.seq_length=131076 dataset.seq_length=131076",
+     "CP=4 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split) (and 1 more"),
+    ("model.moe_flex_dispatcher_backend=deepep", "DeepEP does not run on GB200 NVL72"),
+    ("train.global_batch_size=63", "GBS=63 is not divisible by MBS·DP = 1·2 = 2"),
+    ("model.recompute_modules=[up_proj,norm]", "unknown recompute module(s) ['up_proj', 'norm']"),
+])
+def test_bad_override(capsys, tmp_path, override, message):
+    code, out, err = _main(capsys, tmp_path, "qwen3_235b", "--seq", "131072", *override.split(), "--dry-run")
+    assert code == 2, err
+    assert message in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_without_dry_run_on_a_cpu_machine(capsys, tmp_path):
+    code, out, err = _main(capsys, tmp_path, "dsv3_256k_h100")
+    assert code == 1
+    assert "not launching: this machine has 0 GPU(s), the recipe needs 512" in err
+    assert "torchrun --nnodes 64 --nproc-per-node 8" in out
+    assert (tmp_path / "out" / "dsv3_256k_h100.yaml").is_file()
+
+
+def test_list_and_help(capsys):
+    assert main(["--list"]) == 0
+    listing = capsys.readouterr().out
+    assert "qwen3_next_64k_gb200" in listing and "65536" in listing
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    assert "Hydra syntax" in capsys.readouterr().out
+
+
+def test_torchrun_command_needs_whole_nodes():
+    with pytest.raises(LcmoeError, match="6 GPUs do not fill whole nodes of 4; use 4 or 8 GPUs"):
+        torchrun_command("x.yaml", 6, 4)

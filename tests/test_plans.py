@@ -1,0 +1,151 @@
+"""Named-recipe plans and the feasibility checks: pure Python, no torch / megatron."""
+
+import subprocess
+import sys
+
+import pytest
+
+from lcmoe_recipes import NAMED_RECIPES, recipe_plan
+from lcmoe_recipes.checks import check_plan
+from lcmoe_recipes.errors import InfeasibleConfig, UnknownName
+from lcmoe_recipes.layout import ParallelLayout
+from lcmoe_recipes.plan import build_pipeline_layout
+from lcmoe_recipes.recipes import find_named_recipe
+
+# The issue-2 table (from the Megatron-Bridge long-context skill, REFERENCE.md §9):
+# name: (world, hardware, TP, CP, EP, PP, VPP, DP, EDP, precision, backend)
+TABLE = {
+    "dsv3_128k_h100": (256, "h100", 1, 32, 32, 8, 4, 1, 1, "fp8_blockwise", "deepep"),
+    "dsv3_256k_h100": (512, "h100", 1, 64, 32, 8, 4, 1, 2, "fp8_blockwise", "deepep"),
+    "qwen3_235b_128k_gb200": (128, "gb200", 4, 4, 32, 4, 12, 2, 1, "bf16", "hybridep"),
+    "qwen3_next_8k_gb200": (32, "gb200", 1, 1, 16, 2, 4, 16, 1, "bf16", "hybridep"),
+    "qwen3_next_32k_gb200": (32, "gb200", 1, 4, 16, 2, 4, 4, 1, "bf16", "hybridep"),
+    "qwen3_next_64k_gb200": (32, "gb200", 1, 16, 16, 2, 4, 1, 1, "bf16", "hybridep"),
+}
+
+
+@pytest.mark.parametrize("name", list(TABLE))
+def test_named_plan_layout(name):
+    world, hw, tp, cp, ep, pp, vpp, dp, edp, precision, backend = TABLE[name]
+    p = recipe_plan(name)
+    lay = p.layout
+    assert (lay.world, p.hardware, lay.tp, lay.cp, lay.ep, lay.pp, lay.vpp, lay.etp) == (world, hw, tp, cp, ep, pp, vpp, 1)
+    assert (lay.dp, lay.edp) == (dp, edp)
+    assert (p.precision, p.moe_token_dispatcher_type, p.moe_flex_dispatcher_backend) == (precision, "flex", backend)
+    assert p.micro_batch_size == 1 and p.num_microbatches % pp == 0 and p.num_microbatches >= pp
+    assert [f for f in check_plan(p) if f.severity == "error"] == []
+
+
+def test_dsv3_knobs():
+    for name, seq in (("dsv3_128k_h100", 131072), ("dsv3_256k_h100", 262144)):
+        p = recipe_plan(name)
+        assert p.seq_length == seq
+        assert p.recompute_granularity == "selective"
+        assert p.recompute_modules == ("mla_up_proj", "layernorm", "moe", "mlp")  # up_proj, norm, moe, mlp
+        assert p.optimizer_cpu_offload and p.optimizer_offload_fraction == 1.0
+        assert p.use_distributed_optimizer and p.use_precision_aware_optimizer
+        assert p.mtp_num_layers == 1 and p.cuda_graph_impl == "none"
+        assert p.pipeline_model_parallel_layout == "Et|(tt|)*30mL"
+
+
+def test_qwen3_235b_knobs():
+    p = recipe_plan("qwen3_235b_128k_gb200")
+    assert p.recompute_modules == ("moe_act", "layernorm")
+    assert (p.cuda_graph_impl, p.cuda_graph_modules) == ("transformer_engine", ("attn", "moe_router", "moe_preprocess"))
+    assert p.sequence_parallel and not p.optimizer_cpu_offload
+    assert p.pipeline_model_parallel_layout == "Et|(tt|)*46tL"
+    assert recipe_plan("qwen3_235b_128k_gb200", precision="mxfp8").precision == "mxfp8"
+
+
+def test_qwen3_next_knobs():
+    assert recipe_plan("qwen3_next_8k_gb200").recompute_modules == ("layernorm", "moe_act")
+    for name, seq in (("qwen3_next_32k_gb200", 32768), ("qwen3_next_64k_gb200", 65536)):
+        p = recipe_plan(name)
+        assert p.seq_length == seq and p.recompute_modules == ("layernorm", "moe")
+        assert p.pipeline_model_parallel_layout == "Et*5|(t*7|)*3(t*6|)*3t*4mL"
+
+
+@pytest.mark.parametrize("layers,stages,mtp,expected", [
+    (61, 32, 1, "Et|(tt|)*30mL"),        # the Bridge DSV3 H100 perf recipe's split
+    (94, 48, 0, "Et|(tt|)*46tL"),
+    (48, 8, 1, "Et*5|(t*7|)*3(t*6|)*3t*4mL"),
+    (61, 8, 1, "Et*7|(t*8|)*6t*6mL"),
+    (32, 1, 0, None),
+])
+def test_pipeline_layout_strings(layers, stages, mtp, expected):
+    assert build_pipeline_layout(layers, stages, mtp) == expected
+
+
+def test_pipeline_layout_too_many_stages():
+    with pytest.raises(InfeasibleConfig, match="cannot fill 64 pipeline stages"):
+        build_pipeline_layout(20, 64, 0)
+
+
+def _bad(name, **changes):
+    plan = recipe_plan(name).with_changes(**changes)
+    return {f.rule: f for f in check_plan(plan)}
+
+
+def test_check_rank_folding():
+    f = _bad("qwen3_235b_128k_gb200", layout=ParallelLayout(world=128, tp=4, pp=4, cp=48, ep=32, vpp=12))
+    assert "CP=48" in f["rank-folding/dense"].message and f["rank-folding/dense"].fix == "use CP=4 or 8"
+    assert f["divisibility/seq-cp"].fix == "use CP=32 or 64"
+    # PP2 EP8 on 8 GPUs: EP is folded into the dense ranks, but ETP·EP·PP = 16 > 8
+    f = _bad("qwen3_next_8k_gb200", layout=ParallelLayout(world=8, tp=1, pp=2, cp=1, ep=8, vpp=4),
+             global_batch_size=64)
+    assert f["rank-folding/expert"].message == "ETP=1 · EP=8 · PP=2 = 16 does not divide the world size 8"
+    assert f["rank-folding/expert"].fix == "use EP=2 or 4"
+
+
+def test_check_divisibility():
+    f = _bad("qwen3_235b_128k_gb200", layout=ParallelLayout(world=96, tp=3, pp=4, cp=4, ep=8, vpp=12))
+    assert "64 attention heads do not split over TP=3" in f["divisibility/heads-tp"].message
+    f = _bad("qwen3_next_64k_gb200", layout=ParallelLayout(world=64, tp=2, pp=2, cp=16, ep=16, vpp=4))
+    assert f["divisibility/linear-heads-tp-cp"].message.endswith("TP·CP = 2·16 = 32")
+    assert f["divisibility/linear-heads-tp-cp"].fix == "use CP=4 or 8 at TP=2"
+    f = _bad("qwen3_next_8k_gb200", layout=ParallelLayout(world=32, tp=1, pp=2, cp=1, ep=3, vpp=4))
+    assert "512 experts do not split over EP=3" in f["divisibility/experts-ep"].message
+    f = _bad("qwen3_235b_128k_gb200", seq_length=131076)
+    assert f["divisibility/seq-cp"].message.startswith("CP=4 does not divide seq_length 131076 into 2·CP chunks")
+
+
+def test_check_batch():
+    f = _bad("qwen3_235b_128k_gb200", global_batch_size=63)
+    assert f["batch/gbs-mbs-dp"].fix == "use GBS=62 or 64"
+    f = _bad("qwen3_235b_128k_gb200", global_batch_size=6)  # 3 microbatches < PP=4 with VPP
+    assert f["batch/microbatches-vpp"].fix == "use GBS=8"
+
+
+def test_check_dispatcher_recompute_offload_graphs():
+    f = _bad("qwen3_235b_128k_gb200", moe_flex_dispatcher_backend="deepep")
+    assert f["dispatcher/deepep-hardware"].severity == "error"
+    f = _bad("qwen3_235b_128k_gb200", recompute_modules=("mla_up_proj", "norm"))
+    assert "['norm']" in f["recompute/module-name"].message and "norm -> layernorm" in f["recompute/module-name"].fix
+    assert f["recompute/mla-up-proj"].severity == "error"
+    f = _bad("qwen3_235b_128k_gb200", recompute_modules=("core_attn",))
+    assert f["recompute/core-attn-long-context"].severity == "warning"
+    f = _bad("dsv3_128k_h100", use_precision_aware_optimizer=False)
+    assert f["offload/precision-aware"].severity == "error"
+    f = _bad("qwen3_235b_128k_gb200", recompute_modules=("moe", "layernorm"))
+    assert f["cuda-graphs/moe-recompute"].severity == "error"
+    f = _bad("dsv3_128k_h100", precision="mxfp8")
+    assert "MXFP8 needs Blackwell" in f["precision/hardware"].message
+
+
+def test_find_named_recipe():
+    assert find_named_recipe("qwen3_235b", 131072).name == "qwen3_235b_128k_gb200"
+    assert find_named_recipe("deepseek-v3", 262144, 512, "h100").name == "dsv3_256k_h100"
+    with pytest.raises(UnknownName) as err:
+        find_named_recipe("dsv3", 131072, 512)
+    assert "no named recipe for dsv3 at seq_length 131072 on 512" in err.value.message
+    assert "--seq 131072 --gpus 256 --hardware h100" in err.value.fix
+
+
+def test_planning_imports_no_torch_or_megatron():
+    code = ("import sys, lcmoe_recipes, lcmoe_recipes.launch\n"
+            "from lcmoe_recipes import recipe_plan, NAMED_RECIPES, check_plan\n"
+            "[check_plan(recipe_plan(n)) for n in NAMED_RECIPES]\n"
+            "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'transformers')]\n"
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
