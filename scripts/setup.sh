@@ -25,12 +25,18 @@ while [ $# -gt 0 ]; do
   shift
 done
 
+is_python312() {  # runs, and is 3.12 (a pyenv shim can exist without working)
+  [ -n "$1" ] && "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' >/dev/null 2>&1
+}
+
 find_python312() {
-  if command -v python3.12 >/dev/null 2>&1; then command -v python3.12; return 0; fi
+  local cand v
+  cand="$(command -v python3.12 2>/dev/null || true)"
+  if is_python312 "$cand"; then echo "$cand"; return 0; fi
   if command -v pyenv >/dev/null 2>&1; then
-    local v
     v="$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$' | sort -V | tail -n 1 || true)"
-    if [ -n "$v" ] && [ -x "$(pyenv prefix "$v")/bin/python" ]; then echo "$(pyenv prefix "$v")/bin/python"; return 0; fi
+    cand="$( [ -n "$v" ] && pyenv prefix "$v" 2>/dev/null)/bin/python"
+    if is_python312 "$cand"; then echo "$cand"; return 0; fi
   fi
   return 1
 }
