@@ -7,10 +7,9 @@ and :mod:`lcmoe_recipes.emit.target` answers that probe for the *target* GPU, no
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 
-from ..errors import UnknownName
+from .lookup import lookup
 
 
 @dataclass(frozen=True)
@@ -83,9 +82,4 @@ def get_hardware(name: str) -> Hardware:
     Raises:
         UnknownName: naming the valid hardware.
     """
-    key = _ALIASES.get(name.strip().lower())
-    if key is None:
-        close = difflib.get_close_matches(name.lower(), list(_ALIASES), n=1)
-        hint = f"did you mean '{_ALIASES[close[0]]}'? " if close else ""
-        raise UnknownName(f"unknown hardware '{name}'", f"{hint}valid hardware: {', '.join(HARDWARE)}")
-    return HARDWARE[key]
+    return lookup(name, HARDWARE, _ALIASES, "hardware")

@@ -8,14 +8,13 @@ model provider (see ``lcmoe_recipes.emit``).
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from typing import Any
 
-from ..errors import UnknownName
+from .lookup import lookup
 
 
 @dataclass(frozen=True)
@@ -135,9 +134,4 @@ def get_model(name: str) -> ModelSpec:
     Raises:
         UnknownName: naming the valid models (and the closest spelling).
     """
-    key = _ALIASES.get(name.strip().lower().replace(" ", "_"))
-    if key is None:
-        close = difflib.get_close_matches(name.lower(), list(_ALIASES), n=1)
-        hint = f"did you mean '{_ALIASES[close[0]]}'? " if close else ""
-        raise UnknownName(f"unknown model '{name}'", f"{hint}valid models: {', '.join(MODELS)}")
-    return MODELS[key]
+    return lookup(name, MODELS, _ALIASES, "model")
