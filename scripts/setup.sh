@@ -57,16 +57,22 @@ EOF
   "$py" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+pipq() {  # pip, minus the "Location ... is ignored" lines some machines' pip config prints per package
+  set +e
+  "${pip[@]}" "$@" 2>&1 | grep -v -e "is ignored: it is neither a file nor a directory"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  return "$rc"
+}
 
-"${pip[@]}" install -c "$root/requirements/lock.txt" -r "$root/requirements/light.txt"
+pipq install -c "$root/requirements/lock.txt" -r "$root/requirements/light.txt"
 # megatron-core / megatron-bridge without their declared dependencies: see requirements/light.txt for why.
-"${pip[@]}" install --no-deps -r "$root/requirements/megatron.txt"
-"${pip[@]}" install --no-deps --no-build-isolation -e "$root" 2>/dev/null \
-  || "${pip[@]}" install --no-deps -e "$root"
+pipq install --no-deps -r "$root/requirements/megatron.txt"
+pipq install --no-deps --no-build-isolation -e "$root" >/dev/null 2>&1 || pipq install --no-deps -e "$root"
 
 if [ "$with_te" = 1 ] && ! "$venv/bin/python" -c 'import torch, transformer_engine.pytorch' >/dev/null 2>&1; then
   echo "setup.sh: building Transformer Engine (transformer-engine-torch 2.20.2 from source; ~25 min on 2 cores)"
-  "${pip[@]}" install -c "$root/requirements/lock.txt" -r "$root/requirements/te.txt"
+  pipq install -c "$root/requirements/lock.txt" -r "$root/requirements/te.txt"
   site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   # The system CUDA folder lacks nccl.h / cusparse.h; torch's nvidia-* wheels carry the headers.
   # The cu13 wheel's headers lack crt/*.h: take those from a CUDA toolkit when there is one.
@@ -74,7 +80,7 @@ if [ "$with_te" = 1 ] && ! "$venv/bin/python" -c 'import torch, transformer_engi
   export CPLUS_INCLUDE_PATH="$site/nvidia/nccl/include:$site/nvidia/cudnn/include:$site/nvidia/cu13/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
   [ -d "$cuda_inc/crt" ] && export CPLUS_INCLUDE_PATH="$CPLUS_INCLUDE_PATH:$cuda_inc"
   NVTE_PYTORCH_FORCE_BUILD=TRUE MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
-    "${pip[@]}" install --no-build-isolation --no-deps transformer-engine-torch==2.20.2
+    pipq install --no-build-isolation --no-deps transformer-engine-torch==2.20.2
   "$venv/bin/python" -c 'import torch, transformer_engine.pytorch; print("setup.sh: Transformer Engine", transformer_engine.__version__)'
 fi
 
