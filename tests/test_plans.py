@@ -149,3 +149,14 @@ def test_planning_imports_no_torch_or_megatron():
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_check_placement():
+    f = _bad("qwen3_next_8k_gb200", layout=ParallelLayout(world=256, tp=1, pp=2, cp=1, ep=128, vpp=4),
+             global_batch_size=512)
+    assert f["placement/hybridep-ep-domain"].message.startswith(
+        "HybridEP group of ETP·EP = 128 ranks spans 2 NVLink blocks of 64 GPUs on gb200")
+    f = _bad("qwen3_235b_128k_gb200", hardware="h100", moe_flex_dispatcher_backend="deepep",
+             layout=ParallelLayout(world=256, tp=16, pp=4, cp=4, ep=32, vpp=12))
+    assert f["placement/tp-off-nvlink"].fix == "use TP <= 8"
+    assert "placement/hybridep-ep-domain" not in _bad("qwen3_235b_128k_gb200")  # EP32 inside a 64-GPU block

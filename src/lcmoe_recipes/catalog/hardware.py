@@ -23,6 +23,15 @@ class Hardware:
         hbm_bytes: HBM per GPU, bytes (datasheet GB = 1e9 bytes).
         gpus_per_node: GPUs per Slurm node (8 on HGX/DGX; 4 per GB200/GB300 compute tray).
         nvlink_domain: GPUs joined by one NVLink/NVSwitch fabric (8 on HGX; 72 on NVL72 racks).
+        job_block: GPUs a large job gets contiguously inside one NVLink domain. HGX: the node (8). NVL72: 64 --
+            NVIDIA recommends Slurm ``--segment=16`` (16 trays x 4 GPUs) for jobs of 128+ GPUs such as MoE training
+            (NVIDIA technical blog "Unlock exascale performance on GB200 NVL72 with Slurm topology-aware job
+            scheduling", 2026). Rank r sits in block r // job_block (torchrun/Slurm fill nodes in rank order).
+        peak_tflops: dense (no sparsity) tensor-core TFLOP/s per GPU by precision: "bf16", "fp8", and "fp4" where
+            the GPU has it (MXFP8 runs at the FP8 rate).
+        nvlink_gbps: NVLink bandwidth per GPU per direction, GB/s (half the datasheet's bidirectional figure).
+        scaleout_gbps: scale-out (InfiniBand / Ethernet) bandwidth per GPU per direction, GB/s (one 400 Gb/s NIC
+            per GPU = 50 GB/s; ConnectX-8 800 Gb/s = 100 GB/s).
         source: datasheet(s) the numbers come from.
     """
 
@@ -33,8 +42,16 @@ class Hardware:
     hbm_bytes: int
     gpus_per_node: int
     nvlink_domain: int
+    job_block: int
+    peak_tflops: dict[str, float]
+    nvlink_gbps: float
+    scaleout_gbps: float
     source: str
     aliases: tuple[str, ...] = field(default=())
+
+    def peak(self, precision: str) -> float:
+        """Dense peak TFLOP/s for one of our precision keys (bf16, fp8_blockwise, fp8_cs, mxfp8)."""
+        return self.peak_tflops["bf16" if precision == "bf16" else "fp8"]
 
     @property
     def hbm_gib(self) -> float:
@@ -58,18 +75,29 @@ class Hardware:
 HARDWARE: dict[str, Hardware] = {
     h.key: h
     for h in (
-        Hardware("h100", "H100 SXM5 80GB (HGX)", "NVIDIA H100 80GB HBM3", (9, 0), 80 * 10**9, 8, 8,
-                 "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 80 GB HBM3, NVLink 900 GB/s)", ("h100_sxm", "h100-sxm")),
-        Hardware("h200", "H200 SXM 141GB (HGX)", "NVIDIA H200", (9, 0), 141 * 10**9, 8, 8,
-                 "NVIDIA H200 Tensor Core GPU datasheet (141 GB HBM3e, NVLink 900 GB/s)", ("h200_sxm",)),
-        Hardware("b200", "B200 180GB (HGX/DGX B200)", "NVIDIA B200", (10, 0), 180 * 10**9, 8, 8,
-                 "NVIDIA DGX B200 datasheet (8 GPUs, 1,440 GB HBM3e total; NVLink 5, 1.8 TB/s per GPU)"),
-        Hardware("gb200", "GB200 NVL72", "NVIDIA GB200", (10, 0), 186 * 10**9, 4, 72,
-                 "NVIDIA GB200 NVL72 datasheet (72 Blackwell GPUs, 13.4 TB HBM3e = 186 GB each; 4 GPUs per "
-                 "compute tray)", ("gb200_nvl72", "gb200-nvl72")),
-        Hardware("gb300", "GB300 NVL72", "NVIDIA GB300", (10, 3), 288 * 10**9, 4, 72,
-                 "NVIDIA GB300 NVL72 datasheet (72 Blackwell Ultra GPUs, up to 288 GB HBM3e each; 4 GPUs per "
-                 "compute tray)", ("gb300_nvl72", "gb300-nvl72")),
+        Hardware("h100", "H100 SXM5 80GB (HGX)", "NVIDIA H100 80GB HBM3", (9, 0), 80 * 10**9, 8, 8, 8,
+                 {"bf16": 989.4, "fp8": 1978.9}, 450.0, 50.0,
+                 "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 80 GB HBM3; BF16 1,979 / FP8 3,958 TFLOPS with "
+                 "sparsity, half that dense; NVLink 900 GB/s); DGX H100: one ConnectX-7 400 Gb/s per GPU",
+                 ("h100_sxm", "h100-sxm")),
+        Hardware("h200", "H200 SXM 141GB (HGX)", "NVIDIA H200", (9, 0), 141 * 10**9, 8, 8, 8,
+                 {"bf16": 989.4, "fp8": 1978.9}, 450.0, 50.0,
+                 "NVIDIA H200 Tensor Core GPU datasheet (141 GB HBM3e; same tensor cores as H100 SXM; NVLink "
+                 "900 GB/s); HGX H200: one 400 Gb/s NIC per GPU", ("h200_sxm",)),
+        Hardware("b200", "B200 180GB (HGX/DGX B200)", "NVIDIA B200", (10, 0), 180 * 10**9, 8, 8, 8,
+                 {"bf16": 2250.0, "fp8": 4500.0, "fp4": 9000.0}, 900.0, 50.0,
+                 "NVIDIA DGX B200 datasheet (8 GPUs, 1,440 GB HBM3e; 72 PFLOPS FP8 training and 144 PFLOPS FP4 "
+                 "inference with sparsity for 8 GPUs; NVLink 5 1.8 TB/s per GPU; 8 x ConnectX-7 400 Gb/s)"),
+        Hardware("gb200", "GB200 NVL72", "NVIDIA GB200", (10, 0), 186 * 10**9, 4, 72, 64,
+                 {"bf16": 2500.0, "fp8": 5000.0, "fp4": 10000.0}, 900.0, 50.0,
+                 "NVIDIA GB200 NVL72 datasheet (72 GPUs: 13.4 TB HBM3e = 186 GB each; FP8 720 / BF16 360 / FP4 1,440 "
+                 "PFLOPS with sparsity per rack; NVLink 5 1.8 TB/s per GPU); 400 Gb/s scale-out per GPU",
+                 ("gb200_nvl72", "gb200-nvl72")),
+        Hardware("gb300", "GB300 NVL72", "NVIDIA GB300", (10, 3), 288 * 10**9, 4, 72, 64,
+                 {"bf16": 2500.0, "fp8": 5000.0, "fp4": 15000.0}, 900.0, 100.0,
+                 "NVIDIA GB300 NVL72 datasheet (72 Blackwell Ultra GPUs, up to 288 GB HBM3e each; FP8 720 PFLOPS "
+                 "sparse and FP4 1,080 PFLOPS dense per rack; NVLink 5 1.8 TB/s per GPU; ConnectX-8 800 Gb/s)",
+                 ("gb300_nvl72", "gb300-nvl72")),
     )
 }
 

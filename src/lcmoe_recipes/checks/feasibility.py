@@ -14,6 +14,7 @@ Sources of the rules (megatron-core 0.19.2 unless said otherwise):
 * dispatcher -- megatron-bridge ``flex_dispatcher_backend.py`` (DeepEP: SM 8/9 or B200/B300; HybridEP: SM 8/9/10),
   HybridEP keeps its EP group inside one NVLink domain (Bridge's GB200 recipes set
   ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN`` = EP); DeepEP also has inter-node kernels, so EP may span nodes.
+* placement -- the actual groups (:mod:`lcmoe_recipes.ranks`, megatron-core's order) against nodes and NVLink blocks.
 * precision -- MXFP8 is a Blackwell (SM 10.x) format, FP8 needs SM >= 8.9 (NVIDIA Transformer Engine docs,
   "FP8 support"); Hopper's FP8 recipes are per-tensor and blockwise.
 * recompute, CUDA graphs, offload -- ``TransformerConfig.__post_init__`` / ``OptimizerConfig`` (REFERENCE.md §3, §5, §6);
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from ..errors import InfeasibleConfig
 from ..plan import PRECISIONS, Plan
+from ..ranks import dense_groups, expert_groups, span
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out")
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
@@ -149,10 +151,18 @@ def check_plan(plan: Plan) -> list[Finding]:
         if backend not in ("deepep", "hybridep", "ncclep"):
             add("error", "dispatcher/flex-backend", f"flex dispatcher with backend {backend!r}",
                 "set moe_flex_dispatcher_backend to deepep (H100/H200/B200) or hybridep (GB200/GB300)")
-        if backend == "hybridep" and ep * etp > hw.nvlink_domain:
-            add("warning", "dispatcher/ep-nvlink-domain",
-                f"HybridEP group of ETP·EP = {etp * ep} ranks spans more than one NVLink domain of {hw.nvlink_domain} "
-                f"GPUs on {hw.key}: its dispatch leaves NVLink", f"use EP <= {hw.nvlink_domain // etp}")
+    # --- placement: which groups leave NVLink (megatron-core's rank order, ranks.py) -----------------------
+    if not any(f.rule.startswith("rank-folding") for f in findings):
+        if backend == "hybridep" and plan.moe_token_dispatcher_type == "flex":
+            spans = max(span(g, hw.job_block) for g in expert_groups(lay, "tp-ep"))
+            if spans > 1:
+                add("warning", "placement/hybridep-ep-domain",
+                    f"HybridEP group of ETP·EP = {etp * ep} ranks spans {spans} NVLink blocks of {hw.job_block} GPUs "
+                    f"on {hw.key}: its dispatch leaves NVLink", f"use ETP·EP <= {hw.job_block}")
+        if tp > 1 and max(span(g, hw.job_block) for g in dense_groups(lay, "tp")) > 1:
+            add("warning", "placement/tp-off-nvlink", f"TP={tp} groups span more than one NVLink domain "
+                f"({hw.job_block} GPUs): TP's per-layer all-gathers would cross the scale-out network",
+                f"use TP <= {hw.job_block}")
 
     # --- recompute ----------------------------------------------------------------------------------
     modules = plan.recompute_modules

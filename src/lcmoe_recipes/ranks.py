@@ -1,0 +1,95 @@
+"""Which global ranks form each TP / CP / EP / DP / PP group: a pure-Python twin of megatron-core's RankGenerator.
+
+megatron-core 0.19.2 (``parallel_state.initialize_model_parallel``) cuts the world twice with the default order
+``tp-cp-ep-dp-pp``:
+
+* dense grid  ``RankGenerator(tp=TP, ep=1,  dp=DP,  pp=PP, cp=CP)``  -> groups "tp", "cp", "dp", "pp", "tp-cp", "dp-cp"
+* expert grid ``RankGenerator(tp=ETP, ep=EP, dp=EDP, pp=PP, cp=1)`` -> groups "ep", "tp" (=ETP), "dp" (=EDP), "tp-ep"
+
+A rank's coordinates are a mixed-radix number in that order (TP fastest, PP slowest); a group varies the named
+coordinates and fixes the others. Groups are listed in megatron-core's order (``generate_masked_orthogonal_rank_groups``),
+so ``tests/test_ranks.py`` can compare them group by group with the real RankGenerator. Importing megatron-core for
+that costs ~15 s; this module costs nothing, so the planner and the checks use it.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+
+from .layout import ParallelLayout
+
+ORDER = ("tp", "cp", "ep", "dp", "pp")
+
+
+def rank_groups(sizes: dict[str, int], token: str, order: tuple[str, ...] = ORDER) -> list[list[int]]:
+    """Rank groups for ``token`` (e.g. "tp", "dp-cp") over a grid of ``sizes`` laid out in ``order``.
+
+    Args:
+        sizes: degree of every axis in ``order`` (missing axes are 1).
+        token: the axes that vary inside a group, joined by "-".
+
+    Returns:
+        a list of groups (lists of global ranks), in megatron-core's order.
+    """
+    dims = [sizes.get(axis, 1) for axis in order]
+    stride = [1]
+    for d in dims[:-1]:
+        stride.append(stride[-1] * d)
+    inside = set(token.split("-"))
+    varied = [i for i, axis in enumerate(order) if axis in inside]
+    fixed = [i for i, axis in enumerate(order) if axis not in inside]
+
+    def coords(index: int, axes: list[int]) -> list[int]:  # mixed radix, first axis fastest
+        out = []
+        for i in axes:
+            out.append(index % dims[i])
+            index //= dims[i]
+        return out
+
+    n_inside = 1
+    for i in varied:
+        n_inside *= dims[i]
+    n_groups = 1
+    for i in fixed:
+        n_groups *= dims[i]
+    groups = []
+    for g in range(n_groups):
+        base = sum(c * stride[i] for c, i in zip(coords(g, fixed), fixed))
+        groups.append([base + sum(c * stride[i] for c, i in zip(coords(r, varied), varied)) for r in range(n_inside)])
+    return groups
+
+
+def dense_groups(layout: ParallelLayout, token: str) -> list[list[int]]:
+    """Groups of the dense grid (TP, CP, DP, PP and their combinations)."""
+    return rank_groups({"tp": layout.tp, "cp": layout.cp, "dp": layout.dp, "pp": layout.pp}, token)
+
+
+def expert_groups(layout: ParallelLayout, token: str) -> list[list[int]]:
+    """Groups of the expert grid; "tp" here is ETP and "dp" is EDP."""
+    return rank_groups({"tp": layout.etp, "ep": layout.ep, "dp": layout.edp, "pp": layout.pp}, token)
+
+
+GROUP_KINDS = {  # name -> (grid, token)
+    "TP": ("dense", "tp"), "CP": ("dense", "cp"), "DP": ("dense", "dp"), "PP": ("dense", "pp"),
+    "EP": ("expert", "ep"), "ETP": ("expert", "tp"), "EDP": ("expert", "dp"),
+}
+
+
+def groups_of(layout: ParallelLayout, kind: str) -> list[list[int]]:
+    """The rank groups of one kind: TP, CP, DP, PP, EP, ETP or EDP."""
+    grid, token = GROUP_KINDS[kind]
+    return (dense_groups if grid == "dense" else expert_groups)(layout, token)
+
+
+def span(group: list[int], block: int) -> int:
+    """How many blocks of ``block`` consecutive ranks (nodes, NVLink domains) ``group`` touches."""
+    return len({rank // block for rank in group})
+
+
+def placement(layout: ParallelLayout, gpus_per_node: int, job_block: int) -> dict[str, tuple[int, int, int]]:
+    """For each group kind: (group size, most nodes one group spans, most NVLink blocks one group spans)."""
+    out = {}
+    for kind in GROUP_KINDS:
+        groups = groups_of(layout, kind)
+        out[kind] = (len(groups[0]), max(span(g, gpus_per_node) for g in groups), max(span(g, job_block) for g in groups))
+    return out
