@@ -160,3 +160,16 @@ def test_check_placement():
              layout=ParallelLayout(world=256, tp=16, pp=4, cp=4, ep=32, vpp=12))
     assert f["placement/tp-off-nvlink"].fix == "use TP <= 8"
     assert "placement/hybridep-ep-domain" not in _bad("qwen3_235b_128k_gb200")  # EP32 inside a 64-GPU block
+
+
+def test_check_gdn_cp_version_etp_and_dynamic_graphs():
+    plan = recipe_plan("qwen3_next_32k_gb200")
+    found = {f.rule: f for f in check_plan(plan, megatron_core="0.17.0")}
+    assert "rejects context parallelism for gated DeltaNet" in found["gdn/cp-support"].message
+    assert "gdn/cp-support" not in {f.rule for f in check_plan(plan, megatron_core="0.18.0")}
+    assert "gdn/cp-support" not in {f.rule for f in check_plan(recipe_plan("qwen3_next_8k_gb200"), megatron_core="0.16.0")}
+    f = _bad("qwen3_235b_128k_gb200", etp_unset=True)
+    assert "would use ETP=TP=4" in f["parallel/etp-unset"].message
+    f = _bad("qwen3_235b_128k_gb200", variable_length=True)
+    assert f["cuda-graphs/dynamic-shapes"].severity == "error"
+    assert "cuda-graphs/dynamic-shapes" not in _bad("dsv3_128k_h100", variable_length=True)  # no graphs there

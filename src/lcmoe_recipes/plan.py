@@ -65,6 +65,9 @@ class Plan:
         cuda_graph_impl, cuda_graph_modules: Megatron 0.19.2's CUDA-graph fields.
         sequence_parallel: SP (on whenever TP > 1).
         mtp_num_layers: multi-token-prediction layers.
+        variable_length: batches whose shapes change step to step (packed / THD sequences not padded to a fixed
+            size, ``variable_seq_lengths``); CUDA graphs cannot capture them.
+        etp_unset: read from a config whose ``expert_tensor_parallel_size`` is None (megatron-core alone would use TP).
         reasons: knob name -> :class:`Reason`.
     """
 
@@ -91,6 +94,8 @@ class Plan:
     cuda_graph_modules: tuple[str, ...] = ()
     sequence_parallel: bool = False
     mtp_num_layers: int = 0
+    variable_length: bool = False
+    etp_unset: bool = False
     reasons: dict[str, Reason] = field(default_factory=dict, compare=False)
 
     @property

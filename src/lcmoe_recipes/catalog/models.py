@@ -122,6 +122,11 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("qwen3_next", "Qwen3-Next-80B-A3B", "Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen3NextConfig",
                   "qwen3_next_80b_a3b.json", mtp_num_layers=1,
                   aliases=("qwen3-next", "qwen3_next_80b", "qwen3-next-80b-a3b", "qwen3_next_80b_a3b")),
+        # Smaller relatives whose measured peak memory calibrates and tests the memory model (REFERENCE.md §10).
+        ModelSpec("moonlight", "Moonlight-16B-A3B", "moonshotai/Moonlight-16B-A3B", "DeepseekV3Config",
+                  "moonlight_16b_a3b.json", mtp_num_layers=0, aliases=("moonlight_16b", "moonlight-16b-a3b")),
+        ModelSpec("qwen3_30b", "Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B", "Qwen3MoeConfig",
+                  "qwen3_30b_a3b.json", mtp_num_layers=0, aliases=("qwen3-30b-a3b", "qwen3_30b_a3b")),
     )
 }
 

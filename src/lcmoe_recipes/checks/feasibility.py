@@ -64,8 +64,36 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def check_plan(plan: Plan) -> list[Finding]:
-    """Every finding for ``plan`` (errors first). Never raises for a bad plan; see :func:`raise_for_errors`."""
+# Gated DeltaNet (Qwen3-Next) arrived in megatron-core 0.16.0 with CP rejected ("Gated delta net does not support
+# context parallel for now"); 0.16.x and 0.17.x keep that assert, 0.18.0 adds GDN context parallelism (all-to-all,
+# Megatron-LM PR #2642). Read from the released wheels' transformer_config.py, 2026-11-30.
+GDN_CP_SINCE = (0, 18, 0)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def megatron_core_version() -> str:
+    """The installed megatron-core version (package metadata only: no import), else the pinned 0.19.2."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("megatron-core")
+    except PackageNotFoundError:
+        return "0.19.2"
+
+
+def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
+    """Every finding for ``plan`` (errors first). Never raises for a bad plan; see :func:`raise_for_errors`.
+
+    Args:
+        megatron_core: the megatron-core version the config will run with (default: the installed one).
+    """
     findings: list[Finding] = []
     add = lambda sev, rule, msg, fix: findings.append(Finding(sev, rule, msg, fix))  # noqa: E731
     lay, model, hw = plan.layout, plan.model_spec, plan.hardware_spec
@@ -110,6 +138,16 @@ def check_plan(plan: Plan) -> list[Finding]:
         add("error", "divisibility/seq-tp-sp",
             f"with sequence parallel, seq_length/CP = {plan.seq_length}/{cp} does not split over TP={tp}",
             "choose seq_length divisible by CP·TP, or lower TP")
+    if model.gated_delta_net and cp > 1:
+        mcore = megatron_core or megatron_core_version()
+        if _version_tuple(mcore) < GDN_CP_SINCE:
+            add("error", "gdn/cp-support", f"{model.display}'s gated DeltaNet with CP={cp} on megatron-core {mcore}, "
+                "which rejects context parallelism for gated DeltaNet (0.16.x-0.17.x)",
+                "use megatron-core >= 0.18.0 (0.19.2 is pinned here), or CP=1")
+    if plan.etp_unset and ep > 1:
+        add("warning", "parallel/etp-unset", f"expert_tensor_parallel_size is unset with EP={ep}: megatron-core alone "
+            f"would use ETP=TP={tp}; megatron-bridge quietly sets 1", "set model.expert_tensor_parallel_size "
+            "explicitly (1 for EP-only experts)")
     if tp > 1 and not plan.sequence_parallel:
         add("warning", "parallel/sp-off", f"TP={tp} without sequence parallel", "set sequence_parallel=True (MoE with TP>1 and EP>1 needs it)")
 
@@ -215,6 +253,11 @@ def check_plan(plan: Plan) -> list[Finding]:
             add("error", "cuda-graphs/module-name", f"unknown CUDA-graph module(s) {unknown}", f"valid: {', '.join(CUDA_GRAPH_MODULES)}")
         if "moe" in graphs and "moe_router" in graphs:
             add("error", "cuda-graphs/moe-router", "CUDA-graph modules moe and moe_router together", "keep one of them")
+        if plan.variable_length:
+            add("error", "cuda-graphs/dynamic-shapes", f"CUDA graphs ({plan.cuda_graph_impl}) with variable-length "
+                "batches (packed / THD sequences not padded to a fixed size, or variable_seq_lengths)",
+                "pad to a static shape (dataset.pad_to_max_length and offline_packing_specs.pad_cu_seqlens), "
+                "or set model.cuda_graph_impl=none")
         if "moe_preprocess" in graphs and "moe_router" not in graphs:
             add("error", "cuda-graphs/preprocess-needs-router", "moe_preprocess graphed without moe_router", "add moe_router")
         if plan.recompute_granularity == "selective" and "moe" in modules and "moe_router" in graphs:

@@ -3,8 +3,8 @@
 Importing this package is cheap; megatron-bridge loads on the first call that needs it (:func:`.stack.load_bridge`).
 """
 
-from .config import build_config, plan_from_config, validate_config
+from .config import build_config, config_findings, plan_from_config, validate_config
 from .overrides import apply_overrides
 from .yaml_io import read_meta, read_yaml, write_yaml
 
-__all__ = ["build_config", "plan_from_config", "validate_config", "apply_overrides", "read_meta", "read_yaml", "write_yaml"]
+__all__ = ["build_config", "config_findings", "plan_from_config", "validate_config", "apply_overrides", "read_meta", "read_yaml", "write_yaml"]

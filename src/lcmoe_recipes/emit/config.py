@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 from ..catalog import Hardware, get_hardware, get_model
-from ..checks import check_plan, raise_for_errors
+from ..checks import Finding, check_plan, raise_for_errors
 from ..errors import InfeasibleConfig
 from ..layout import ParallelLayout
 from ..plan import PRECISIONS, Plan, mixed_precision_name
@@ -221,7 +221,20 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         use_precision_aware_optimizer=bool(cfg.optimizer.use_precision_aware_optimizer),
         cuda_graph_impl=m.cuda_graph_impl or "none", cuda_graph_modules=tuple(graphs or ()),
         sequence_parallel=bool(m.sequence_parallel), mtp_num_layers=m.mtp_num_layers or 0,
+        variable_length=_variable_length(cfg), etp_unset=etp is None,
     )
+
+
+def _variable_length(cfg) -> bool:
+    """True when batch shapes change step to step: packed (THD) sequences not padded to a static size, or
+    ``variable_seq_lengths`` (megatron-bridge 0.6.2 ``validate()``'s packing fields)."""
+    data = cfg.dataset
+    specs = getattr(data, "offline_packing_specs", None)
+    if getattr(data, "enable_in_batch_packing", False):
+        return not getattr(data, "pad_to_max_length", False)
+    if getattr(data, "enable_offline_packing", False):
+        return not (getattr(data, "pad_to_max_length", False) and getattr(specs, "pad_cu_seqlens", False))
+    return bool(getattr(cfg.model, "variable_seq_lengths", False))
 
 
 def _catalogue():
@@ -260,32 +273,36 @@ def _check_pipeline_layout(cfg, name: str) -> None:
                                "give a layout with every decoder layer once, MTP after the decoders, loss last") from None
 
 
-def validate_config(cfg, hardware: str | Hardware, world_size: int, name: str = "config") -> list:
-    """Check a ConfigContainer for ``world_size`` GPUs of ``hardware``: our checks, then upstream's.
+def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = "config") -> list:
+    """Every finding for a ConfigContainer on ``world_size`` GPUs of ``hardware``, errors first.
 
-    1. read back into a Plan and run :func:`lcmoe_recipes.checks.check_plan` (rank folding, divisibility,
-       batch, dispatcher-on-hardware, recompute and offload rules: what upstream ``validate()`` leaves to run time);
-    2. the pipeline layout with megatron-core's ``PipelineParallelLayerLayout``;
-    3. megatron-bridge's ``runtime_config_update`` (mixed-precision resolution, DP size, comm-overlap setup,
-       ``validate()`` with every megatron-core post-init check) on a deep copy, inside
+    1. model and dataset ``seq_length`` must agree (rule ``config/seq-length``);
+    2. read back into a Plan and run :func:`lcmoe_recipes.checks.check_plan` (rank folding, divisibility,
+       batch, placement, dispatcher-on-hardware, recompute, offload, CUDA-graph rules: what upstream ``validate()``
+       leaves to run time);
+    3. if those pass: the pipeline layout with megatron-core's ``PipelineParallelLayerLayout`` (rule
+       ``pipeline/layout``);
+    4. if those pass: megatron-bridge's ``runtime_config_update`` (mixed-precision resolution, DP size, comm-overlap
+       setup, ``validate()`` with every megatron-core post-init check) on a deep copy, inside
        :func:`lcmoe_recipes.emit.target.target_environment` so the world size, GPU and TE probes answer for the
-       target. The copy is thrown away: ``cfg`` is never changed.
+       target (rule ``upstream/validate``). The copy is thrown away: ``cfg`` is never changed.
 
     Returns:
-        the warnings (list of :class:`lcmoe_recipes.checks.Finding`).
-
-    Raises:
-        InfeasibleConfig: the first error, with its fix (all findings attached).
+        list of :class:`lcmoe_recipes.checks.Finding`.
     """
     hw = hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
     load_bridge(quiet=True)
     model_seq, data_seq = cfg.model.seq_length, getattr(cfg.dataset, "seq_length", cfg.model.seq_length)
     if model_seq != data_seq:
-        raise InfeasibleConfig(f"{name}: 'seq_length' is {model_seq} on the model but {data_seq} on the dataset",
-                               f"set both: model.seq_length={model_seq} dataset.seq_length={model_seq}")
+        return [Finding("error", "config/seq-length", f"'seq_length' is {model_seq} on the model but "
+                        f"{data_seq} on the dataset", f"set both: model.seq_length={model_seq} dataset.seq_length={model_seq}")]
     findings = check_plan(plan_from_config(cfg, hw, world_size, name))
-    raise_for_errors(findings, name)
-    _check_pipeline_layout(cfg, name)
+    if any(f.severity == "error" for f in findings):
+        return findings
+    try:
+        _check_pipeline_layout(cfg, name)
+    except InfeasibleConfig as exc:
+        return [Finding("error", "pipeline/layout", exc.message.removeprefix(f"{name}: "), exc.fix)] + findings
     from megatron.bridge.training.config import runtime_config_update
 
     trial = copy.deepcopy(cfg)
@@ -294,8 +311,22 @@ def validate_config(cfg, hardware: str | Hardware, world_size: int, name: str = 
             runtime_config_update(trial)
         except (AssertionError, ValueError, RuntimeError, TypeError, AttributeError, KeyError) as exc:
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise InfeasibleConfig(
-                f"{name}: megatron-bridge validation (runtime_config_update -> ConfigContainer.validate) rejected the "
-                f"config for {world_size} x {hw.key}: {text}",
-                "change the field it names (see docs/troubleshooting.md)") from None
-    return [f for f in findings if f.severity == "warning"]
+            findings.insert(0, Finding(
+                "error", "upstream/validate",
+                "megatron-bridge validation (runtime_config_update -> ConfigContainer.validate) rejected the "
+                f"config for {world_size} x {hw.key}: {text}", "change the field it names (see docs/troubleshooting.md)"))
+    return findings
+
+
+def validate_config(cfg, hardware: str | Hardware, world_size: int, name: str = "config") -> list:
+    """:func:`config_findings`, raising on the first error.
+
+    Returns:
+        the warnings (list of :class:`lcmoe_recipes.checks.Finding`).
+
+    Raises:
+        InfeasibleConfig: the first error, with its fix (all findings attached).
+    """
+    findings = config_findings(cfg, hardware, world_size, name)
+    raise_for_errors(findings, name)
+    return findings
