@@ -1,0 +1,78 @@
+"""``python -m lcmoe_recipes.check CONFIG --gpus N --hardware NAME``: findings for a config, before anything is queued.
+
+CONFIG is a ConfigContainer YAML (ours, upstream's or a user's) or a named recipe. For a YAML the target defaults to
+the one recorded in its ``# lcmoe_recipes:`` header. Prints the layout, where each parallel group sits (nodes,
+NVLink blocks) and every finding (severity, rule, message, fix).
+
+Exit codes: 0 no errors (warnings allowed) · 1 errors found · 2 bad input (missing file, unknown hardware).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .catalog import HARDWARE, get_hardware
+from .checks import Finding, check_plan
+from .errors import LcmoeError
+from .plan import Plan
+from .ranks import placement
+from .recipes import NAMED_RECIPES, recipe_plan
+
+
+def format_findings(plan: Plan, findings: list[Finding]) -> str:
+    """Layout, group placement and findings as text."""
+    hw, lay = plan.hardware_spec, plan.layout
+    lines = [f"{plan.name}: {lay.describe()} x {hw.display} ({hw.gpus_per_node} GPUs per node, NVLink blocks of "
+             f"{hw.job_block})"]
+    if not any(f.rule.startswith("rank-folding") for f in findings):
+        lines.append("  group  size  nodes spanned  NVLink blocks spanned   (megatron-core rank order tp-cp-ep-dp-pp)")
+        for kind, (size, nodes, blocks) in placement(lay, hw.gpus_per_node, hw.job_block).items():
+            lines.append(f"  {kind:<5} {size:>5} {nodes:>14} {blocks:>22}")
+    if not findings:
+        lines.append("no findings")
+    for f in findings:
+        lines.append(f"{f.severity:<7} {f.rule}: {f.message}")
+        lines.append(f"        fix: {f.fix}")
+    errors = sum(f.severity == "error" for f in findings)
+    lines.append(f"{errors} error(s), {len(findings) - errors} warning(s)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lcmoe_recipes.check", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="examples:\n  python -m lcmoe_recipes.check out/dsv3_128k_h100.yaml\n"
+                                            "  python -m lcmoe_recipes.check my.yaml --gpus 256 --hardware h100\n"
+                                            "  python -m lcmoe_recipes.check qwen3_235b_128k_gb200")
+    parser.add_argument("config", help=f"ConfigContainer YAML file, or a named recipe ({', '.join(NAMED_RECIPES)})")
+    parser.add_argument("--gpus", type=int, help="target world size (default: the YAML header's)")
+    parser.add_argument("--hardware", help=f"target GPU: {', '.join(HARDWARE)} (default: the YAML header's)")
+    args = parser.parse_args(argv)
+    try:
+        if args.config in NAMED_RECIPES and not Path(args.config).exists():
+            plan = recipe_plan(args.config)
+            findings = check_plan(plan)
+        else:
+            from . import emit
+
+            cfg, meta = emit.read_yaml(args.config)
+            gpus, hardware = args.gpus or meta.get("world_size"), args.hardware or meta.get("hardware")
+            if not gpus or not hardware:
+                raise LcmoeError(f"'{args.config}' does not record its target", "give --gpus N and --hardware NAME")
+            hw = get_hardware(hardware)
+            name = meta.get("recipe") or Path(args.config).stem
+            plan = emit.plan_from_config(cfg, hw, gpus, name)
+            findings = emit.config_findings(cfg, hw, gpus, name)
+    except LcmoeError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.fix:
+            print(f"  fix: {exc.fix}", file=sys.stderr)
+        return 2
+    print(format_findings(plan, findings))
+    return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

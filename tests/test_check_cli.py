@@ -1,0 +1,60 @@
+"""`python -m lcmoe_recipes.check`: findings on a named plan, on our YAML, and on a YAML without our header."""
+
+import subprocess
+import sys
+
+import pytest
+
+from lcmoe_recipes.check import main
+
+
+def test_named_recipe_is_clean(capsys):
+    assert main(["qwen3_235b_128k_gb200"]) == 0
+    out = capsys.readouterr().out
+    assert "  EP       32              8                      1" in out  # 8 trays, one 64-GPU NVLink block
+    assert out.rstrip().endswith("0 error(s), 0 warning(s)")
+
+
+@pytest.mark.slow
+def test_failing_yaml_exits_1_with_findings(configs, tmp_path, capsys):
+    import copy
+
+    from lcmoe_recipes.emit import apply_overrides, write_yaml
+
+    plan, cfg = configs["qwen3_235b_128k_gb200"]
+    bad = copy.deepcopy(cfg)
+    apply_overrides(bad, ["model.context_parallel_size=48", "~model.expert_tensor_parallel_size"])
+    path = write_yaml(bad, tmp_path / "bad.yaml", {"recipe": "bad", "world_size": 128, "hardware": "gb200"})
+    assert main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "error   rank-folding/dense: TP=4 · PP=4 · CP=48 = 768 does not divide the world size 128" in out
+    assert "error   divisibility/seq-cp: CP=48 does not divide seq_length 131072 into 2·CP chunks" in out
+    assert "warning parallel/etp-unset" in out
+    assert "        fix: use CP=32 or 64" in out
+
+
+@pytest.mark.slow
+def test_headerless_yaml_needs_a_target(configs, tmp_path, capsys):
+    _, cfg = configs["dsv3_128k_h100"]
+    path = tmp_path / "user.yaml"
+    cfg.to_yaml(str(path))  # plain megatron-bridge YAML, as a user or upstream writes it
+    assert main([str(path)]) == 2
+    assert "does not record its target" in capsys.readouterr().err
+    assert main([str(path), "--gpus", "256", "--hardware", "h100"]) == 0
+    assert main([str(path), "--gpus", "256", "--hardware", "gb200"]) == 1  # DeepEP on GB200
+    assert "dispatcher/deepep-hardware" in capsys.readouterr().out
+
+
+def test_missing_file_is_bad_input(capsys, tmp_path):
+    assert main([str(tmp_path / "nope.yaml"), "--gpus", "8", "--hardware", "h100"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_check_of_a_plan_is_fast_and_light():
+    code = ("import time, sys\nfrom lcmoe_recipes import recipe_plan, check_plan\n"
+            "p = recipe_plan('qwen3_235b_128k_gb200')\nt = time.perf_counter()\n"
+            "for _ in range(200): check_plan(p)\n"
+            "print((time.perf_counter() - t) / 200 * 1e3, any(m.startswith(('torch', 'megatron')) for m in sys.modules))")
+    ms, heavy = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert heavy == "False"
+    print(f"check_plan: {float(ms):.3f} ms per layout")  # reported, not asserted (timing varies with load)
