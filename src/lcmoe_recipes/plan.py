@@ -68,6 +68,9 @@ class Plan:
         variable_length: batches whose shapes change step to step (packed / THD sequences not padded to a fixed
             size, ``variable_seq_lengths``); CUDA graphs cannot capture them.
         etp_unset: read from a config whose ``expert_tensor_parallel_size`` is None (megatron-core alone would use TP).
+        grad_dtype: main-gradient buffer dtype, "fp32" (``grad_reduce_in_fp32``) or "bf16".
+        moment_dtype: Adam moment dtype ("fp32", or "bf16" with the precision-aware optimizer).
+        moe_ep_overlap: ``overlap_moe_expert_parallel_comm`` (EP all-to-all hidden behind compute).
         reasons: knob name -> :class:`Reason`.
     """
 
@@ -96,6 +99,9 @@ class Plan:
     mtp_num_layers: int = 0
     variable_length: bool = False
     etp_unset: bool = False
+    grad_dtype: str = "fp32"
+    moment_dtype: str = "fp32"
+    moe_ep_overlap: bool = False
     reasons: dict[str, Reason] = field(default_factory=dict, compare=False)
 
     @property
@@ -120,13 +126,37 @@ class Plan:
         return replace(self, **changes)
 
 
+def pipeline_stage_layers(num_layers: int, num_stages: int, mtp_num_layers: int = 0) -> list[int]:
+    """Decoder layers in each of ``num_stages`` pipeline chunks (stage index = vpp_rank·PP + pp_rank).
+
+    Each decoder layer, the embedding, each MTP layer and the loss count as one slot; slots are spread evenly and
+    the spare ones go to middle stages first, so the first stage (embedding) and the last (MTP + loss) stay light.
+
+    Raises:
+        InfeasibleConfig: more stages than the model can fill (a middle stage would hold no decoder layer).
+    """
+    if num_stages == 1:
+        return [num_layers]
+    fixed_first, fixed_last = 1, mtp_num_layers + 1  # embedding; MTP layers + loss
+    base, extra = divmod(num_layers + fixed_first + fixed_last, num_stages)
+    decoders = [base] * num_stages
+    for index in (list(range(1, num_stages - 1)) + [0, num_stages - 1])[:extra]:
+        decoders[index] += 1
+    decoders[0] -= fixed_first
+    decoders[-1] -= fixed_last
+    if min(decoders) < 0 or min(decoders[1:-1] or [1]) < 1:
+        raise InfeasibleConfig(
+            f"{num_layers} layers (+{mtp_num_layers} MTP) cannot fill {num_stages} pipeline stages (PP·VPP)",
+            f"use PP·VPP <= {max(1, (num_layers + fixed_first + fixed_last) // 2)}",
+        )
+    return decoders
+
+
 def build_pipeline_layout(num_layers: int, num_stages: int, mtp_num_layers: int = 0) -> str | None:
     """A Megatron pipeline layout string that spreads the model evenly over ``num_stages`` (= PP·VPP) chunks.
 
-    Each decoder layer, the embedding, each MTP layer and the loss count as one slot; slots are spread evenly,
-    and the spare slots go to middle stages first, so the first stage (embedding) and the last (MTP + loss)
-    stay light. Runs of identical stages are written with Megatron's ``(..|)*n`` repeat. Examples:
-    DeepSeek-V3 (61 layers + 1 MTP) over PP8·VPP4 -> ``Et|(tt|)*30mL``; Qwen3-235B (94) over PP4·VPP12 ->
+    The split is :func:`pipeline_stage_layers`'; runs of identical stages are written with Megatron's ``(..|)*n``
+    repeat. Examples: DeepSeek-V3 (61 layers + 1 MTP) over PP8·VPP4 -> ``Et|(tt|)*30mL``; Qwen3-235B (94) over PP4·VPP12 ->
     ``Et|(tt|)*46tL``. The string is parsed and checked by megatron-core's ``PipelineParallelLayerLayout``
     when the ConfigContainer is emitted.
 
@@ -138,20 +168,7 @@ def build_pipeline_layout(num_layers: int, num_stages: int, mtp_num_layers: int 
     """
     if num_stages == 1:
         return None
-    fixed_first, fixed_last = 1, mtp_num_layers + 1  # embedding; MTP layers + loss
-    slots = num_layers + fixed_first + fixed_last
-    base, extra = divmod(slots, num_stages)
-    per_stage = [base] * num_stages
-    for index in (list(range(1, num_stages - 1)) + [0, num_stages - 1])[:extra]:
-        per_stage[index] += 1
-    decoders = per_stage[:]
-    decoders[0] -= fixed_first
-    decoders[-1] -= fixed_last
-    if min(decoders) < 0 or min(decoders[1:-1] or [1]) < 1:
-        raise InfeasibleConfig(
-            f"{num_layers} layers (+{mtp_num_layers} MTP) cannot fill {num_stages} pipeline stages (PP·VPP)",
-            f"use PP·VPP <= {max(1, (num_layers + fixed_first + fixed_last) // 2)}",
-        )
+    decoders = pipeline_stage_layers(num_layers, num_stages, mtp_num_layers)
 
     def stage(i: int) -> str:
         t = "t" * decoders[i] if decoders[i] <= 3 else f"t*{decoders[i]}"
