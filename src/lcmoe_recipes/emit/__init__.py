@@ -1,7 +1,13 @@
 """Plan -> megatron-bridge ConfigContainer and back; the only package that imports megatron (lazily).
 
 Importing this package is cheap; megatron-bridge loads on the first call that needs it (:func:`.stack.load_bridge`).
+Importing it also puts the light-environment guard on ``sys.meta_path`` (inert when Transformer Engine is
+installed), so ``import megatron.bridge`` works afterwards in either environment.
 """
+
+from .stack import install_te_guard
+
+install_te_guard()
 
 from .config import build_config, config_findings, plan_from_config, validate_config
 from .overrides import apply_overrides
