@@ -59,7 +59,7 @@ def _main(capsys, tmp_path, *args):
     (("qwen3_253b", "--seq", "131072"), "error: unknown model 'qwen3_253b'", "did you mean 'qwen3_235b'?"),
     (("dsv3", "--seq", "100000"), "error: no named recipe for dsv3 at seq_length 100000",
      "--seq 131072 --gpus 256 --hardware h100"),
-    (("dsv3", "--seq", "131072", "--hardware", "gb200"), "error: no named recipe for dsv3 at seq_length 131072 gb200", ""),
+    (("dsv3", "--seq", "131072", "--hardware", "gb200"), "error: no named recipe for dsv3 at seq_length 131072 on gb200", ""),
     (("qwen3_next",), "error: --seq is required with model 'qwen3_next'", "e.g. --seq 131072"),
     (("dsv3", "--seq", "131072", "--precision", "mxfp8"), "MXFP8 needs Blackwell tensor cores", "use fp8_blockwise"),
 ])
@@ -109,3 +109,24 @@ def test_list_and_help(capsys):
 def test_torchrun_command_needs_whole_nodes():
     with pytest.raises(LcmoeError, match="6 GPUs do not fill whole nodes of 4; use 4 or 8 GPUs"):
         torchrun_command("x.yaml", 6, 4)
+
+
+@pytest.mark.slow
+def test_reasons_follow_overrides(capsys, tmp_path):
+    code, out, err = _main(capsys, tmp_path, "qwen3_235b", "--seq", "131072", "model.tensor_model_parallel_size=8",
+                           "--precision", "mxfp8", "--dry-run")
+    assert code == 0, err
+    assert "global_batch_size: changed from the recipe by your overrides" in out
+    assert "sequence_parallel: changed from the recipe by your overrides" in out
+    assert "precision: mxfp8, chosen with --precision" in out
+    assert "recompute: selective moe_act + norm" in out  # untouched knobs keep their reason
+    written = list((tmp_path / "out").iterdir())
+    assert len(written) == 1 and written[0].name.startswith("qwen3_235b_128k_gb200+")  # not the plain recipe's file
+
+
+def test_recipe_option_typo(capsys, tmp_path):
+    from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.errors import UnknownName
+
+    with pytest.raises(UnknownName, match="recipe qwen3_235b_128k_gb200 has no option 'precison'; its options: precision"):
+        recipe_plan("qwen3_235b_128k_gb200", precison="mxfp8")

@@ -11,13 +11,14 @@ too few GPUs): the YAML is written and the cluster command printed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shlex
 import sys
 from pathlib import Path
 
 from .catalog import HARDWARE, MODELS
 from .errors import LcmoeError
-from .plan import PRECISIONS, Plan
+from .plan import PRECISIONS, Plan, Reason, carry_reasons
 from .recipes import NAMED_RECIPES, find_named_recipe, recipe_plan
 
 EPILOG = """\
@@ -49,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the summary, write the YAML and print the "
                         "torchrun command; do not launch")
     parser.add_argument("--output", metavar="FILE", help="where to write the ConfigContainer YAML "
-                        "(default: out/<recipe>.yaml)")
+                        "(default: out/<recipe>.yaml; with overrides out/<recipe>+<hash of the overrides>.yaml)")
     parser.add_argument("--list", action="store_true", help="list the named recipes and exit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.tensor_model_parallel_size=4")
     return parser
@@ -103,7 +104,9 @@ def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware:
     if precision and precision != plan.precision:
         from .checks import check_plan, raise_for_errors
 
-        plan = plan.with_changes(precision=precision)
+        changed = plan.with_changes(precision=precision)
+        plan = changed.with_changes(reasons={**carry_reasons(plan, changed), "precision": Reason(
+            f"{precision}, chosen with --precision", "your --precision")})
         raise_for_errors(check_plan(plan), f"recipe {recipe.name} with precision {precision}")
     return plan
 
@@ -127,7 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = resolve_plan(args.model, args.seq, args.gpus, args.hardware, args.precision)
         hw = plan.hardware_spec
-        output = Path(args.output or f"out/{plan.name}.yaml")
+        if args.output:
+            output = Path(args.output)
+        elif args.overrides:  # never overwrite the plain recipe's file with an overridden one
+            digest = hashlib.sha1("\0".join(args.overrides).encode()).hexdigest()[:8]
+            output = Path(f"out/{plan.name}+{digest}.yaml")
+        else:
+            output = Path(f"out/{plan.name}.yaml")
         if output.exists() and output.is_dir():
             raise LcmoeError(f"--output {output} is a directory", f"give a file name, e.g. {output / (plan.name + '.yaml')}")
         command = torchrun_command(output, plan.layout.world, hw.gpus_per_node)
@@ -138,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         shown = plan
         if args.overrides:
             emit.apply_overrides(cfg, args.overrides)
-            shown = emit.plan_from_config(cfg, hw, plan.layout.world, plan.name).with_changes(reasons=plan.reasons)
+            shown = emit.plan_from_config(cfg, hw, plan.layout.world, plan.name)
+            shown = shown.with_changes(reasons=carry_reasons(plan, shown))
         warnings = emit.validate_config(cfg, hw, plan.layout.world, plan.name)
         meta = {"recipe": plan.name, "world_size": plan.layout.world, "hardware": hw.key,
                 "overrides": list(args.overrides)}

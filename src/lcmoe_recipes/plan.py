@@ -126,6 +126,28 @@ class Plan:
         return replace(self, **changes)
 
 
+# Which Plan fields each reason speaks for: a reason is dropped once one of them changes (overrides, --precision).
+REASON_FIELDS: dict[str, tuple[str, ...]] = {
+    "layout": ("layout",),
+    "pipeline_model_parallel_layout": ("pipeline_model_parallel_layout", "layout"),
+    "precision": ("precision",),
+    "dispatcher": ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend"),
+    "recompute": ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers"),
+    "optimizer_cpu_offload": ("optimizer_cpu_offload", "optimizer_offload_fraction", "use_distributed_optimizer",
+                              "use_precision_aware_optimizer"),
+    "cuda_graphs": ("cuda_graph_impl", "cuda_graph_modules"),
+    "global_batch_size": ("global_batch_size", "micro_batch_size", "seq_length", "layout"),
+    "sequence_parallel": ("sequence_parallel", "layout"),
+}
+
+
+def carry_reasons(before: Plan, after: Plan) -> dict[str, Reason]:
+    """``before``'s reasons, each kept only while the fields it explains are unchanged in ``after``."""
+    changed = Reason("changed from the recipe by your overrides: the recipe's reason no longer applies", "your override")
+    return {knob: (reason if all(getattr(before, f) == getattr(after, f) for f in REASON_FIELDS.get(knob, ())) else changed)
+            for knob, reason in before.reasons.items()}
+
+
 def pipeline_stage_layers(num_layers: int, num_stages: int, mtp_num_layers: int = 0) -> list[int]:
     """Decoder layers in each of ``num_stages`` pipeline chunks (stage index = vpp_rank·PP + pp_rank).
 

@@ -34,6 +34,7 @@ class NamedRecipe:
     num_gpus: int
     summary: str
     build: Callable[..., Plan]
+    options: tuple[str, ...] = ()
 
 
 def _batch(seq_length: int, tokens_per_step: int, dp: int, pp: int) -> tuple[int, Reason]:
@@ -155,7 +156,7 @@ NAMED_RECIPES: dict[str, NamedRecipe] = {
         NamedRecipe("dsv3_256k_h100", "dsv3", 262144, "h100", 512, "DeepSeek-V3 at 256K on 512 H100",
                     lambda: _dsv3_h100(262144, 512, 64, "dsv3_256k_h100")),
         NamedRecipe("qwen3_235b_128k_gb200", "qwen3_235b", 131072, "gb200", 128, "Qwen3-235B-A22B at 128K on 128 GB200",
-                    lambda precision="bf16": _qwen3_235b_gb200(precision=precision)),
+                    lambda precision="bf16": _qwen3_235b_gb200(precision=precision), options=("precision",)),
         NamedRecipe("qwen3_next_8k_gb200", "qwen3_next", 8192, "gb200", 32, "Qwen3-Next-80B-A3B at 8K on 32 GB200",
                     lambda: _qwen3_next_gb200(8192, 1, "qwen3_next_8k_gb200")),
         NamedRecipe("qwen3_next_32k_gb200", "qwen3_next", 32768, "gb200", 32, "Qwen3-Next-80B-A3B at 32K on 32 GB200",
@@ -178,6 +179,10 @@ def recipe_plan(name: str, **options) -> Plan:
         close = difflib.get_close_matches(name, list(NAMED_RECIPES), n=1)
         raise UnknownName(f"unknown recipe '{name}'",
                           (f"did you mean '{close[0]}'? " if close else "") + f"named recipes: {', '.join(NAMED_RECIPES)}")
+    unknown = sorted(set(options) - set(recipe.options))
+    if unknown:
+        raise UnknownName(f"recipe {name} has no option {', '.join(repr(o) for o in unknown)}",
+                          f"its options: {', '.join(recipe.options)}" if recipe.options else "it takes no options")
     plan = recipe.build(**options)
     raise_for_errors(check_plan(plan), f"recipe {name}")
     return plan
@@ -198,6 +203,8 @@ def find_named_recipe(model: str, seq_length: int, num_gpus: int | None = None, 
             return recipe
     same_model = [r for r in NAMED_RECIPES.values() if r.model == spec.key]
     listed = ", ".join(f"--seq {r.seq_length} --gpus {r.num_gpus} --hardware {r.hardware}" for r in same_model)
-    asked = f"{spec.key} at seq_length {seq_length}" + (f" on {num_gpus}" if num_gpus else "") + (f" {hw}" if hw else "")
+    asked = (f"{spec.key} at seq_length {seq_length}" + (f" on {num_gpus}" if num_gpus else "")
+             + (f" {hw}" if hw and num_gpus else f" on {hw}" if hw else ""))
     raise UnknownName(f"no named recipe for {asked}",
-                      f"named recipes for {spec.key}: {listed} (other requests need the planner, issue 4)")
+                      f"named recipes for {spec.key}: {listed or 'none'} (planning other model / length / GPU "
+                      "combinations is not available yet)")

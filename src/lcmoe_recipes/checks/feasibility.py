@@ -102,8 +102,9 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
     # --- rank folding -------------------------------------------------------------------------------
     if world % (tp * pp * cp):
         ok = [c for c in _divisors(world // (tp * pp)) if plan.seq_length % (2 * c) == 0] if world % (tp * pp) == 0 else []
+        ok_tp = [t for t in _divisors(world) if world % (t * pp * cp) == 0 and model.num_attention_heads % t == 0]
         add("error", "rank-folding/dense", f"TP={tp} · PP={pp} · CP={cp} = {tp * pp * cp} does not divide the world size {world}",
-            f"use CP={_near(ok, cp)}" if ok else f"make TP·PP divide {world}")
+            f"use CP={_near(ok, cp)}" if ok else (f"use TP={_near(ok_tp, tp)}" if ok_tp else f"make TP·PP·CP divide {world}"))
     if world % (etp * ep * pp):
         ok = [e for e in _divisors(world // (etp * pp)) if model.num_moe_experts % e == 0] if world % (etp * pp) == 0 else []
         add("error", "rank-folding/expert", f"ETP={etp} · EP={ep} · PP={pp} = {etp * ep * pp} does not divide the world size {world}",

@@ -112,7 +112,7 @@ class _Progress:
                 self._thread = threading.Thread(target=self._tick, daemon=True)
                 self._thread.start()
             else:
-                print(f"{self.what} (takes ~30 s) ...", file=sys.stderr, flush=True)
+                print(f"{self.what} (takes 10-40 s) ...", file=sys.stderr, flush=True)
         return self
 
     def _tick(self) -> None:

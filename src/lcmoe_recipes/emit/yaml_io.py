@@ -31,6 +31,7 @@ def write_yaml(cfg, path: str | os.PathLike, meta: dict[str, Any]) -> Path:
         cfg.to_yaml(tmp)
         body = Path(tmp).read_text(encoding="utf-8")
         Path(tmp).write_text(_MARK + json.dumps(meta, sort_keys=True) + "\n" + body, encoding="utf-8")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a config is meant to be shared
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
