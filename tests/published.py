@@ -83,3 +83,60 @@ def _report_rows():
 
 
 REPORT_ROWS = _report_rows()
+
+
+# Throughput rows: Megatron-Bridge skill nemo-mbridge-perf-moe-long-context card.yaml (rounded values), as in
+# REFERENCE.md §9. Unpublished details are assumptions, stated per row.
+def _dsv3_h100(seq: int, cp: int, gpus: int) -> Plan:
+    # DSV3 on H100: TP1 EP32 PP8 VPP4 with the card's CP (DP = GPUs/(8·CP) matches the card's DP column); FP8
+    # blockwise, DeepEP, recompute up_proj/norm/moe/mlp and optimizer CPU offload as the 128K/256K families.
+    # Assumed: MBS1 and 2^23 tokens per step (GBS rounded to a multiple of DP·PP), as our recipes.
+    from lcmoe_recipes import recipe_plan
+
+    base = recipe_plan("dsv3_128k_h100")
+    lay = ParallelLayout(world=gpus, tp=1, pp=8, vpp=4, cp=cp, ep=32, etp=1)
+    gbs = max(1, 2**23 // seq)
+    gbs = -(-gbs // (lay.dp * 8)) * lay.dp * 8
+    return base.with_changes(name=f"dsv3_{seq // 1024}k", seq_length=seq, layout=lay, global_batch_size=gbs)
+
+
+def _qwen3_235b_4k() -> Plan:
+    # Qwen3-235B 4K on 128 GB200: TP1 EP32 PP4 VPP12 MBS1 GBS1024 (moe-hardware-configs card), BF16, HybridEP;
+    # assumed: no recompute, no CUDA graphs in the time model.
+    from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.plan import build_pipeline_layout
+
+    base = recipe_plan("qwen3_235b_128k_gb200")
+    return base.with_changes(name="qwen3_235b_4k", seq_length=4096,
+                             layout=ParallelLayout(world=128, tp=1, pp=4, vpp=12, cp=1, ep=32, etp=1),
+                             pipeline_model_parallel_layout=build_pipeline_layout(94, 48), global_batch_size=1024,
+                             recompute_granularity=None, recompute_modules=(), sequence_parallel=False)
+
+
+def _qwen3_next(name: str) -> Plan:
+    # Qwen3-Next on 32 GB200: only CP is published. Assumed: our recipe's layout (TP1 PP2 VPP4 EP16) and
+    # megatron-bridge's Qwen3-Next library recipe's recompute, layernorm + moe + moe_act, for all three lengths.
+    from lcmoe_recipes import recipe_plan
+
+    return recipe_plan(name).with_changes(recompute_modules=("layernorm", "moe", "moe_act"))
+
+
+def _throughput_rows():
+    from lcmoe_recipes import recipe_plan
+
+    return {
+        "T1": (_dsv3_h100(4096, 1, 256), 300.0, "DSV3 256xH100 4K CP1 DP32: ~300 TFLOP/s/GPU"),
+        "T2": (_dsv3_h100(16384, 4, 256), 320.0, "DSV3 16K CP4 DP8: ~320"),
+        "T3": (_dsv3_h100(32768, 8, 256), 320.0, "DSV3 32K CP8 DP4: ~320"),
+        "T4": (_dsv3_h100(65536, 16, 256), 310.0, "DSV3 64K CP16 DP2: ~310"),
+        "T5": (recipe_plan("dsv3_128k_h100"), 300.0, "DSV3 128K CP32 DP1: ~300"),
+        "T6": (recipe_plan("dsv3_256k_h100"), 300.0, "DSV3 512xH100 256K CP64: ~300"),
+        "T7": (_qwen3_next("qwen3_next_8k_gb200"), 270.0, "Qwen3-Next 32xGB200 8K CP1: ~270 (layout assumed)"),
+        "T8": (_qwen3_next("qwen3_next_32k_gb200"), 230.0, "Qwen3-Next 32K CP4: ~230 (layout assumed)"),
+        "T9": (_qwen3_next("qwen3_next_64k_gb200"), 100.0, "Qwen3-Next 64K CP16: ~100 (layout assumed)"),
+        "T10": (_qwen3_235b_4k(), 700.0, "Qwen3-235B 128xGB200 4K TP1: ~700"),
+        "T11": (recipe_plan("qwen3_235b_128k_gb200"), 1100.0, "Qwen3-235B 128K TP4 CP4: ~1100"),
+    }
+
+
+THROUGHPUT_ROWS = _throughput_rows()

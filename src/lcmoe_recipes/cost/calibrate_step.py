@@ -1,0 +1,51 @@
+"""Fit the step model's constants (:data:`lcmoe_recipes.cost.step.EFFICIENCY`) to measured TFLOP/s rows.
+
+Coordinate descent over a grid per constant, minimising the worst row's |log(predicted/published)| (the
+tolerance is per row); only the constants that some row exercises move. Leave-one-out: refit without a row, predict it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..plan import Plan
+from .step import EFFICIENCY, _eff_key, estimate_step
+
+GRIDS = {"fp8": [i / 100 for i in range(10, 81)], "bf16": [i / 100 for i in range(10, 81)],
+         "attention": [i / 100 for i in range(10, 81)], "gdn_step": [i * 1e-6 for i in range(0, 41)]}
+
+
+def _used(rows) -> set[tuple[str, str]]:
+    keys = set()
+    for plan, _ in rows:
+        gemm = _eff_key(plan.hardware, plan.precision)
+        keys |= {gemm, (gemm[0], "attention")}
+        if plan.model_spec.gated_delta_net:
+            keys.add((gemm[0], "gdn_step"))
+    return keys
+
+
+def error(rows, table) -> float:
+    """Worst row's |log(predicted/published)|, plus a hundredth of the mean to break ties (minimax fit)."""
+    errs = [abs(math.log(estimate_step(p, table).tflops_per_gpu / pub)) for p, pub in rows]
+    return max(errs) + 0.01 * sum(errs) / len(errs)
+
+
+def fit(rows: list[tuple[Plan, float]], rounds: int = 4) -> dict[tuple[str, str], float]:
+    """A copy of EFFICIENCY with the constants used by ``rows`` fitted."""
+    rows = list(rows)
+    table = dict(EFFICIENCY)
+    keys = sorted(_used(rows))
+    for _ in range(rounds):
+        for key in keys:
+            best = min(GRIDS[key[1]], key=lambda v: error(rows, {**table, key: v}))
+            table[key] = best
+    return table
+
+
+def leave_one_out(rows: dict[str, tuple[Plan, float]]) -> dict[str, float]:
+    out = {}
+    for held, (plan, pub) in rows.items():
+        table = fit([v for k, v in rows.items() if k != held], rounds=2)
+        out[held] = estimate_step(plan, table).tflops_per_gpu / pub
+    return out

@@ -1,0 +1,165 @@
+"""Bytes each GPU sends per collective, and the link that carries them.
+
+Notation: n = MBS·seq_length/CP tokens of one microbatch on a rank; h hidden size; activations bf16 (2 bytes);
+G the group size. A ring all-gather or reduce-scatter of a tensor of S bytes (the *full*, gathered size) makes each
+GPU send (G-1)/G·S bytes; an all-reduce 2·(G-1)/G·S; an all-to-all of S bytes held per GPU sends (G-1)/G·S.
+(The formulas that circulate in tutorials drop the bytes per element or the (G-1)/G factor in places; every count
+here is in bytes, per GPU, per microbatch unless marked per step. tests/test_comm.py checks them by hand.)
+
+Per layer and microbatch, forward + backward:
+
+* **TP** with sequence parallel: an all-gather before and a reduce-scatter after each TP-split block (attention;
+  dense MLP or shared experts), mirrored in backward: 4 per block, S = n·h·2. (Without SP the same volume moves as
+  all-reduces.) Routed experts with ETP = 1 take their tokens from the sequence shard: no TP traffic.
+* **CP**: ring (``cp_comm_type="p2p"``, Megatron's default): each of CP-1 steps passes this rank's K and V,
+  n·(K+V width)·2/TP bytes, forward; backward passes K, V and dK, dV: 3·(CP-1)·kv in all. K+V width is 2·nkv·d for
+  GQA and nq·(d_qk+d_v) for MLA (up-projected per head). Gated DeltaNet layers use all-to-all (sequence <-> heads):
+  q,k,v,gate in and the output back, forward and backward.
+* **EP**: dispatch and combine each move the n/TP local tokens' k copies, n/TP·k·h·2 bytes, of which (EP-1)/EP
+  leave the GPU (uniform routing), forward and backward: 4 transfers.
+* **PP**: each model chunk sends its output activation (n/TP·h·2 with SP) forward and receives a gradient of the
+  same size backward: 2 per chunk per microbatch.
+
+Per step: **DP** (dense, over the DP·CP group that shards the distributed optimizer) and **EDP** (experts):
+gradient reduce-scatter (grad dtype) and parameter all-gather (bf16) of this rank's parameters.
+
+Link: a group whose ranks sit in one NVLink block (:attr:`Hardware.job_block`) uses NVLink
+(:attr:`Hardware.nvlink_gbps`); otherwise the transfer is limited by the per-GPU scale-out NIC
+(:attr:`Hardware.scaleout_gbps`) -- for EP, only the share of peers outside the block goes over it. A CP ring is the
+exception: only the ranks at block boundaries send across, one flow per boundary, which NCCL spreads over every
+NIC of the node (PXN): min(NVLink, gpus_per_node x NIC) for that flow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..catalog import get_hardware
+from ..layout import ParallelLayout
+from ..plan import Plan, pipeline_stage_layers
+from ..ranks import dense_groups, expert_groups, span
+from .shapes import shapes
+
+BF16 = 2
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One collective's traffic: bytes per GPU over NVLink and over scale-out, and the time they take (s)."""
+
+    kind: str
+    nvlink_bytes: float
+    scaleout_bytes: float
+    seconds: float
+
+
+def _link_time(hw, nvlink_bytes: float, scaleout_bytes: float) -> float:
+    # both links work at once (DeepEP/HybridEP, hierarchical NCCL): the slower one sets the time
+    return max(nvlink_bytes / (hw.nvlink_gbps * 1e9), scaleout_bytes / (hw.scaleout_gbps * 1e9))
+
+
+def _on_nvlink(groups: list[list[int]], block: int) -> bool:
+    return max(span(g, block) for g in groups) == 1
+
+
+@dataclass(frozen=True)
+class Links:
+    """Where each group of a layout sits (computed once per layout and GPU type)."""
+
+    tp_nvlink: bool
+    cp_nvlink: bool
+    cp_ring_rate: float   # bytes/s of a CP ring step that crosses blocks (PXN over the node's NICs)
+    ep_far: float         # share of a rank's EP peers outside its NVLink block
+    pp_nvlink: bool
+    dp_nvlink: bool
+    edp_nvlink: bool
+
+
+@lru_cache(maxsize=256)
+def links(layout: ParallelLayout, hw_key: str) -> Links:
+    """The :class:`Links` of ``layout`` on GPU type ``hw_key`` (megatron-core rank order, :mod:`lcmoe_recipes.ranks`)."""
+    hw = get_hardware(hw_key)
+    block = hw.job_block
+    cp_groups = dense_groups(layout, "cp")
+    senders = sum(1 for g in cp_groups for a, b in zip(g, g[1:] + g[:1]) if a // block == 0 and b // block != 0)
+    ep_groups = expert_groups(layout, "ep")
+    inside = max(sum(1 for r in g if r // block == g[0] // block) for g in ep_groups)
+    return Links(
+        tp_nvlink=_on_nvlink(dense_groups(layout, "tp"), block), cp_nvlink=_on_nvlink(cp_groups, block),
+        cp_ring_rate=min(hw.nvlink_gbps, hw.scaleout_gbps * hw.gpus_per_node / max(senders, 1)) * 1e9,
+        ep_far=(layout.ep - inside) / max(layout.ep - 1, 1), pp_nvlink=_on_nvlink(dense_groups(layout, "pp"), block),
+        dp_nvlink=_on_nvlink(dense_groups(layout, "dp-cp"), block),
+        edp_nvlink=_on_nvlink(expert_groups(layout, "dp"), block))
+
+
+def _transfer(kind: str, hw, total: float, nvlink: bool) -> Transfer:
+    nv, so = (total, 0.0) if nvlink else (0.0, total)
+    return Transfer(kind, nv, so, _link_time(hw, nv, so))
+
+
+def layer_transfers(plan: Plan, layer: int) -> list[Transfer]:
+    """TP, CP and EP traffic of decoder layer ``layer`` for one microbatch (forward + backward)."""
+    s, lay, hw = shapes(plan.model_spec), plan.layout, plan.hardware_spec
+    where = links(lay, hw.key)
+    n = plan.micro_batch_size * plan.seq_length / lay.cp
+    tp, cp, ep = lay.tp, lay.cp, lay.ep
+    out = []
+    if tp > 1:
+        blocks = 1 + (0 if s.is_moe(layer) and not s.f_shared else 1)  # attention; dense MLP or shared experts
+        total = 4 * blocks * (tp - 1) / tp * n * s.h * BF16
+        out.append(_transfer("TP", hw, total, where.tp_nvlink))
+    if cp > 1:
+        if s.is_full_attention(layer):
+            width = s.nq * (s.d_qk + s.d_v) if s.mla else 2 * s.nkv * s.d_qk
+            total = 3 * (cp - 1) * n * width * BF16 / tp
+            if where.cp_nvlink:
+                out.append(_transfer("CP", hw, total, True))
+            else:
+                # A ring crosses a block boundary at one rank per block per step; NCCL sends that flow through all
+                # the node's NICs (PXN), so it gets min(NVLink, gpus_per_node x NIC) bandwidth.
+                out.append(Transfer("CP", 0.0, total, total / where.cp_ring_rate))
+        else:  # gated DeltaNet: all-to-all of q, k, v, gate in and the output back, forward and backward
+            width = 2 * s.lin_nk * s.lin_dk + 2 * s.lin_nv * s.lin_dv + s.lin_nv * s.lin_dv
+            total = 2 * (cp - 1) / cp * n * width * BF16 / tp
+            out.append(_transfer("CP", hw, total, where.cp_nvlink))
+    if ep > 1 and s.is_moe(layer):
+        local = n / tp if plan.sequence_parallel or tp == 1 else n
+        total = 4 * local * s.topk * s.h * BF16 * (ep - 1) / ep
+        nv, so = total * (1 - where.ep_far), total * where.ep_far
+        out.append(Transfer("EP", nv, so, _link_time(hw, nv, so)))
+    return out
+
+
+def pipeline_transfer(plan: Plan) -> Transfer:
+    """PP point-to-point traffic of one microbatch on one rank (all its chunks, forward + backward)."""
+    s, lay, hw = shapes(plan.model_spec), plan.layout, plan.hardware_spec
+    if lay.pp == 1:
+        return Transfer("PP", 0.0, 0.0, 0.0)
+    n = plan.micro_batch_size * plan.seq_length / lay.cp
+    local = n / lay.tp if plan.sequence_parallel else n
+    total = 2 * (lay.vpp or 1) * local * s.h * BF16
+    return _transfer("PP", hw, total, links(lay, hw.key).pp_nvlink)
+
+
+def data_parallel_transfers(plan: Plan, dense_params: float, expert_params: float) -> list[Transfer]:
+    """DP (dense, over DP·CP) and EDP (experts) traffic per step: gradient reduce-scatter + parameter all-gather."""
+    lay, hw = plan.layout, plan.hardware_spec
+    where = links(lay, hw.key)
+    grad = 4 if plan.grad_dtype == "fp32" else 2
+    out = []
+    g = lay.dp * lay.cp
+    if g > 1:
+        out.append(_transfer("DP", hw, (g - 1) / g * dense_params * (grad + BF16), where.dp_nvlink))
+    if lay.edp > 1:
+        out.append(_transfer("EDP", hw, (lay.edp - 1) / lay.edp * expert_params * (grad + BF16), where.edp_nvlink))
+    return out
+
+
+def rank_layers(plan: Plan, pp_rank: int) -> list[int]:
+    """Decoder layers held by pipeline rank ``pp_rank`` (all its chunks)."""
+    s, lay = shapes(plan.model_spec), plan.layout
+    stages = pipeline_stage_layers(s.num_layers, lay.num_pipeline_stages, plan.mtp_num_layers)
+    starts = [sum(stages[:i]) for i in range(len(stages))]
+    return [i for v in range(lay.vpp or 1) for i in range(starts[pp_rank + v * lay.pp],
+                                                          starts[pp_rank + v * lay.pp] + stages[pp_rank + v * lay.pp])]

@@ -1,0 +1,220 @@
+"""Predicted step time, tokens/s/GPU, TFLOP/s/GPU and MFU of a Plan, with where the time goes.
+
+FLOPs (model FLOPs, Megatron's convention: recompute not counted; forward + backward = 3 x forward):
+
+* linear layers: 6 x the parameters a token multiplies with (dense parts, its top-k routed experts, the output
+  layer) per token;
+* softmax attention, causal: 3 x nq·(d_qk + d_v)·seq_length per token per layer (QK^T and AV over seq/2 keys on
+  average: 2·2·(seq/2)·nq·d forward) -- it grows with seq_length, so at long context it dominates;
+* gated DeltaNet (chunked, chunk 64): 3 x 2·nv·(2·dk·dv + 64·(dk + dv)) per token per layer (linear in seq_length);
+  its *time* is the longer of those FLOPs and the sequential chunk scan (:func:`_gdn_seconds`).
+
+Each GPU does 1/(TP·CP) of its pipeline stage's work for a microbatch. GEMM time = GEMM FLOPs / (peak at the
+recipe's precision x efficiency), attention time = attention FLOPs / (BF16 peak x attention efficiency): the
+efficiencies are the calibrated constants, one per GPU type and precision (:data:`EFFICIENCY`), fitted to the
+published throughputs (REFERENCE.md §9) by ``scripts/calibrate_step.py``. Recompute adds the forward FLOPs of the
+recomputed modules to the time.
+
+Overlap, stated as assumptions (Megatron features the recipes turn on or off):
+
+* TP collectives: exposed (``tp_comm_overlap`` is off in our recipes);
+* CP ring: each step overlaps the attention of the previous chunk; exposed = max(0, CP time - attention time)
+  per layer; gated-DeltaNet all-to-all: exposed;
+* EP dispatch / combine: exposed (no ``overlap_moe_expert_parallel_comm``), else half hidden;
+* PP send/receive: hidden with interleaving (``overlap_p2p_comm``), exposed without;
+* DP / EDP gradient reduce-scatter and parameter all-gather: hidden behind one microbatch's compute
+  (``overlap_grad_reduce`` / ``overlap_param_gather``), the rest exposed;
+* pipeline bubble: (PP - 1) / VPP microbatches;
+* optimizer CPU offload: +0.15 s per step x offloaded fraction ("optimizer offload ... 0.1-0.2 s/iter",
+  moe-optimization-workflow card, REFERENCE.md §9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..plan import Plan
+from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
+from .shapes import LayerShapes, shapes
+
+# (gpu, precision) -> fraction of dense peak reached by GEMMs; (gpu, "attention") -> by attention kernels (BF16);
+# (gpu, "gdn_step") -> seconds per sequential chunk step of the gated-DeltaNet scan (see _gdn_seconds).
+# Fitted 2026-11-30 by `python scripts/calibrate_step.py` to the 11 long-context throughput rows (minimax over
+# rows). Entries no measured row exercises -- H100 BF16 and gated DeltaNet on H100, GB200 FP8 -- are set equal to
+# their measured sibling (H100 FP8, GB200 GDN, GB200 BF16) and marked as such in docs/accuracy.md.
+EFFICIENCY: dict[tuple[str, str], float] = {
+    ("h100", "fp8"): 0.54, ("h100", "bf16"): 0.54, ("h100", "attention"): 0.33, ("h100", "gdn_step"): 17e-6,
+    ("gb200", "bf16"): 0.30, ("gb200", "fp8"): 0.30, ("gb200", "attention"): 0.42, ("gb200", "gdn_step"): 17e-6,
+}
+OFFLOAD_STEP_SECONDS = 0.15
+GDN_CHUNK = 64
+
+
+def _eff_key(hw_key: str, precision: str) -> tuple[str, str]:
+    family = {"h200": "h100", "b200": "gb200", "gb300": "gb200"}.get(hw_key, hw_key)
+    return family, "bf16" if precision == "bf16" else "fp8"
+
+
+def efficiency(hw_key: str, precision: str) -> tuple[float, float]:
+    """(GEMM efficiency at ``precision``, attention efficiency) for a GPU; H200 uses H100's, B200/GB300 GB200's."""
+    gemm = _eff_key(hw_key, precision)
+    return EFFICIENCY[gemm], EFFICIENCY[(gemm[0], "attention")]
+
+
+def _layer_flops(s: LayerShapes, layer: int, seq: int) -> tuple[float, float]:
+    """(linear, attention) model FLOPs per token of one layer, forward + backward."""
+    linear = 6 * (s.layer_dense_params(layer) + (s.topk * s.expert if s.is_moe(layer) else 0))
+    if s.is_full_attention(layer):
+        attention = 3 * s.nq * (s.d_qk + s.d_v) * seq
+    else:
+        attention = 3 * 2 * s.lin_nv * (2 * s.lin_dk * s.lin_dv + GDN_CHUNK * (s.lin_dk + s.lin_dv))
+    return linear, attention
+
+
+def _gdn_seconds(plan: Plan, step_seconds: float) -> float:
+    """Time of one gated-DeltaNet layer's chunked scan for one microbatch, forward + backward (3 passes).
+
+    The scan carries a (dk x dv) state per head from chunk to chunk: seq_length/64 sequential steps whatever CP is
+    (CP's all-to-all hands each rank the whole sequence for 1/CP of the heads, so fewer heads run in parallel but
+    the chain of steps is as long). ``step_seconds`` is the calibrated time of one step.
+    """
+    return 3 * plan.micro_batch_size * (plan.seq_length / GDN_CHUNK) * step_seconds
+
+
+def model_flops_per_token(plan: Plan) -> float:
+    """Model FLOPs per token (forward + backward, no recompute), all layers, MTP and output layer included."""
+    s = shapes(plan.model_spec)
+    total = 6 * s.embedding  # output layer
+    for i in range(s.num_layers):
+        total += sum(_layer_flops(s, i, plan.seq_length))
+    mtp = sum(_layer_flops(s, s.num_layers - 1, plan.seq_length)) + 6 * (2 * s.h * s.h + s.embedding)
+    return total + plan.mtp_num_layers * mtp
+
+
+def _recompute_flops(s: LayerShapes, layer: int, plan: Plan) -> float:
+    """Extra forward FLOPs per token that recompute adds to layer ``layer`` (time only)."""
+    linear, attention = _layer_flops(s, layer, plan.seq_length)
+    if plan.recompute_granularity == "full":
+        return (linear + attention) / 3
+    if plan.recompute_granularity != "selective":
+        return 0.0
+    mods, extra = set(plan.recompute_modules), 0.0
+    if s.is_moe(layer) and "moe" in mods:
+        extra += 2 * (s.topk * s.expert + s.shared + s.router)
+    if not s.is_moe(layer) and "mlp" in mods:
+        extra += 2 * s.dense_mlp
+    if "mla_up_proj" in mods and s.mla and s.is_full_attention(layer):
+        extra += 2 * s.nq * ((s.d_qk * (s.q_lora or s.h)) + s.kv_lora * (s.d_qk - s.d_rope + s.d_v))
+    if "core_attn" in mods:
+        extra += attention / 3
+    return extra
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """Predicted step time (s) and its parts, for the slowest pipeline rank."""
+
+    step_seconds: float
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+    mfu: float
+    microbatch_seconds: float
+    parts: dict[str, float] = field(default_factory=dict)     # seconds per step, by cause
+    comm_bytes: dict[str, float] = field(default_factory=dict)  # bytes per GPU per step, by collective
+
+
+@dataclass(frozen=True)
+class _RankWork:
+    """What one pipeline rank does per microbatch, independent of the calibrated constants."""
+
+    rank: int
+    gemm_flops: float                               # this GPU, recompute included
+    attention: tuple[tuple[float, float, int], ...]  # (attention FLOPs on this GPU, CP seconds, layers like it)
+    gdn_layers: int
+    gdn_cp_seconds: float
+    tp_seconds: float
+    ep_seconds: float
+    pp_seconds: float
+    bytes_by: tuple[tuple[str, float], ...]
+
+
+@lru_cache(maxsize=512)
+def _work(plan: Plan) -> tuple[_RankWork, ...]:
+    s, lay = shapes(plan.model_spec), plan.layout
+    tokens = plan.micro_batch_size * plan.seq_length
+    share = 1.0 / (lay.tp * lay.cp)
+    pp_t = pipeline_transfer(plan)
+    out = []
+    for r in range(lay.pp):
+        gemm = tp = ep = gdn_cp = 0.0
+        attention: dict[tuple[float, float], int] = {}
+        gdn = 0
+        bytes_by: dict[str, float] = {"PP": pp_t.nvlink_bytes + pp_t.scaleout_bytes}
+        layers = rank_layers(plan, r)
+        for i in layers:
+            linear, attn = _layer_flops(s, i, plan.seq_length)
+            gemm += (linear + _recompute_flops(s, i, plan)) * tokens * share
+            cp = 0.0
+            for t in layer_transfers(plan, i):
+                bytes_by[t.kind] = bytes_by.get(t.kind, 0.0) + t.nvlink_bytes + t.scaleout_bytes
+                if t.kind == "TP":
+                    tp += t.seconds
+                elif t.kind == "EP":
+                    ep += t.seconds
+                else:
+                    cp = t.seconds
+            if s.is_full_attention(i):
+                key = (attn * tokens * share, cp)
+                attention[key] = attention.get(key, 0) + 1
+            else:
+                gdn += 1
+                gdn_cp += cp
+                key = (attn * tokens * share, 0.0)
+                attention[key] = attention.get(key, 0)  # GDN FLOPs are timed by _gdn_seconds
+        if r == lay.pp - 1:  # output layer and MTP on the last stage
+            gemm += (6 * s.embedding + plan.mtp_num_layers * (sum(_layer_flops(s, s.num_layers - 1, plan.seq_length))
+                                                              + 6 * (2 * s.h * s.h + s.embedding))) * tokens * share
+        out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, gdn_cp, tp, ep,
+                             0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items())))
+    return tuple(out)
+
+
+def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None = None) -> StepEstimate:
+    """Predicted step of ``plan`` (see the module doc for every assumption)."""
+    table = efficiencies or EFFICIENCY
+    lay, hw = plan.layout, plan.hardware_spec
+    key = _eff_key(hw.key, plan.precision)
+    gemm_rate = hw.peak(plan.precision) * 1e12 * table[key]
+    attn_rate = hw.peak_tflops["bf16"] * 1e12 * table[(key[0], "attention")]
+    gdn_step = _gdn_seconds(plan, table[(key[0], "gdn_step")])
+    worst = None
+    for w in _work(plan):
+        gemm = w.gemm_flops / gemm_rate
+        attn = sum(n * f / attn_rate for f, _, n in w.attention) + w.gdn_layers * gdn_step
+        cp = sum(n * max(0.0, c - f / attn_rate) for f, c, n in w.attention) + w.gdn_cp_seconds
+        ep = w.ep_seconds * (0.5 if plan.moe_ep_overlap else 1.0)
+        t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds
+        if worst is None or t_mb > worst[0]:
+            worst = (t_mb, w, gemm, attn, cp, ep)
+    t_mb, w, gemm, attn, cp, ep = worst
+    micro = plan.num_microbatches
+    bubble = (lay.pp - 1) / (lay.vpp or 1)
+    from .memory import rank_memory  # parameter counts of that rank
+
+    detail = rank_memory(plan, w.rank).detail
+    dp_transfers = data_parallel_transfers(plan, detail["dense_params"], detail["expert_params"])
+    exposed_dp = max(0.0, sum(t.seconds for t in dp_transfers) - t_mb)
+    offload = OFFLOAD_STEP_SECONDS * plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0
+    step = (micro + bubble) * t_mb + exposed_dp + offload
+    flops = model_flops_per_token(plan) * plan.global_batch_size * plan.seq_length
+    tflops = flops / step / lay.world / 1e12
+    parts = {"gemm": micro * gemm, "attention": micro * attn, "tp_exposed": micro * w.tp_seconds,
+             "cp_exposed": micro * cp, "ep_exposed": micro * ep, "pp_exposed": micro * w.pp_seconds,
+             "bubble": bubble * t_mb, "dp_exposed": exposed_dp,
+             "optimizer_offload": offload}
+    comm = {k: v * micro for k, v in w.bytes_by}
+    for t in dp_transfers:
+        comm[t.kind] = t.nvlink_bytes + t.scaleout_bytes
+    return StepEstimate(step, plan.global_batch_size * plan.seq_length / step / lay.world, tflops,
+                        tflops / hw.peak(plan.precision), t_mb, parts, comm)
