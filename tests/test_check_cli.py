@@ -58,3 +58,21 @@ def test_check_of_a_plan_is_fast_and_light():
     ms, heavy = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert heavy == "False"
     print(f"check_plan: {float(ms):.3f} ms per layout")  # reported, not asserted (timing varies with load)
+
+
+def test_memory_that_does_not_fit_is_an_error(capsys):
+    from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.cost import memory_findings
+
+    assert memory_findings(recipe_plan("qwen3_235b_128k_gb200")) == []  # ~163 GiB of GB200's 173
+    on_h100 = recipe_plan("qwen3_235b_128k_gb200").with_changes(hardware="h100", moe_flex_dispatcher_backend="deepep",
+                                                                 cuda_graph_impl="none", cuda_graph_modules=())
+    (finding,) = memory_findings(on_h100)
+    assert finding.rule == "memory/exceeds-hbm" and "exceeds 95% of H100 SXM5 80GB (HGX)'s 75 GiB" in finding.message
+
+
+def test_named_recipe_costs_are_printed(capsys):
+    assert main(["dsv3_128k_h100"]) == 0
+    out = capsys.readouterr().out
+    assert "memory per GPU (PP rank 7, the most loaded), GiB: parameters 9.5, gradients 19.1, optimizer 0.0" in out
+    assert "TFLOP/s/GPU, MFU" in out

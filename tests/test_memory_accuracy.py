@@ -61,3 +61,15 @@ def test_report_rows_are_computed():
     # unpublished layouts / unknown method: reported in docs/accuracy.md, only sanity-bounded here
     for row, (plan, published, _) in REPORT_ROWS.items():
         assert 0.3 < estimate_memory(plan).total / published < 2.0, row
+
+
+@pytest.mark.slow
+def test_accuracy_report_is_current():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "accuracy_report.py"
+    spec = importlib.util.spec_from_file_location("accuracy_report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    assert report.OUT.read_text() == report.build(), "docs/accuracy.md is stale: run python scripts/accuracy_report.py"

@@ -173,3 +173,17 @@ def test_check_gdn_cp_version_etp_and_dynamic_graphs():
     f = _bad("qwen3_235b_128k_gb200", variable_length=True)
     assert f["cuda-graphs/dynamic-shapes"].severity == "error"
     assert "cuda-graphs/dynamic-shapes" not in _bad("dsv3_128k_h100", variable_length=True)  # no graphs there
+
+
+def test_check_remaining_kinds():
+    f = _bad("qwen3_235b_128k_gb200", layout=ParallelLayout(world=96, tp=3, pp=4, cp=4, ep=8, vpp=12),
+             global_batch_size=64)
+    assert f["divisibility/query-groups-tp"].message == "4 query groups are neither a multiple nor a divisor of TP=3"
+    f = _bad("qwen3_235b_128k_gb200", seq_length=131080)  # 131080/4 = 32770 does not split over TP=4
+    assert f["divisibility/seq-tp-sp"].message.startswith("with sequence parallel, seq_length/CP = 131080/4")
+    f = _bad("qwen3_235b_128k_gb200", pipeline_model_parallel_layout=None)  # 94 layers over PP4 x VPP12, no layout
+    assert "94 layers do not split evenly over PP=4·VPP=12" in f["pipeline/even-split"].message
+    f = _bad("dsv3_128k_h100", use_distributed_optimizer=False)
+    assert f["offload/distributed-optimizer"].fix == "set use_distributed_optimizer=True"
+    f = _bad("qwen3_next_8k_gb200", layout=ParallelLayout(world=32, tp=1, pp=1, cp=1, ep=16, vpp=4))
+    assert f["pipeline/vpp-needs-pp"].severity == "error"

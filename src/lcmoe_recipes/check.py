@@ -2,7 +2,8 @@
 
 CONFIG is a ConfigContainer YAML (ours, upstream's or a user's) or a named recipe. For a YAML the target defaults to
 the one recorded in its ``# lcmoe_recipes:`` header. Prints the layout, where each parallel group sits (nodes,
-NVLink blocks) and every finding (severity, rule, message, fix).
+NVLink blocks), the predicted memory per GPU and step time with their breakdowns, and every finding (severity,
+rule, message, fix) -- including a layout predicted not to fit in HBM.
 
 Exit codes: 0 no errors (warnings allowed) · 1 errors found · 2 bad input (missing file, unknown hardware).
 """
@@ -15,10 +16,28 @@ from pathlib import Path
 
 from .catalog import HARDWARE, get_hardware
 from .checks import Finding, check_plan
+from .cost import memory_findings
 from .errors import LcmoeError
 from .plan import Plan
 from .ranks import placement
 from .recipes import NAMED_RECIPES, recipe_plan
+
+
+def format_costs(plan: Plan) -> str:
+    """Memory breakdown (GiB per component) and step-time breakdown (seconds per cause, bytes per collective)."""
+    from .cost import estimate_memory, estimate_step
+
+    mem, step = estimate_memory(plan), estimate_step(plan)
+    gib = mem.gib()
+    lines = [f"memory per GPU (PP rank {mem.pp_rank}, the most loaded), GiB: "
+             + ", ".join(f"{k} {v:.1f}" for k, v in gib.items() if k != "total")
+             + f" = {gib['total']:.1f} of {plan.hardware_spec.hbm_gib:.0f}"]
+    lines.append(f"step {step.step_seconds:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in step.parts.items() if v > 0))
+    lines.append("traffic per GPU per step, GB: " + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in step.comm_bytes.items()
+                                                            if v > 0))
+    lines.append(f"predicted {step.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {step.tflops_per_gpu:.0f} TFLOP/s/GPU, "
+                 f"MFU {step.mfu:.1%} (of {plan.hardware_spec.peak(plan.precision):.0f} TFLOP/s dense {plan.precision})")
+    return "\n".join(lines)
 
 
 def format_findings(plan: Plan, findings: list[Finding]) -> str:
@@ -30,6 +49,8 @@ def format_findings(plan: Plan, findings: list[Finding]) -> str:
         lines.append("  group  size  nodes spanned  NVLink blocks spanned   (megatron-core rank order tp-cp-ep-dp-pp)")
         for kind, (size, nodes, blocks) in placement(lay, hw.gpus_per_node, hw.job_block).items():
             lines.append(f"  {kind:<5} {size:>5} {nodes:>14} {blocks:>22}")
+    if not any(f.severity == "error" for f in findings):
+        lines.append(format_costs(plan))
     if not findings:
         lines.append("no findings")
     for f in findings:
@@ -54,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.config in NAMED_RECIPES and not Path(args.config).exists():
             plan = recipe_plan(args.config)
             findings = check_plan(plan)
+            if not any(f.severity == "error" for f in findings):
+                findings = memory_findings(plan) + findings
         else:
             from . import emit
 
@@ -65,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             name = meta.get("recipe") or Path(args.config).stem
             plan = emit.plan_from_config(cfg, hw, gpus, name)
             findings = emit.config_findings(cfg, hw, gpus, name)
+            if not any(f.severity == "error" for f in findings):
+                findings = memory_findings(plan) + findings
     except LcmoeError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         if exc.fix:

@@ -1,0 +1,30 @@
+"""Cost models read a Plan and never change it: memory (per GPU), communication (per collective), step time.
+
+``estimate_memory(plan)``, ``estimate_step(plan)`` and ``memory_findings(plan)`` import neither torch nor megatron.
+"""
+
+from ..checks import Finding
+from ..plan import Plan
+from .memory import MemoryBreakdown, estimate_memory
+from .step import StepEstimate, estimate_step
+
+HBM_MARGIN = 0.95  # plan to at most 95% of HBM: the allocator's fragmentation and NCCL buffers live outside the model
+
+
+def memory_findings(plan: Plan) -> list[Finding]:
+    """An error when the predicted peak on the most loaded rank exceeds HBM_MARGIN of the GPU's HBM."""
+    mem = estimate_memory(plan)
+    hw = plan.hardware_spec
+    limit = HBM_MARGIN * hw.hbm_bytes
+    if mem.total <= limit:
+        return []
+    gib = mem.gib()
+    top = max((k for k in gib if k != "total"), key=gib.get)
+    return [Finding("error", "memory/exceeds-hbm",
+                    f"predicted peak {gib['total']:.1f} GiB on PP rank {mem.pp_rank} exceeds {HBM_MARGIN:.0%} of "
+                    f"{hw.display}'s {hw.hbm_gib:.0f} GiB (largest part: {top} {gib[top]:.1f} GiB)",
+                    "raise CP or PP, recompute more (selective modules, then full), or offload optimizer state "
+                    "(optimizer.optimizer_cpu_offload)")]
+
+
+__all__ = ["MemoryBreakdown", "StepEstimate", "estimate_memory", "estimate_step", "memory_findings", "HBM_MARGIN"]
