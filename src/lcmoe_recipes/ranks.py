@@ -14,11 +14,19 @@ that costs ~15 s; this module costs nothing, so the planner and the checks use i
 
 from __future__ import annotations
 
-from itertools import product
+from functools import lru_cache
 
 from .layout import ParallelLayout
 
 ORDER = ("tp", "cp", "ep", "dp", "pp")
+
+
+def _offsets(dims: list[int], stride: list[int], axes: list[int]) -> list[int]:
+    """Sum of coordinate x stride over ``axes``, enumerated with the first axis fastest (megatron-core's order)."""
+    out = [0]
+    for i in axes:  # each new axis varies slower than the ones before it
+        out = [base + c * stride[i] for c in range(dims[i]) for base in out]
+    return out
 
 
 def rank_groups(sizes: dict[str, int], token: str, order: tuple[str, ...] = ORDER) -> list[list[int]]:
@@ -38,25 +46,24 @@ def rank_groups(sizes: dict[str, int], token: str, order: tuple[str, ...] = ORDE
     inside = set(token.split("-"))
     varied = [i for i, axis in enumerate(order) if axis in inside]
     fixed = [i for i, axis in enumerate(order) if axis not in inside]
+    members = _offsets(dims, stride, varied)
+    return [[base + m for m in members] for base in _offsets(dims, stride, fixed)]
 
-    def coords(index: int, axes: list[int]) -> list[int]:  # mixed radix, first axis fastest
-        out = []
-        for i in axes:
-            out.append(index % dims[i])
-            index //= dims[i]
-        return out
 
-    n_inside = 1
-    for i in varied:
-        n_inside *= dims[i]
-    n_groups = 1
-    for i in fixed:
-        n_groups *= dims[i]
-    groups = []
-    for g in range(n_groups):
-        base = sum(c * stride[i] for c, i in zip(coords(g, fixed), fixed))
-        groups.append([base + sum(c * stride[i] for c, i in zip(coords(r, varied), varied)) for r in range(n_inside)])
-    return groups
+def max_span(layout: ParallelLayout, grid: str, token: str, block: int) -> int:
+    """The most blocks of ``block`` consecutive ranks any one group of ``token`` touches ("dense" or "expert" grid)."""
+    if grid == "dense":
+        sizes = (("tp", layout.tp), ("cp", layout.cp), ("dp", layout.dp), ("pp", layout.pp))
+    else:
+        sizes = (("tp", layout.etp), ("ep", layout.ep), ("dp", layout.edp), ("pp", layout.pp))
+    return _max_span(sizes, token, block)
+
+
+@lru_cache(maxsize=8192)
+def _max_span(sizes: tuple[tuple[str, int], ...], token: str, block: int) -> int:
+    # cached on the grid's sizes: the planner and the checks ask the same question for many plans
+    groups = rank_groups(dict(sizes), token)
+    return max(len({rank // block for rank in g}) for g in groups)
 
 
 def dense_groups(layout: ParallelLayout, token: str) -> list[list[int]]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ..errors import InfeasibleConfig
 from ..plan import PRECISIONS, Plan
-from ..ranks import dense_groups, expert_groups, span
+from ..ranks import max_span
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out")
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
@@ -193,12 +193,12 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
     # --- placement: which groups leave NVLink (megatron-core's rank order, ranks.py) -----------------------
     if not any(f.rule.startswith("rank-folding") for f in findings):
         if backend == "hybridep" and plan.moe_token_dispatcher_type == "flex":
-            spans = max(span(g, hw.job_block) for g in expert_groups(lay, "tp-ep"))
+            spans = max_span(lay, "expert", "tp-ep", hw.job_block)
             if spans > 1:
                 add("warning", "placement/hybridep-ep-domain",
                     f"HybridEP group of ETP·EP = {etp * ep} ranks spans {spans} NVLink blocks of {hw.job_block} GPUs "
                     f"on {hw.key}: its dispatch leaves NVLink", f"use ETP·EP <= {hw.job_block}")
-        if tp > 1 and max(span(g, hw.job_block) for g in dense_groups(lay, "tp")) > 1:
+        if tp > 1 and max_span(lay, "dense", "tp", hw.job_block) > 1:
             add("warning", "placement/tp-off-nvlink", f"TP={tp} groups span more than one NVLink domain "
                 f"({hw.job_block} GPUs): TP's per-layer all-gathers would cross the scale-out network",
                 f"use TP <= {hw.job_block}")

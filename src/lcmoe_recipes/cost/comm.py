@@ -38,7 +38,7 @@ from functools import lru_cache
 from ..catalog import get_hardware
 from ..layout import ParallelLayout
 from ..plan import Plan, pipeline_stage_layers
-from ..ranks import dense_groups, expert_groups, span
+from ..ranks import dense_groups, expert_groups, max_span
 from .shapes import shapes
 
 BF16 = 2
@@ -59,8 +59,8 @@ def _link_time(hw, nvlink_bytes: float, scaleout_bytes: float) -> float:
     return max(nvlink_bytes / (hw.nvlink_gbps * 1e9), scaleout_bytes / (hw.scaleout_gbps * 1e9))
 
 
-def _on_nvlink(groups: list[list[int]], block: int) -> bool:
-    return max(span(g, block) for g in groups) == 1
+def _on_nvlink(layout: ParallelLayout, grid: str, token: str, block: int) -> bool:
+    return max_span(layout, grid, token, block) == 1
 
 
 @dataclass(frozen=True)
@@ -86,11 +86,11 @@ def links(layout: ParallelLayout, hw_key: str) -> Links:
     ep_groups = expert_groups(layout, "ep")
     inside = max(sum(1 for r in g if r // block == g[0] // block) for g in ep_groups)
     return Links(
-        tp_nvlink=_on_nvlink(dense_groups(layout, "tp"), block), cp_nvlink=_on_nvlink(cp_groups, block),
+        tp_nvlink=_on_nvlink(layout, "dense", "tp", block), cp_nvlink=_on_nvlink(layout, "dense", "cp", block),
         cp_ring_rate=min(hw.nvlink_gbps, hw.scaleout_gbps * hw.gpus_per_node / max(senders, 1)) * 1e9,
-        ep_far=(layout.ep - inside) / max(layout.ep - 1, 1), pp_nvlink=_on_nvlink(dense_groups(layout, "pp"), block),
-        dp_nvlink=_on_nvlink(dense_groups(layout, "dp-cp"), block),
-        edp_nvlink=_on_nvlink(expert_groups(layout, "dp"), block))
+        ep_far=(layout.ep - inside) / max(layout.ep - 1, 1), pp_nvlink=_on_nvlink(layout, "dense", "pp", block),
+        dp_nvlink=_on_nvlink(layout, "dense", "dp-cp", block),
+        edp_nvlink=_on_nvlink(layout, "expert", "dp", block))
 
 
 def _transfer(kind: str, hw, total: float, nvlink: bool) -> Transfer:

@@ -32,6 +32,7 @@ Units: bytes; "GB" in the published measurements is 1e9 bytes (torch peak alloca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..plan import Plan, pipeline_stage_layers
 from .shapes import LayerShapes, shapes
@@ -175,6 +176,50 @@ def _chunks_in_flight(plan: Plan, pp_rank: int) -> list[int]:
     return [min(c, micro) for c in counts]
 
 
+@dataclass(frozen=True)
+class _RankStatic:
+    """What a pipeline rank holds, independent of TP/EP and the knobs: parameter counts (before the TP and EP
+    splits), its layers by kind per model chunk, and whether it has the first / last stage."""
+
+    dense: float
+    experts: float
+    chunk_kinds: tuple[tuple[tuple[tuple[bool, bool], int], ...], ...]
+    representative: tuple[int, ...]
+    first: bool
+    last: bool
+
+
+@lru_cache(maxsize=4096)
+def _rank_static(model_key: str, pp: int, vpp: int, mtp: int, pp_rank: int) -> _RankStatic:
+    from ..catalog import get_model
+
+    s = shapes(get_model(model_key))
+    stages = pipeline_stage_layers(s.num_layers, pp * vpp, mtp) if pp * vpp > 1 else [s.num_layers]
+    starts = [sum(stages[:i]) for i in range(len(stages))]
+    chunks = [pp_rank + v * pp for v in range(vpp)]
+    layers = [list(range(starts[c], starts[c] + stages[c])) for c in chunks]
+    first, last = 0 in chunks, (pp * vpp - 1) in chunks
+    dense = float(sum(s.layer_dense_params(i) for ch in layers for i in ch))
+    experts = float(sum(s.layer_expert_params(i) for ch in layers for i in ch))
+    if first:
+        dense += s.embedding
+    if last:
+        mtp_layer = s.num_layers - 1  # an MTP layer is a full MoE transformer layer plus a 2h x h projection
+        dense += s.embedding + s.h + mtp * (s.layer_dense_params(mtp_layer) + 2 * s.h * s.h)
+        experts += mtp * s.layer_expert_params(mtp_layer)
+    kinds, reps = [], {}
+    for ch in layers:
+        counts: dict[tuple[bool, bool], int] = {}
+        for i in ch:
+            kind = (s.is_moe(i), s.is_full_attention(i))
+            counts[kind] = counts.get(kind, 0) + 1
+            reps.setdefault(kind, i)
+        kinds.append(tuple(counts.items()))
+    if last and mtp:
+        reps.setdefault((s.is_moe(s.num_layers - 1), s.is_full_attention(s.num_layers - 1)), s.num_layers - 1)
+    return _RankStatic(dense, experts, tuple(kinds), tuple(reps.values()), first, last)
+
+
 def estimate_memory(plan: Plan, constants: MemoryConstants = CALIBRATED) -> MemoryBreakdown:
     """Memory breakdown of the most loaded pipeline rank of ``plan`` (see the module doc)."""
     return max((rank_memory(plan, r, constants) for r in range(plan.layout.pp)), key=lambda m: m.total)
@@ -185,38 +230,22 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     spec = plan.model_spec
     s = shapes(spec)
     lay = plan.layout
-    pp, vpp = lay.pp, lay.vpp or 1
-    stages = pipeline_stage_layers(s.num_layers, pp * vpp, plan.mtp_num_layers) if pp * vpp > 1 else [s.num_layers]
-    starts = [sum(stages[:i]) for i in range(len(stages))]
-    chunks = [pp_rank + v * pp for v in range(vpp)]                       # stage indices on this rank
-    layers = [list(range(starts[c], starts[c] + stages[c])) for c in chunks]
-    first = 0 in chunks
-    last = (pp * vpp - 1) in chunks
-
-    dense = sum(s.layer_dense_params(i) for ch in layers for i in ch) / lay.tp
-    experts = sum(s.layer_expert_params(i) for ch in layers for i in ch) / (lay.ep * lay.etp)
-    if first:
-        dense += s.embedding / lay.tp
-    if last:
-        dense += (s.embedding + s.h) / lay.tp
-        mtp_layer = s.num_layers - 1  # an MTP layer is a full MoE transformer layer plus a 2h x h projection
-        dense += plan.mtp_num_layers * (s.layer_dense_params(mtp_layer) + 2 * s.h * s.h) / lay.tp
-        experts += plan.mtp_num_layers * s.layer_expert_params(mtp_layer) / (lay.ep * lay.etp)
+    static = _rank_static(spec.key, lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
+    last = static.last
+    dense = static.dense / lay.tp
+    experts = static.experts / (lay.ep * lay.etp)
     params = dense + experts
     grad_bytes = FP32 if plan.grad_dtype == "fp32" else BF16
     state_bytes = master_weight_bytes(plan) + 2 * (FP32 if plan.moment_dtype == "fp32" else BF16)
     shard = dense / (lay.dp * lay.cp) + experts / lay.edp
     on_gpu = 1.0 - (plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0)
 
-    per_chunk = []
-    largest_layer = 0.0
-    for ch in layers:
-        kept = 0.0
-        for i in ch:
-            tensors = layer_activations(s, i, plan)
-            kept += _kept(tensors, plan)
-            largest_layer = max(largest_layer, sum(b for b, _ in tensors.values()))
-        per_chunk.append(kept)
+    by_kind = {}  # layers of one kind (MoE or dense, full or linear attention) keep the same tensors
+    for layer in static.representative:
+        tensors = layer_activations(s, layer, plan)
+        by_kind[(s.is_moe(layer), s.is_full_attention(layer))] = (_kept(tensors, plan), sum(b for b, _ in tensors.values()))
+    per_chunk = [sum(n * by_kind[kind][0] for kind, n in chunk) for chunk in static.chunk_kinds]
+    largest_layer = max((by_kind[kind][1] for chunk in static.chunk_kinds for kind, _ in chunk), default=0.0)
     n = plan.micro_batch_size * plan.seq_length / lay.cp
     logits = n * s.vocab * FP32 / lay.tp if last else 0.0
     if last and plan.mtp_num_layers:

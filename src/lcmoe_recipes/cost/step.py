@@ -146,6 +146,7 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
     share = 1.0 / (lay.tp * lay.cp)
     pp_t = pipeline_transfer(plan)
     out = []
+    per_kind: dict = {}
     for r in range(lay.pp):
         gemm = tp = ep = gdn_cp = 0.0
         attention: dict[tuple[float, float], int] = {}
@@ -153,10 +154,14 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
         bytes_by: dict[str, float] = {"PP": pp_t.nvlink_bytes + pp_t.scaleout_bytes}
         layers = rank_layers(plan, r)
         for i in layers:
-            linear, attn = _layer_flops(s, i, plan.seq_length)
-            gemm += (linear + _recompute_flops(s, i, plan)) * tokens * share
+            kind = (s.is_moe(i), s.is_full_attention(i))
+            if kind not in per_kind:  # layers of one kind cost the same
+                per_kind[kind] = (_layer_flops(s, i, plan.seq_length), _recompute_flops(s, i, plan),
+                                  layer_transfers(plan, i))
+            (linear, attn), recompute, transfers = per_kind[kind]
+            gemm += (linear + recompute) * tokens * share
             cp = 0.0
-            for t in layer_transfers(plan, i):
+            for t in transfers:
                 bytes_by[t.kind] = bytes_by.get(t.kind, 0.0) + t.nvlink_bytes + t.scaleout_bytes
                 if t.kind == "TP":
                     tp += t.seconds

@@ -1,0 +1,69 @@
+"""TrainingRequest: the validated input of the planner ("train model M at seq_length S on N GPUs of type H")."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .catalog import get_hardware, get_model
+from .plan import PRECISIONS
+
+DISPATCHER_BACKENDS = ("deepep", "hybridep", "alltoall")
+
+
+class TrainingRequest(BaseModel):
+    """What the user asks for; everything but model, seq_length, hardware and num_gpus is an optional wish.
+
+    Raises:
+        pydantic.ValidationError: with one line per bad field, naming the valid values.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="catalogue model or alias (dsv3, qwen3_235b, qwen3_next, ...)")
+    seq_length: int = Field(gt=0, description="tokens per sample")
+    hardware: str = Field(description="h100, h200, b200, gb200 or gb300")
+    num_gpus: int = Field(gt=0, description="world size")
+    precision: str | None = Field(default=None, description=f"one of {', '.join(PRECISIONS)}")
+    global_batch_size: int | None = Field(default=None, gt=0)
+    micro_batch_size: int = Field(default=1, gt=0)
+    dispatcher: str | None = Field(default=None, description=f"one of {', '.join(DISPATCHER_BACKENDS)}")
+    tp: int | None = Field(default=None, gt=0)
+    pp: int | None = Field(default=None, gt=0)
+    cp: int | None = Field(default=None, gt=0)
+    ep: int | None = Field(default=None, gt=0)
+    allow_cpu_offload: bool = True
+    variable_length: bool = Field(default=False, description="packed / variable-length batches (no CUDA graphs)")
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        return get_model(value).key  # raises UnknownName (a ValueError) listing the valid models
+
+    @field_validator("hardware")
+    @classmethod
+    def _hardware(cls, value: str) -> str:
+        return get_hardware(value).key
+
+    @field_validator("precision")
+    @classmethod
+    def _precision(cls, value: str | None) -> str | None:
+        if value is not None and value not in PRECISIONS:
+            raise ValueError(f"unknown precision '{value}'; valid: {', '.join(PRECISIONS)}")
+        return value
+
+    @field_validator("dispatcher")
+    @classmethod
+    def _dispatcher(cls, value: str | None) -> str | None:
+        if value is not None and value not in DISPATCHER_BACKENDS:
+            raise ValueError(f"unknown dispatcher '{value}'; valid: {', '.join(DISPATCHER_BACKENDS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _fixed_degrees_fit(self) -> "TrainingRequest":
+        fixed = [v for v in (self.tp, self.pp, self.cp) if v]
+        product = 1
+        for v in fixed:
+            product *= v
+        if self.num_gpus % product:
+            raise ValueError(f"fixed TP·PP·CP = {product} does not divide num_gpus {self.num_gpus}")
+        return self

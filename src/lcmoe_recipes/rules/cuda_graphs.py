@@ -1,0 +1,25 @@
+"""CUDA graphs: only for static shapes (fixed seq_length and MBS, no variable-length batches), with scopes that
+megatron-core allows together."""
+
+from __future__ import annotations
+
+from ..catalog import Hardware
+from ..plan import Reason
+
+SOURCE = ("moe-long-context skill ('CUDA graphs need static shapes'; Qwen3-235B GB200 graphs attn + moe_router + "
+          "moe_preprocess); megatron-core CUDA-graph rules (REFERENCE.md §6)")
+
+
+def choose_cuda_graphs(hw: Hardware, variable_length: bool, granularity: str | None,
+                       modules: tuple[str, ...], backend: str | None) -> tuple[tuple[str, tuple[str, ...]], Reason]:
+    if variable_length:
+        return ("none", ()), Reason("no CUDA graphs: variable-length batches change shapes every step", SOURCE)
+    if granularity == "full":
+        return ("none", ()), Reason("no CUDA graphs: megatron-core forbids them with full recompute", SOURCE)
+    if backend != "hybridep":
+        return ("none", ()), Reason("no CUDA graphs: the published H100 / DeepEP configs run eagerly", SOURCE)
+    if "moe" in modules:  # megatron-core: TE graphs with moe_router conflict with moe recompute
+        return ("transformer_engine", ("attn",)), Reason("TE CUDA graphs on attn only: moe recompute excludes the "
+                                                         "moe_router scope", SOURCE)
+    return ("transformer_engine", ("attn", "moe_router", "moe_preprocess")), Reason(
+        "TE CUDA graphs on attn, moe_router, moe_preprocess: static shapes, as the published GB200 config", SOURCE)

@@ -1,0 +1,30 @@
+"""MoE dispatcher: DeepEP on H100/H200/B200, HybridEP on NVL72 when the EP group stays in one NVLink block,
+alltoall otherwise. A requested backend the hardware cannot run is refused by the checks, never downgraded."""
+
+from __future__ import annotations
+
+from ..catalog import Hardware
+from ..layout import ParallelLayout
+from ..plan import Reason
+from ..ranks import max_span
+
+SOURCE = "moe-long-context skill; megatron-bridge flex_dispatcher_backend.py (DeepEP: SM 8/9, B200/B300)"
+
+
+def choose_dispatcher(hw: Hardware, layout: ParallelLayout, wish: str | None) -> tuple[tuple[str, str | None], Reason]:
+    """((moe_token_dispatcher_type, moe_flex_dispatcher_backend), reason)."""
+    if wish == "alltoall":
+        return ("alltoall", None), Reason("alltoall, as requested", "your request")
+    if wish:
+        return ("flex", wish), Reason(f"flex + {wish}, as requested", "your request")
+    if hw.nvlink_domain > 8:
+        inside = max_span(layout, "expert", "tp-ep", hw.job_block) == 1
+        if inside:
+            return ("flex", "hybridep"), Reason(
+                f"HybridEP: NVL72, and every EP group sits inside one {hw.job_block}-GPU NVLink block", SOURCE)
+        return ("alltoall", None), Reason(
+            f"alltoall: an EP group of {layout.ep * layout.etp} ranks leaves the {hw.job_block}-GPU NVLink block, "
+            "where HybridEP's intra-domain path does not apply", SOURCE)
+    if hw.supports_deepep:
+        return ("flex", "deepep"), Reason(f"DeepEP on {hw.display} (intra-node NVLink + inter-node RDMA kernels)", SOURCE)
+    return ("alltoall", None), Reason(f"alltoall: neither DeepEP nor HybridEP runs on {hw.display}", SOURCE)
