@@ -26,6 +26,23 @@ def build_config(plan: Plan, validate: bool = True):
     return _build(plan, validate=validate)
 
 
+def build_recipe(request, validate: bool = True):
+    """The validated ConfigContainer for any request: the planner's best layout (:func:`lcmoe_recipes.planner.plan`).
+
+    Args:
+        request: a :class:`lcmoe_recipes.request.TrainingRequest`, or a dict of its fields.
+
+    Raises:
+        pydantic.ValidationError: bad request fields. InfeasibleConfig: no legal layout fits (names the constraint).
+    """
+    from .planner import plan
+    from .request import TrainingRequest
+
+    if not isinstance(request, TrainingRequest):
+        request = TrainingRequest(**request)
+    return build_config(plan(request).best.plan, validate=validate)
+
+
 def _factory(name: str):
     recipe = NAMED_RECIPES[name]
 
@@ -50,6 +67,6 @@ qwen3_next_64k_gb200 = _factory("qwen3_next_64k_gb200")
 __all__ = [
     "dsv3_128k_h100", "dsv3_256k_h100", "qwen3_235b_128k_gb200",
     "qwen3_next_8k_gb200", "qwen3_next_32k_gb200", "qwen3_next_64k_gb200",
-    "NAMED_RECIPES", "recipe_plan", "build_config", "check_plan", "Plan", "Finding",
+    "NAMED_RECIPES", "recipe_plan", "build_config", "build_recipe", "check_plan", "Plan", "Finding",
     "LcmoeError", "InfeasibleConfig", "OverrideError", "UnknownName",
 ]

@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 from .catalog import HARDWARE, MODELS
-from .errors import LcmoeError
+from .errors import LcmoeError, UnknownName
 from .plan import PRECISIONS, Plan, Reason, carry_reasons
+from .planner import request_from_args
 from .recipes import NAMED_RECIPES, find_named_recipe, recipe_plan
 
 EPILOG = """\
@@ -27,6 +28,7 @@ examples:
   python -m lcmoe_recipes.launch dsv3 --seq 262144 --gpus 512 --hardware h100 --dry-run --output dsv3_256k.yaml
   python -m lcmoe_recipes.launch qwen3_235b --seq 131072 model.tensor_model_parallel_size=8 --dry-run
   python -m lcmoe_recipes.launch qwen3_next --seq 65536 train.global_batch_size=128 '+env_vars.NCCL_DEBUG=INFO' --dry-run
+  python -m lcmoe_recipes.launch qwen3_235b --seq 65536 --gpus 64 --hardware gb200 --dry-run   (planned)
   python -m lcmoe_recipes.launch --list
 
 overrides use Hydra syntax on the ConfigContainer: key=value, +key=value (add), ~key (delete; resets a field to
@@ -52,6 +54,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", metavar="FILE", help="where to write the ConfigContainer YAML "
                         "(default: out/<recipe>.yaml; with overrides out/<recipe>+<hash of the overrides>.yaml)")
     parser.add_argument("--list", action="store_true", help="list the named recipes and exit")
+    planning = parser.add_argument_group("planning (requests that match no named recipe)")
+    planning.add_argument("--gbs", type=int, help="global batch size")
+    planning.add_argument("--mbs", type=int, default=1, help="micro batch size (default 1)")
+    planning.add_argument("--dispatcher", help="deepep, hybridep or alltoall")
+    for name in ("tp", "pp", "cp", "ep"):
+        planning.add_argument(f"--{name}", type=int, help=f"fix {name.upper()}")
+    planning.add_argument("--no-offload", action="store_true", help="never offload optimizer state")
+    planning.add_argument("--variable-length", action="store_true", help="packed / variable-length batches")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.tensor_model_parallel_size=4")
     return parser
 
@@ -81,8 +91,9 @@ def torchrun_command(yaml_path: str | Path, world_size: int, gpus_per_node: int)
 
 
 def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware: str | None,
-                 precision: str | None = None) -> Plan:
-    """The Plan for the CLI's request: a named recipe by name, or by (model, seq[, gpus, hardware]).
+                 precision: str | None = None, wishes=None) -> Plan:
+    """The Plan for the CLI's request: a named recipe by name, or by (model, seq[, gpus, hardware]); a request that
+    matches no named recipe is planned (:func:`lcmoe_recipes.planner.plan`) when --gpus and --hardware are given.
 
     Raises:
         LcmoeError: missing/unknown model, no matching named recipe, or a precision the hardware lacks.
@@ -99,7 +110,15 @@ def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware:
             raise LcmoeError(f"--seq is required with model '{model}'", "e.g. --seq 131072 (or --list for named recipes)")
         if seq <= 0:
             raise LcmoeError(f"--seq {seq} is not a positive number of tokens", "e.g. --seq 131072")
-        recipe = find_named_recipe(model, seq, gpus, hardware)
+        try:
+            recipe = find_named_recipe(model, seq, gpus, hardware)
+        except UnknownName as exc:
+            if gpus is None or hardware is None or "no named recipe" not in exc.message:
+                raise LcmoeError(exc.message, exc.fix.replace("planning other model / length / GPU combinations is "
+                                 "not available yet", "or give --gpus and --hardware to plan one")) from None
+            from .planner import plan as search
+
+            return search(request_from_args(model, seq, wishes)).best.plan
     plan = recipe_plan(recipe.name)
     if precision and precision != plan.precision:
         from .checks import check_plan, raise_for_errors
@@ -128,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         print(list_recipes())
         return 0
     try:
-        plan = resolve_plan(args.model, args.seq, args.gpus, args.hardware, args.precision)
+        plan = resolve_plan(args.model, args.seq, args.gpus, args.hardware, args.precision, args)
         hw = plan.hardware_spec
         if args.output:
             output = Path(args.output)

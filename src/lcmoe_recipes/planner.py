@@ -10,7 +10,7 @@ Search (no torch / megatron import):
 2. per layout: dispatcher, precision, batch (rules), then the least recompute and the smallest optimizer offload
    that fit in HBM_MARGIN of HBM (rules.recompute ladder, rules.offload fractions), then CUDA graphs (rules);
 3. the checks (:func:`lcmoe_recipes.checks.check_plan`) drop what Megatron would reject;
-4. rank by predicted step time; among layouts within KEEP_DP_SLACK of the fastest, prefer the largest DP
+4. rank by predicted step time; among layouts within KEEP_DP_SLACK (1%) of the fastest, prefer the largest DP
    (the skill's "keep DP alive").
 """
 
@@ -36,7 +36,7 @@ from .rules.offload import FRACTIONS, offload_reason
 from .rules.precision import choose_precision
 from .rules.recompute import recompute_ladder, recompute_reason
 
-KEEP_DP_SLACK = 0.05   # prefer more DP among layouts within 5% of the fastest
+KEEP_DP_SLACK = 0.01   # prefer more DP among layouts within 1% of the fastest (a tie for the model)
 VPP_CHOICES = (16, 12, 8, 6, 4, 3, 2)
 
 
@@ -61,11 +61,13 @@ class PlanResult:
     why: str = ""
 
 
-def _vpp(num_layers: int, pp: int) -> int | None:
+def _vpp(num_layers: int, mtp: int, pp: int) -> int | None:
+    """The finest interleave whose chunks still hold two slots each (decoder layers + embedding + MTP + loss)."""
     if pp == 1:
         return None
+    slots = num_layers + 2 + mtp
     for v in VPP_CHOICES:
-        if num_layers >= 2 * pp * v:
+        if slots >= 2 * pp * v:
             return v
     return None
 
@@ -92,7 +94,7 @@ def enumerate_layouts(request: TrainingRequest) -> list[ParallelLayout]:
                     if world % (ep * pp) or ep > world // pp:
                         continue
                     out.append(ParallelLayout(world=world, tp=tp, pp=pp, cp=cp, ep=ep, etp=1,
-                                              vpp=_vpp(model.num_layers, pp)))
+                                              vpp=_vpp(model.num_layers, model.mtp_num_layers, pp)))
     return out
 
 
@@ -208,6 +210,125 @@ def plan(request: TrainingRequest, top: int = 5) -> PlanResult:
            f"{best.step.tflops_per_gpu:.0f} TFLOP/s/GPU) among {len(fits)} fitting layouts of {len(layouts)}"
            f"{dp_note}{squeeze}")
     reasons = {**best.plan.reasons, "layout": Reason(why, "lcmoe_recipes planner: checks + cost model")}
-    best = Candidate(best.plan.with_changes(reasons=reasons), best.memory, best.step)
+    name = f"{request.model}_{request.seq_length // 1024}k_{request.num_gpus}x{request.hardware}"
+    best = Candidate(best.plan.with_changes(reasons=reasons, name=name), best.memory, best.step)
     ranked = [best] + [c for c in fits if c.plan.layout != best.plan.layout][: max(0, top - 1)]
     return PlanResult(request, best, ranked, len(layouts), rejected, why)
+
+
+# --- command line: python -m lcmoe_recipes.plan ---------------------------------------------------------------
+
+TABLE_COLUMNS = ("rank", "TP", "CP", "EP", "PP", "VPP", "DP", "EDP", "recompute", "offload", "memory GiB",
+                 "TP s", "CP s", "EP s", "DP s", "bubble s", "step s", "TFLOP/s", "MFU")
+
+
+def table_rows(result: PlanResult) -> list[tuple]:
+    """One row per ranked candidate: layout, knobs, memory, exposed seconds per collective per step, step, MFU."""
+    rows = []
+    for i, c in enumerate(result.ranked, 1):
+        lay, p, parts = c.plan.layout, c.plan, c.step.parts
+        rec = "full" if p.recompute_granularity == "full" else ("+".join(p.recompute_modules) or "none")
+        rows.append((i, lay.tp, lay.cp, lay.ep, lay.pp, lay.vpp or 1, lay.dp, lay.edp, rec,
+                     f"{p.optimizer_offload_fraction:g}", f"{c.memory.total / 2**30:.1f}",
+                     f"{parts['tp_exposed']:.2f}", f"{parts['cp_exposed']:.2f}", f"{parts['ep_exposed']:.2f}",
+                     f"{parts['dp_exposed']:.2f}", f"{parts['bubble']:.2f}", f"{c.step.step_seconds:.2f}",
+                     f"{c.step.tflops_per_gpu:.0f}", f"{c.step.mfu:.1%}"))
+    return rows
+
+
+def format_table(result: PlanResult, markdown: bool = False) -> str:
+    """The decision table as aligned text (or Markdown)."""
+    rows = [tuple(str(x) for x in TABLE_COLUMNS)] + [tuple(str(x) for x in r) for r in table_rows(result)]
+    if markdown:
+        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows[1:]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows)
+
+
+def format_result(result: PlanResult) -> str:
+    """Decision table, the winner's knobs with their reasons, and what was rejected."""
+    best = result.best
+    out = [f"{result.request.model} at seq_length {result.request.seq_length} on {result.request.num_gpus} x "
+           f"{result.request.hardware}: {result.considered} layouts considered, {len(result.ranked)} shown "
+           "(exposed seconds per step by collective)", format_table(result), "", f"winner: {result.why}",
+           f"  pipeline layout {best.plan.pipeline_model_parallel_layout or 'none'}, MBS {best.plan.micro_batch_size} "
+           f"GBS {best.plan.global_batch_size}, {best.plan.precision}, {best.plan.moe_token_dispatcher_type}"
+           + (f" + {best.plan.moe_flex_dispatcher_backend}" if best.plan.moe_flex_dispatcher_backend else "")]
+    out += [f"  - {knob}: {r.why} [{r.source}]" for knob, r in best.plan.reasons.items()]
+    if result.rejected:
+        out.append("rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(result.rejected.items(), key=lambda kv: -kv[1])))
+    return "\n".join(out)
+
+
+def write_csv(result: PlanResult, path) -> None:
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(TABLE_COLUMNS)
+        writer.writerows(table_rows(result))
+
+
+def request_arguments(parser) -> None:
+    """The TrainingRequest flags shared by `plan` and `launch`."""
+    parser.add_argument("--gpus", type=int, metavar="N", help="GPU count (num_gpus)")
+    parser.add_argument("--hardware", metavar="NAME", help="GPU type: h100, h200, b200, gb200, gb300")
+    parser.add_argument("--precision", help="bf16, fp8_blockwise, fp8_cs or mxfp8 (default: by hardware)")
+    parser.add_argument("--gbs", type=int, help="global batch size (default: ~4-8M tokens per step)")
+    parser.add_argument("--mbs", type=int, default=1, help="micro batch size (default 1)")
+    parser.add_argument("--dispatcher", help="deepep, hybridep or alltoall (default: by hardware)")
+    for name in ("tp", "pp", "cp", "ep"):
+        parser.add_argument(f"--{name}", type=int, help=f"fix {name.upper()}")
+    parser.add_argument("--no-offload", action="store_true", help="never offload optimizer state to the CPU")
+    parser.add_argument("--variable-length", action="store_true", help="packed / variable-length batches")
+
+
+def request_from_args(model: str, seq: int, args) -> TrainingRequest:
+    """A TrainingRequest from parsed flags; pydantic's errors become one LcmoeError naming every bad field."""
+    from pydantic import ValidationError
+
+    from .errors import LcmoeError
+
+    try:
+        return TrainingRequest(model=model, seq_length=seq, hardware=args.hardware, num_gpus=args.gpus,
+                               precision=args.precision, global_batch_size=args.gbs, micro_batch_size=args.mbs,
+                               dispatcher=args.dispatcher, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep,
+                               allow_cpu_offload=not args.no_offload, variable_length=args.variable_length)
+    except ValidationError as exc:
+        bad = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'request'}: {e['msg'].removeprefix('Value error, ')}"
+                        for e in exc.errors())
+        raise LcmoeError(f"invalid request: {bad}", "see --help for the valid values") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    from .errors import LcmoeError
+
+    parser = argparse.ArgumentParser(
+        prog="python -m lcmoe_recipes.plan", description="Plan a long-context MoE layout for any model, sequence "
+        "length, GPU type and count: candidate layouts, per-GPU memory, exposed communication per collective, "
+        "predicted step time and MFU, and why the winner won. Imports neither torch nor megatron.",
+        epilog="example: python -m lcmoe_recipes.plan qwen3_235b --seq 65536 --gpus 64 --hardware gb200 --top 8")
+    parser.add_argument("model", help="dsv3, qwen3_235b, qwen3_next (aliases work)")
+    parser.add_argument("--seq", type=int, required=True, metavar="N", help="seq_length in tokens")
+    request_arguments(parser)
+    parser.add_argument("--top", type=int, default=5, help="candidates to show (default 5)")
+    parser.add_argument("--csv", metavar="FILE", help="also write the decision table as CSV")
+    args = parser.parse_args(argv)
+    try:
+        if args.gpus is None or args.hardware is None:
+            raise LcmoeError("--gpus and --hardware are required", "e.g. --gpus 64 --hardware gb200")
+        result = plan(request_from_args(args.model, args.seq, args), top=args.top)
+    except LcmoeError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if exc.fix:
+            print(f"  fix: {exc.fix}", file=sys.stderr)
+        return 2
+    print(format_result(result))
+    if args.csv:
+        write_csv(result, args.csv)
+        print(f"\nCSV: {args.csv}")
+    return 0

@@ -127,6 +127,9 @@ MODELS: dict[str, ModelSpec] = {
                   "moonlight_16b_a3b.json", mtp_num_layers=0, aliases=("moonlight_16b", "moonlight-16b-a3b")),
         ModelSpec("qwen3_30b", "Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B", "Qwen3MoeConfig",
                   "qwen3_30b_a3b.json", mtp_num_layers=0, aliases=("qwen3-30b-a3b", "qwen3_30b_a3b")),
+        # The course module's decision-table exercise (synthetic; see hf_configs/SOURCES.md).
+        ModelSpec("course_moe", "Course MoE 64x7B (top-2)", "(synthetic)", "Qwen3MoeConfig", "course_moe_64e.json",
+                  mtp_num_layers=0, aliases=("course-moe", "moe_64e_top2")),
     )
 }
 

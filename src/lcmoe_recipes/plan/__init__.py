@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .catalog import Hardware, ModelSpec, get_hardware, get_model
-from .errors import InfeasibleConfig, UnknownName
-from .layout import ParallelLayout
+from ..catalog import Hardware, ModelSpec, get_hardware, get_model
+from ..errors import InfeasibleConfig, UnknownName
+from ..layout import ParallelLayout
 
 # Our precision names -> megatron-bridge 0.6.2 registered mixed-precision recipes
 # (megatron/bridge/training/mixed_precision.py). "FP8 blockwise" is Bridge's "subchannel scaling" recipe
@@ -205,3 +205,4 @@ def build_pipeline_layout(num_layers: int, num_stages: int, mtp_num_layers: int 
         out.append(f"({stages[i]}|)*{run}" if run > 1 else f"{stages[i]}|")
         i += run
     return "".join(out) + stages[-1]
+

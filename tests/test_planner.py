@@ -1,0 +1,177 @@
+"""TrainingRequest, the rules, the planner, its CLI, agreement with the named recipes, and random requests."""
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from lcmoe_recipes import NAMED_RECIPES, recipe_plan
+from lcmoe_recipes.catalog import get_hardware, get_model
+from lcmoe_recipes.checks import check_plan
+from lcmoe_recipes.cost import HBM_MARGIN, estimate_memory, estimate_step
+from lcmoe_recipes.errors import InfeasibleConfig, LcmoeError
+from lcmoe_recipes.layout import ParallelLayout
+from lcmoe_recipes.planner import main, plan
+from lcmoe_recipes.request import TrainingRequest
+from lcmoe_recipes.rules.batch import choose_batch
+from lcmoe_recipes.rules.cp import cp_first_guess
+from lcmoe_recipes.rules.dispatcher import choose_dispatcher
+from lcmoe_recipes.rules.precision import choose_precision
+from lcmoe_recipes.rules.recompute import recompute_ladder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_request_validation():
+    r = TrainingRequest(model="deepseek-v3", seq_length=131072, hardware="H100", num_gpus=256)
+    assert (r.model, r.hardware) == ("dsv3", "h100")
+    with pytest.raises(ValidationError, match="unknown model 'gpt5'"):
+        TrainingRequest(model="gpt5", seq_length=4096, hardware="h100", num_gpus=8)
+    with pytest.raises(ValidationError, match="valid: bf16, fp8_blockwise, fp8_cs, mxfp8"):
+        TrainingRequest(model="dsv3", seq_length=4096, hardware="h100", num_gpus=8, precision="fp6")
+    with pytest.raises(ValidationError, match="fixed TP·PP·CP = 24 does not divide num_gpus 64"):
+        TrainingRequest(model="dsv3", seq_length=4096, hardware="h100", num_gpus=64, tp=2, pp=4, cp=3)
+    with pytest.raises(ValidationError, match="greater than 0"):
+        TrainingRequest(model="dsv3", seq_length=0, hardware="h100", num_gpus=8)
+
+
+def test_rules():
+    assert cp_first_guess(131072)[0] == 32 and cp_first_guess(262144)[0] == 64 and cp_first_guess(4096)[0] == 1
+    assert choose_precision(get_hardware("h100"), None)[0] == "fp8_blockwise"
+    assert choose_precision(get_hardware("gb200"), None)[0] == "bf16"
+    lay = ParallelLayout(world=128, tp=4, pp=4, cp=4, ep=32, vpp=12)
+    assert choose_dispatcher(get_hardware("gb200"), lay, None)[0] == ("flex", "hybridep")
+    assert choose_dispatcher(get_hardware("h100"), lay, None)[0] == ("flex", "deepep")
+    wide = ParallelLayout(world=256, tp=1, pp=2, cp=1, ep=128, vpp=4)
+    (kind, why) = choose_dispatcher(get_hardware("gb200"), wide, None)
+    assert kind == ("alltoall", None) and "leaves the 64-GPU NVLink block" in why.why
+    gbs, why = choose_batch(131072, lay, 1, 235e9, None)
+    assert gbs == 64 and "32 microbatches per DP rank (DP=2)" in why.why
+    ladder = recompute_ladder(get_model("dsv3"))
+    assert ladder[0] == (None, ()) and ladder[-1] == ("full", ())
+    assert ("selective", ("layernorm", "moe_act", "mla_up_proj", "mlp")) in ladder
+    assert all("mla_up_proj" not in m for _, m in recompute_ladder(get_model("qwen3_235b")))
+    assert all("core_attn" not in m for _, m in ladder)
+
+
+@pytest.mark.parametrize("name", list(NAMED_RECIPES))
+def test_planner_agrees_with_named_recipes(name):
+    """The planner reproduces the published layout or finds one it predicts at least as fast, and fitting."""
+    named = recipe_plan(name)
+    request = TrainingRequest(model=named.model, seq_length=named.seq_length, hardware=named.hardware,
+                              num_gpus=named.layout.world)
+    best = plan(request).best
+    named_step = estimate_step(named).step_seconds
+    print(f"{name}: published {named.layout.describe()} {named_step:.1f} s; planner {best.plan.layout.describe()} "
+          f"{best.step.step_seconds:.1f} s")
+    assert best.memory.total <= HBM_MARGIN * get_hardware(named.hardware).hbm_bytes
+    # at least as fast, up to the planner's 1% keep-DP-alive tie-break (then with at least the named DP)
+    assert best.plan.layout == named.layout or best.step.step_seconds <= named_step * 1.0001 or (
+        best.step.step_seconds <= named_step * 1.01 and best.plan.layout.dp >= named.layout.dp)
+
+
+def test_keep_dp_alive_and_reasons():
+    result = plan(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64))
+    best = result.best
+    fastest = min(c.step.step_seconds for c in result.ranked)
+    assert best.step.step_seconds <= fastest * 1.01
+    assert all(best.plan.layout.dp >= c.plan.layout.dp for c in result.ranked
+               if c.step.step_seconds <= fastest * 1.01)
+    assert set(best.plan.reasons) >= {"layout", "cp", "dispatcher", "precision", "global_batch_size", "recompute",
+                                      "optimizer_cpu_offload", "cuda_graphs"}
+    assert best.plan.name == "qwen3_235b_64k_64xgb200"
+
+
+def test_infeasible_request_names_the_constraint():
+    with pytest.raises(InfeasibleConfig) as err:
+        plan(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=8))
+    assert "most rejected by memory/exceeds-hbm" in err.value.message
+    assert "use more GPUs" in err.value.fix
+    with pytest.raises(InfeasibleConfig, match="no layout for qwen3_next"):
+        plan(TrainingRequest(model="qwen3_next", seq_length=65536, hardware="gb200", num_gpus=32, tp=2, cp=16))
+
+
+def test_plan_cli(capsys, tmp_path):
+    csv_path = tmp_path / "t.csv"
+    assert main(["qwen3_next", "--seq", "32768", "--gpus", "32", "--hardware", "gb200", "--top", "3",
+                 "--csv", str(csv_path)]) == 0
+    out = capsys.readouterr().out
+    assert "winner: TP" in out and "rank  TP  CP  EP  PP" in out
+    assert csv_path.read_text().splitlines()[0].startswith("rank,TP,CP,EP,PP,VPP,DP,EDP,recompute,offload")
+    assert len(csv_path.read_text().splitlines()) == 4
+    assert main(["qwen3_next", "--seq", "32768", "--gpus", "32", "--hardware", "gb201"]) == 2
+    assert "did you mean 'gb200'?" in capsys.readouterr().err
+    assert main(["qwen3_next", "--seq", "32768"]) == 2
+
+
+def test_planning_is_light_and_module_runs():
+    out = subprocess.run([sys.executable, "-m", "lcmoe_recipes.plan", "dsv3", "--seq", "32768", "--gpus", "128",
+                          "--hardware", "h100", "--top", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "winner:" in out.stdout and "RuntimeWarning" not in out.stderr
+    code = ("import sys; from lcmoe_recipes.planner import plan; from lcmoe_recipes.request import TrainingRequest;"
+            "plan(TrainingRequest(model='dsv3', seq_length=32768, hardware='h100', num_gpus=128));"
+            "print(any(m.split('.')[0] in ('torch', 'megatron') for m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_decision_table_is_current():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "decision_table.py"), "--check"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _random_requests(n, seed=20261130):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        model = rng.choice(["dsv3", "qwen3_235b", "qwen3_next", "qwen3_30b", "moonlight"])
+        hardware = rng.choice(["h100", "h200", "b200", "gb200", "gb300"])
+        per = get_hardware(hardware).gpus_per_node
+        out.append(TrainingRequest(model=model, hardware=hardware, seq_length=rng.choice([4096, 8192, 32768, 65536, 131072]),
+                                   num_gpus=per * rng.choice([2, 4, 8, 16, 32, 64])))
+    return out
+
+
+@pytest.mark.slow
+def test_random_requests_emit_valid_configs_or_clear_errors():
+    """Every planned ConfigContainer passes our checks and megatron-bridge's validation for its world size;
+    every infeasible request is an InfeasibleConfig naming the constraint, never a traceback."""
+    from lcmoe_recipes.emit import build_config
+
+    built = refused = 0
+    for request in _random_requests(24):
+        try:
+            best = plan(request).best
+        except InfeasibleConfig as exc:
+            assert "most rejected by" in exc.message and exc.fix
+            refused += 1
+            continue
+        assert not [f for f in check_plan(best.plan) if f.severity == "error"]
+        assert estimate_memory(best.plan).total <= HBM_MARGIN * get_hardware(request.hardware).hbm_bytes
+        cfg = build_config(best.plan, quiet=True)  # runs our checks + upstream validate() for the target
+        assert cfg.model.seq_length == cfg.dataset.seq_length == request.seq_length
+        built += 1
+    print(f"{built} built, {refused} refused")
+    assert built >= 8 and refused >= 1
+
+
+@pytest.mark.slow
+def test_launch_plans_unnamed_requests(capsys, tmp_path):
+    from lcmoe_recipes.launch import main as launch
+
+    import os
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code = launch(["qwen3_235b", "--seq", "65536", "--gpus", "64", "--hardware", "gb200", "--dry-run"])
+    finally:
+        os.chdir(cwd)
+    out = capsys.readouterr().out
+    assert code == 0 and "qwen3_235b_64k_64xgb200: valid for 64 x gb200" in out
+    assert (tmp_path / "out" / "qwen3_235b_64k_64xgb200.yaml").is_file()
+    with pytest.raises(LcmoeError):
+        from lcmoe_recipes.launch import resolve_plan
+        resolve_plan("qwen3_235b", 65536, None, None)
