@@ -15,7 +15,7 @@ Counts are elements (not bytes). Conventions (HF config names):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from ..catalog import ModelSpec
 
@@ -74,12 +74,12 @@ class LayerShapes:
         """Routed-expert params of layer ``layer`` (split over EP·ETP, replicated over EDP)."""
         return self.expert * self.num_experts if self.is_moe(layer) else 0
 
-    @property
+    @cached_property
     def total_params(self) -> int:
         total = 2 * self.embedding + self.h
         return total + sum(self.layer_dense_params(i) + self.layer_expert_params(i) for i in range(self.num_layers))
 
-    @property
+    @cached_property
     def active_params_per_token(self) -> int:
         """Params one token's forward pass multiplies with (routed: topk experts only), embedding excluded."""
         act = self.embedding  # output layer

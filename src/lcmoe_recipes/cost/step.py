@@ -84,12 +84,19 @@ def _gdn_seconds(plan: Plan, step_seconds: float) -> float:
 
 def model_flops_per_token(plan: Plan) -> float:
     """Model FLOPs per token (forward + backward, no recompute), all layers, MTP and output layer included."""
-    s = shapes(plan.model_spec)
+    return _model_flops(plan.model, plan.seq_length, plan.mtp_num_layers)
+
+
+@lru_cache(maxsize=1024)
+def _model_flops(model_key: str, seq_length: int, mtp_num_layers: int) -> float:
+    from ..catalog import get_model
+
+    s = shapes(get_model(model_key))
     total = 6 * s.embedding  # output layer
     for i in range(s.num_layers):
-        total += sum(_layer_flops(s, i, plan.seq_length))
-    mtp = sum(_layer_flops(s, s.num_layers - 1, plan.seq_length)) + 6 * (2 * s.h * s.h + s.embedding)
-    return total + plan.mtp_num_layers * mtp
+        total += sum(_layer_flops(s, i, seq_length))
+    mtp = sum(_layer_flops(s, s.num_layers - 1, seq_length)) + 6 * (2 * s.h * s.h + s.embedding)
+    return total + mtp_num_layers * mtp
 
 
 def _recompute_flops(s: LayerShapes, layer: int, plan: Plan) -> float:
