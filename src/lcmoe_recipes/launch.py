@@ -19,7 +19,7 @@ from pathlib import Path
 from .catalog import HARDWARE, MODELS
 from .errors import LcmoeError, UnknownName
 from .plan import PRECISIONS, Plan, Reason, carry_reasons
-from .planner import request_from_args
+from .planner import request_arguments, request_from_args
 from .recipes import NAMED_RECIPES, find_named_recipe, recipe_plan
 
 EPILOG = """\
@@ -54,14 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", metavar="FILE", help="where to write the ConfigContainer YAML "
                         "(default: out/<recipe>.yaml; with overrides out/<recipe>+<hash of the overrides>.yaml)")
     parser.add_argument("--list", action="store_true", help="list the named recipes and exit")
-    planning = parser.add_argument_group("planning (requests that match no named recipe)")
-    planning.add_argument("--gbs", type=int, help="global batch size")
-    planning.add_argument("--mbs", type=int, default=1, help="micro batch size (default 1)")
-    planning.add_argument("--dispatcher", help="deepep, hybridep or alltoall")
-    for name in ("tp", "pp", "cp", "ep"):
-        planning.add_argument(f"--{name}", type=int, help=f"fix {name.upper()}")
-    planning.add_argument("--no-offload", action="store_true", help="never offload optimizer state")
-    planning.add_argument("--variable-length", action="store_true", help="packed / variable-length batches")
+    request_arguments(parser.add_argument_group("planning (requests that match no named recipe)"), wishes_only=True)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.tensor_model_parallel_size=4")
     return parser
 

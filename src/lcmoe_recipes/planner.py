@@ -270,11 +270,12 @@ def write_csv(result: PlanResult, path) -> None:
         writer.writerows(table_rows(result))
 
 
-def request_arguments(parser) -> None:
-    """The TrainingRequest flags shared by `plan` and `launch`."""
-    parser.add_argument("--gpus", type=int, metavar="N", help="GPU count (num_gpus)")
-    parser.add_argument("--hardware", metavar="NAME", help="GPU type: h100, h200, b200, gb200, gb300")
-    parser.add_argument("--precision", help="bf16, fp8_blockwise, fp8_cs or mxfp8 (default: by hardware)")
+def request_arguments(parser, wishes_only: bool = False) -> None:
+    """The TrainingRequest flags shared by `plan` and `launch` (which has its own --gpus/--hardware/--precision)."""
+    if not wishes_only:
+        parser.add_argument("--gpus", type=int, metavar="N", help="GPU count (num_gpus)")
+        parser.add_argument("--hardware", metavar="NAME", help="GPU type: h100, h200, b200, gb200, gb300")
+        parser.add_argument("--precision", help="bf16, fp8_blockwise, fp8_cs or mxfp8 (default: by hardware)")
     parser.add_argument("--gbs", type=int, help="global batch size (default: ~4-8M tokens per step)")
     parser.add_argument("--mbs", type=int, default=1, help="micro batch size (default 1)")
     parser.add_argument("--dispatcher", help="deepep, hybridep or alltoall (default: by hardware)")
