@@ -30,7 +30,7 @@ def test_failing_yaml_exits_1_with_findings(configs, tmp_path, capsys):
     assert "error   rank-folding/dense: TP=4 · PP=4 · CP=48 = 768 does not divide the world size 128" in out
     assert "error   divisibility/seq-cp: CP=48 does not divide seq_length 131072 into 2·CP chunks" in out
     assert "warning parallel/etp-unset" in out
-    assert "        fix: use CP=32 or 64" in out
+    assert "        fix: use CP=4 or 8" in out
 
 
 @pytest.mark.slow
@@ -45,9 +45,35 @@ def test_headerless_yaml_needs_a_target(configs, tmp_path, capsys):
     assert "dispatcher/deepep-hardware" in capsys.readouterr().out
 
 
-def test_missing_file_is_bad_input(capsys, tmp_path):
+def test_bad_input_fails_fast(capsys, tmp_path):
     assert main([str(tmp_path / "nope.yaml"), "--gpus", "8", "--hardware", "h100"]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "is neither a file nor a named recipe" in capsys.readouterr().err
+    assert main(["dsv3_128k_h100", "--gpus", "0"]) == 2
+    assert "--gpus 0 is not a positive GPU count" in capsys.readouterr().err
+    assert main(["dsv3_128k_h100", "--hardware", "a100"]) == 2
+    assert "unknown hardware 'a100'" in capsys.readouterr().err
+
+
+def test_named_recipe_on_another_target(capsys):
+    assert main(["qwen3_235b_128k_gb200", "--hardware", "h100"]) == 1
+    out = capsys.readouterr().out
+    assert "error   memory/exceeds-hbm: predicted peak" in out  # 128 x 80 GB is too small for this layout
+    assert main(["dsv3_128k_h100", "--gpus", "512"]) == 0
+    assert "-> DP2 EDP2 on 512 GPUs" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_yaml_checked_for_another_target_warns(configs, tmp_path, capsys):
+    from lcmoe_recipes.emit import write_yaml
+
+    plan, cfg = configs["dsv3_128k_h100"]
+    path = write_yaml(cfg, tmp_path / "d.yaml", {"recipe": "dsv3_128k_h100", "world_size": 256, "hardware": "h100"})
+    assert main([str(path), "--gpus", "512"]) == 0
+    assert "warning target/differs-from-header: checking for 512 x h100, but the YAML was written for 256 x h100" in \
+        capsys.readouterr().out
+    path.write_text(path.read_text().split("\n", 1)[1])  # drop the header
+    assert main([str(path), "--gpus", "256"]) == 2
+    assert "fix: give --hardware NAME" in capsys.readouterr().err
 
 
 def test_check_of_a_plan_is_fast_and_light():

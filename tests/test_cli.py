@@ -40,7 +40,7 @@ def test_bad_override_subprocess_writes_nothing(tmp_path):
     assert out.returncode == 2
     assert "error: qwen3_235b_128k_gb200: TP=4 · PP=4 · CP=48 = 768 does not divide the world size 128" in out.stderr
     assert "divisibility/seq-cp: CP=48 does not divide seq_length 131072 into 2·CP chunks" in out.stderr
-    assert "use CP=32 or 64" in out.stderr
+    assert "use CP=4 or 8" in out.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -79,6 +79,7 @@ def test_bad_request(capsys, tmp_path, args, message, fix):
     ("model.moe_flex_dispatcher_backend=deepep", "DeepEP does not run on GB200 NVL72"),
     ("train.global_batch_size=63", "GBS=63 is not divisible by MBS·DP = 1·2 = 2"),
     ("model.recompute_modules=[up_proj,norm]", "unknown recompute module(s) ['up_proj', 'norm']"),
+    ("model.recompute_modules=[layernorm]", "predicted peak 174.1 GiB on PP rank 1 exceeds 95% of GB200"),
 ])
 def test_bad_override(capsys, tmp_path, override, message):
     code, out, err = _main(capsys, tmp_path, "qwen3_235b", "--seq", "131072", *override.split(), "--dry-run")

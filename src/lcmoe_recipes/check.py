@@ -11,6 +11,7 @@ Exit codes: 0 no errors (warnings allowed) · 1 errors found · 2 bad input (mis
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -43,8 +44,8 @@ def format_costs(plan: Plan) -> str:
 def format_findings(plan: Plan, findings: list[Finding]) -> str:
     """Layout, group placement and findings as text."""
     hw, lay = plan.hardware_spec, plan.layout
-    lines = [f"{plan.name}: {lay.describe()} x {hw.display} ({hw.gpus_per_node} GPUs per node, NVLink blocks of "
-             f"{hw.job_block})"]
+    lines = [f"{plan.name}: {lay.describe()} x {hw.display} ({hw.gpus_per_node} GPUs per node; NVLink domain "
+             f"{hw.nvlink_domain}, placed in blocks of {hw.job_block})"]
     if not any(f.rule.startswith("rank-folding") for f in findings):
         lines.append("  group  size  nodes spanned  NVLink blocks spanned   (megatron-core rank order tp-cp-ep-dp-pp)")
         for kind, (size, nodes, blocks) in placement(lay, hw.gpus_per_node, hw.job_block).items():
@@ -68,33 +69,55 @@ def main(argv: list[str] | None = None) -> int:
                                             "  python -m lcmoe_recipes.check my.yaml --gpus 256 --hardware h100\n"
                                             "  python -m lcmoe_recipes.check qwen3_235b_128k_gb200")
     parser.add_argument("config", help=f"ConfigContainer YAML file, or a named recipe ({', '.join(NAMED_RECIPES)})")
-    parser.add_argument("--gpus", type=int, help="target world size (default: the YAML header's)")
-    parser.add_argument("--hardware", help=f"target GPU: {', '.join(HARDWARE)} (default: the YAML header's)")
+    parser.add_argument("--gpus", type=int, help="target world size (default: the YAML header's or the recipe's)")
+    parser.add_argument("--hardware", help=f"target GPU: {', '.join(HARDWARE)} (default: the YAML header's or the "
+                        "recipe's)")
     args = parser.parse_args(argv)
     try:
+        for flag, value in (("--gpus", args.gpus),):
+            if value is not None and value < 1:
+                raise LcmoeError(f"{flag} {value} is not a positive GPU count", "e.g. --gpus 256")
+        hw_arg = get_hardware(args.hardware) if args.hardware else None  # fail fast, before any heavy import
         if args.config in NAMED_RECIPES and not Path(args.config).exists():
             plan = recipe_plan(args.config)
+            if args.gpus or hw_arg:  # the same recipe on another target
+                plan = plan.with_changes(layout=dataclasses.replace(plan.layout, world=args.gpus or plan.layout.world),
+                                         hardware=(hw_arg or plan.hardware_spec).key)
             findings = check_plan(plan)
             if not any(f.severity == "error" for f in findings):
                 findings = memory_findings(plan) + findings
+            scope = "plan checks and the cost model (upstream validate() runs on YAML files and in launch)"
         else:
+            if not Path(args.config).is_file():
+                raise LcmoeError(f"'{args.config}' is neither a file nor a named recipe",
+                                 f"give a ConfigContainer YAML, or one of: {', '.join(NAMED_RECIPES)}")
+            from .emit.yaml_io import read_meta
+
+            meta = read_meta(args.config)
+            gpus, hardware = args.gpus or meta.get("world_size"), (hw_arg.key if hw_arg else meta.get("hardware"))
+            missing = [flag for flag, value in (("--gpus N", gpus), ("--hardware NAME", hardware)) if not value]
+            if missing:
+                raise LcmoeError(f"'{args.config}' does not record its target", f"give {' and '.join(missing)}")
+            hw = get_hardware(hardware)
             from . import emit
 
-            cfg, meta = emit.read_yaml(args.config)
-            gpus, hardware = args.gpus or meta.get("world_size"), args.hardware or meta.get("hardware")
-            if not gpus or not hardware:
-                raise LcmoeError(f"'{args.config}' does not record its target", "give --gpus N and --hardware NAME")
-            hw = get_hardware(hardware)
+            cfg, _ = emit.read_yaml(args.config)
             name = meta.get("recipe") or Path(args.config).stem
             plan = emit.plan_from_config(cfg, hw, gpus, name)
             findings = emit.config_findings(cfg, hw, gpus, name)
-            if not any(f.severity == "error" for f in findings):
-                findings = memory_findings(plan) + findings
+            if meta and (gpus, hw.key) != (meta.get("world_size"), meta.get("hardware")):
+                findings.append(Finding(
+                    "warning", "target/differs-from-header",
+                    f"checking for {gpus} x {hw.key}, but the YAML was written for {meta.get('world_size')} x "
+                    f"{meta.get('hardware')}: lcmoe_recipes.train refuses to start on a target other than the header's",
+                    f"rewrite it for this target: python -m lcmoe_recipes.launch ... --gpus {gpus} --hardware {hw.key} --dry-run"))
+            scope = "our checks, the cost model and megatron-bridge validate() for the target"
     except LcmoeError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         if exc.fix:
             print(f"  fix: {exc.fix}", file=sys.stderr)
         return 2
+    print(f"checked with {scope}")
     print(format_findings(plan, findings))
     return 1 if any(f.severity == "error" for f in findings) else 0
 

@@ -107,8 +107,10 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
             f"use CP={_near(ok, cp)}" if ok else (f"use TP={_near(ok_tp, tp)}" if ok_tp else f"make TP·PP·CP divide {world}"))
     if world % (etp * ep * pp):
         ok = [e for e in _divisors(world // (etp * pp)) if model.num_moe_experts % e == 0] if world % (etp * pp) == 0 else []
+        ok_pp = [p for p in _divisors(world) if world % (etp * ep * p) == 0 and world % (tp * p * cp) == 0]
         add("error", "rank-folding/expert", f"ETP={etp} · EP={ep} · PP={pp} = {etp * ep * pp} does not divide the world size {world}",
-            f"use EP={_near(ok, ep)}" if ok else f"make ETP·PP divide {world}")
+            f"use EP={_near(ok, ep)}" if ok else (f"use PP={_near(ok_pp, pp)}" if ok_pp else
+                                                  f"choose a GPU count that ETP·EP·PP = {etp * ep * pp} divides"))
     if vpp is not None and vpp > 1 and pp == 1:
         add("error", "pipeline/vpp-needs-pp", f"VPP={vpp} with PP=1", "interleaving needs PP > 1: set VPP to None or PP >= 2")
 
@@ -132,6 +134,8 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
                 f"use CP={_near(ok, cp)} at TP={tp}" if ok else "lower TP")
     if cp > 1 and plan.seq_length % (2 * cp):
         ok = [c for c in (2**i for i in range(1, 12)) if plan.seq_length % (2 * c) == 0]
+        folds = [c for c in ok if world % (tp * pp * c) == 0]
+        ok = folds or ok  # prefer CPs that also fold into the world size, so the two fixes agree
         add("error", "divisibility/seq-cp",
             f"CP={cp} does not divide seq_length {plan.seq_length} into 2·CP chunks (load-balanced causal split)",
             f"use CP={_near(ok, cp)}")

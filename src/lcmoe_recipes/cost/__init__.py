@@ -12,19 +12,26 @@ HBM_MARGIN = 0.95  # plan to at most 95% of HBM: the allocator's fragmentation a
 
 
 def memory_findings(plan: Plan) -> list[Finding]:
-    """An error when the predicted peak on the most loaded rank exceeds HBM_MARGIN of the GPU's HBM."""
+    """An error when the predicted peak on the most loaded rank exceeds HBM_MARGIN of the GPU's HBM; a warning
+    for models whose memory the model is known to under-predict (gated DeltaNet: Qwen3-Next)."""
     mem = estimate_memory(plan)
     hw = plan.hardware_spec
     limit = HBM_MARGIN * hw.hbm_bytes
+    out = []
+    if plan.model_spec.gated_delta_net:
+        out.append(Finding("warning", "memory/uncalibrated",
+                           f"the memory model is not calibrated for {plan.model_spec.display}'s gated DeltaNet layers: "
+                           "it predicts 0.46-0.78 of the published Qwen3-Next peaks (docs/accuracy.md, N1-N3)",
+                           "keep more headroom than the prediction suggests, or measure a short run first"))
     if mem.total <= limit:
-        return []
+        return out
     gib = mem.gib()
     top = max((k for k in gib if k != "total"), key=gib.get)
     return [Finding("error", "memory/exceeds-hbm",
                     f"predicted peak {gib['total']:.1f} GiB on PP rank {mem.pp_rank} exceeds {HBM_MARGIN:.0%} of "
                     f"{hw.display}'s {hw.hbm_gib:.0f} GiB (largest part: {top} {gib[top]:.1f} GiB)",
                     "raise CP or PP, recompute more (selective modules, then full), or offload optimizer state "
-                    "(optimizer.optimizer_cpu_offload)")]
+                    "(optimizer.optimizer_cpu_offload)")] + out
 
 
 __all__ = ["MemoryBreakdown", "StepEstimate", "estimate_memory", "estimate_step", "memory_findings", "HBM_MARGIN"]

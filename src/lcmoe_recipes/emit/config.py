@@ -279,7 +279,7 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     1. model and dataset ``seq_length`` must agree (rule ``config/seq-length``);
     2. read back into a Plan and run :func:`lcmoe_recipes.checks.check_plan` (rank folding, divisibility,
        batch, placement, dispatcher-on-hardware, recompute, offload, CUDA-graph rules: what upstream ``validate()``
-       leaves to run time);
+       leaves to run time), then the memory model against the target's HBM (:func:`lcmoe_recipes.cost.memory_findings`);
     3. if those pass: the pipeline layout with megatron-core's ``PipelineParallelLayerLayout`` (rule
        ``pipeline/layout``);
     4. if those pass: megatron-bridge's ``runtime_config_update`` (mixed-precision resolution, DP size, comm-overlap
@@ -296,9 +296,15 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     if model_seq != data_seq:
         return [Finding("error", "config/seq-length", f"'seq_length' is {model_seq} on the model but "
                         f"{data_seq} on the dataset", f"set both: model.seq_length={model_seq} dataset.seq_length={model_seq}")]
-    findings = check_plan(plan_from_config(cfg, hw, world_size, name))
+    plan = plan_from_config(cfg, hw, world_size, name)
+    findings = check_plan(plan)
     if any(f.severity == "error" for f in findings):
         return findings
+    from ..cost import memory_findings  # predicted peak against the target's HBM
+
+    findings = memory_findings(plan) + findings
+    if any(f.severity == "error" for f in findings):
+        return sorted(findings, key=lambda f: f.severity != "error")
     try:
         _check_pipeline_layout(cfg, name)
     except InfeasibleConfig as exc:
