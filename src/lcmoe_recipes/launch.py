@@ -54,6 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", metavar="FILE", help="where to write the ConfigContainer YAML "
                         "(default: out/<recipe>.yaml; with overrides out/<recipe>+<hash of the overrides>.yaml)")
     parser.add_argument("--list", action="store_true", help="list the named recipes and exit")
+    parser.add_argument("--explain", action="store_true", help="also print every decision with its reason and "
+                        "source, every finding with its fix, placement, memory and time breakdowns")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (decisions, findings, memory, "
+                        "step, YAML path, cluster command) instead of text")
+    parser.add_argument("--plot", metavar="DIR", help="write memory.png, time.png and sweep.png (4K-256K) into DIR")
     request_arguments(parser.add_argument_group("planning (requests that match no named recipe)"), wishes_only=True)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.tensor_model_parallel_size=4")
     return parser
@@ -174,12 +179,33 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  also: {finding}", file=sys.stderr)
         return exc.exit_code
 
-    from .report import format_plan
+    if args.json:
+        import json
 
-    print(f"{plan.name}: valid for {plan.layout.world} x {hw.key} (our checks + megatron-bridge validate())")
-    print(format_plan(shown, warnings, args.overrides))
-    print(f"\nConfigContainer YAML: {output}")
-    print(f"cluster command (on each of the {plan.layout.world // hw.gpus_per_node} nodes):\n  {command}")
+        from .explain import explain_json
+
+        print(json.dumps({**explain_json(shown, warnings), "valid": True, "yaml": str(output), "command": command,
+                          "overrides": list(args.overrides)}, indent=2, default=str))
+    else:
+        from .report import format_plan
+
+        print(f"{plan.name}: valid for {plan.layout.world} x {hw.key} (our checks + memory model + "
+              "megatron-bridge validate())")
+        print(format_plan(shown, warnings, args.overrides))
+        if args.explain:
+            from .explain import explain_text
+
+            print("\n" + explain_text(shown, warnings))
+        print(f"\nConfigContainer YAML: {output}")
+        print(f"cluster command (on each of the {plan.layout.world // hw.gpus_per_node} nodes):\n  {command}")
+    if args.plot:
+        from .plots import plot_memory, plot_sweep, plot_time
+
+        folder = Path(args.plot)
+        folder.mkdir(parents=True, exist_ok=True)
+        written = [plot_memory([shown], folder / "memory.png"), plot_time([shown], folder / "time.png"),
+                   plot_sweep(shown.model, hw.key, plan.layout.world, folder / "sweep.png")]
+        print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     if args.dry_run:
         return 0
     have = _local_gpus()

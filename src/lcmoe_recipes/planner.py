@@ -182,15 +182,24 @@ def _with_knobs(base: Plan, recompute: tuple, fraction: float, hw, request: Trai
         cuda_graph_impl=impl, cuda_graph_modules=graphs)
 
 
-def plan(request: TrainingRequest, top: int = 5) -> PlanResult:
+def plan(request: TrainingRequest, top: int = 5, progress=None) -> PlanResult:
     """Search the request's layouts; return the winner and the ``top`` fastest fitting ones.
+
+    Args:
+        progress: optional callable(done, total) called as layouts are evaluated (the CLI's progress bar).
 
     Raises:
         InfeasibleConfig: no layout is legal and fits, naming the constraint that rejected most of them.
     """
     layouts = enumerate_layouts(request)
     rejected: dict[str, int] = {}
-    fits = [c for c in (_plan_for(request, lay, rejected) for lay in layouts) if c is not None]
+    fits = []
+    for i, lay in enumerate(layouts, 1):
+        candidate = _plan_for(request, lay, rejected)
+        if candidate is not None:
+            fits.append(candidate)
+        if progress is not None:
+            progress(i, len(layouts))
     if not fits:
         main = max(rejected, key=rejected.get) if rejected else "rank-folding"
         raise InfeasibleConfig(
@@ -318,18 +327,67 @@ def main(argv: list[str] | None = None) -> int:
     request_arguments(parser)
     parser.add_argument("--top", type=int, default=5, help="candidates to show (default 5)")
     parser.add_argument("--csv", metavar="FILE", help="also write the decision table as CSV")
+    parser.add_argument("--explain", action="store_true", help="also print the winner's every decision with its "
+                        "reason and source, every finding with its fix, placement, memory and time breakdowns")
+    parser.add_argument("--json", action="store_true", help="print JSON (table, winner explained, rejections) instead")
+    parser.add_argument("--plot", metavar="DIR", help="write memory.png, time.png (the shown candidates side by "
+                        "side) and sweep.png (4K-256K) into DIR")
     args = parser.parse_args(argv)
     try:
         if args.gpus is None or args.hardware is None:
             raise LcmoeError("--gpus and --hardware are required", "e.g. --gpus 64 --hardware gb200")
-        result = plan(request_from_args(args.model, args.seq, args), top=args.top)
+        if args.top < 1:
+            raise LcmoeError(f"--top {args.top} shows nothing", "use --top 1 or more")
+        request = request_from_args(args.model, args.seq, args)
+        result = _search_with_progress(request, args.top, show=sys.stderr.isatty() and not args.json)
     except LcmoeError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         if exc.fix:
             print(f"  fix: {exc.fix}", file=sys.stderr)
         return 2
-    print(format_result(result))
+    if args.json:
+        import json
+
+        from .explain import explain_json
+
+        print(json.dumps({"why": result.why, "considered": result.considered, "rejected": result.rejected,
+                          "columns": list(TABLE_COLUMNS), "table": table_rows(result),
+                          "winner": explain_json(result.best.plan)}, indent=2, default=str))
+    elif sys.stdout.isatty():
+        from .explain import print_table
+
+        print_table(TABLE_COLUMNS, table_rows(result), title=f"{request.model} at seq_length {request.seq_length} on "
+                    f"{request.num_gpus} x {request.hardware}: {result.considered} layouts considered")
+        print("\n".join(format_result(result).splitlines()[2:]))
+    else:
+        print(format_result(result))
+    if args.explain and not args.json:
+        from .explain import explain_text
+
+        print("\n" + explain_text(result.best.plan))
     if args.csv:
         write_csv(result, args.csv)
-        print(f"\nCSV: {args.csv}")
+        print(f"\nCSV: {args.csv}", file=sys.stderr if args.json else sys.stdout)
+    if args.plot:
+        from pathlib import Path
+
+        from .plots import plot_memory, plot_sweep, plot_time
+
+        folder = Path(args.plot)
+        folder.mkdir(parents=True, exist_ok=True)
+        plans = [c.plan for c in result.ranked]
+        written = [plot_memory(plans, folder / "memory.png"), plot_time(plans, folder / "time.png"),
+                   plot_sweep(request.model, request.hardware, request.num_gpus, folder / "sweep.png")]
+        print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _search_with_progress(request: TrainingRequest, top: int, show: bool) -> PlanResult:
+    """plan() with a rich progress bar on a terminal when the search is long (more than 300 layouts)."""
+    if not show or len(enumerate_layouts(request)) <= 300:
+        return plan(request, top=top)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("planning", total=None)
+        return plan(request, top=top, progress=lambda done, total: bar.update(task, completed=done, total=total))

@@ -1,0 +1,112 @@
+"""--explain and --json: every decision with its value, reason and source, every finding with its fix, and the cost
+breakdowns -- as plain text for terminals and CI logs, as JSON for tools, as rich tables on a terminal.
+
+Nothing here imports torch or megatron.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .checks import Finding, check_plan
+from .cost import estimate_memory, estimate_step, memory_findings
+from .plan import PRECISIONS, Plan
+from .ranks import placement
+
+
+def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
+    """(knob, value, reason, source) for every decision of the plan; knobs without a recorded reason say so."""
+    lay = plan.layout
+    values = {
+        "layout": lay.describe(),
+        "pipeline_model_parallel_layout": plan.pipeline_model_parallel_layout or "even split (no pipeline)",
+        "cp": str(lay.cp),
+        "precision": f"{plan.precision} ({PRECISIONS.get(plan.precision, plan.precision)})",
+        "dispatcher": plan.moe_token_dispatcher_type + (f" + {plan.moe_flex_dispatcher_backend}"
+                                                         if plan.moe_flex_dispatcher_backend else ""),
+        "recompute": ("full" if plan.recompute_granularity == "full" else
+                      ", ".join(plan.recompute_modules) if plan.recompute_granularity else "none"),
+        "optimizer_cpu_offload": f"{plan.optimizer_offload_fraction:g}" if plan.optimizer_cpu_offload else "off",
+        "cuda_graphs": (f"{plan.cuda_graph_impl}: {', '.join(plan.cuda_graph_modules) or 'whole layer'}"
+                        if plan.cuda_graph_impl != "none" else "none"),
+        "global_batch_size": f"GBS {plan.global_batch_size}, MBS {plan.micro_batch_size}, "
+                             f"{plan.num_microbatches} microbatches per DP rank",
+        "sequence_parallel": "on" if plan.sequence_parallel else "off",
+    }
+    out = []
+    for knob, value in values.items():
+        reason = plan.reasons.get(knob)
+        out.append((knob, value, reason.why if reason else "(no recorded reason: set by the config)",
+                    reason.source if reason else "-"))
+    return out
+
+
+def all_findings(plan: Plan) -> list[Finding]:
+    """The checks' findings plus the memory model's, errors first."""
+    found = check_plan(plan)
+    if not any(f.severity == "error" for f in found):
+        found = memory_findings(plan) + found
+    return sorted(found, key=lambda f: f.severity != "error")
+
+
+def explain_text(plan: Plan, findings: list[Finding] | None = None) -> str:
+    """Plain text: decisions, findings with fixes, placement, memory and time breakdowns."""
+    findings = all_findings(plan) if findings is None else findings
+    mem, step, hw = estimate_memory(plan), estimate_step(plan), plan.hardware_spec
+    lines = [f"{plan.name}: {plan.model_spec.display}, seq_length {plan.seq_length}, {plan.layout.world} x {hw.display}",
+             "", "decisions (value -- reason [source]):"]
+    lines += [f"  {knob}: {value}\n      {why} [{source}]" for knob, value, why, source in decisions(plan)]
+    lines += ["", "findings:"] + ([f"  {f.severity} {f.rule}: {f.message}\n      fix: {f.fix}" for f in findings]
+                                   or ["  none"])
+    lines += ["", "placement (megatron-core rank order; group size, nodes spanned, NVLink blocks spanned):"]
+    lines += [f"  {kind:<4} {size:>5} {nodes:>4} {blocks:>4}"
+              for kind, (size, nodes, blocks) in placement(plan.layout, hw.gpus_per_node, hw.job_block).items()]
+    gib = mem.gib()
+    lines += ["", f"memory per GPU, PP rank {mem.pp_rank} (GiB; HBM {hw.hbm_gib:.0f}):"]
+    lines += [f"  {k:<12} {v:8.1f}" for k, v in gib.items()]
+    lines += ["", f"step {step.step_seconds:.2f} s ({step.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+                  f"{step.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {step.mfu:.1%}); seconds per step:"]
+    lines += [f"  {k:<18} {v:8.2f}" for k, v in step.parts.items()]
+    lines += ["traffic per GPU per step (GB):"] + [f"  {k:<5} {v / 1e9:10.2f}" for k, v in step.comm_bytes.items()]
+    return "\n".join(lines)
+
+
+def explain_json(plan: Plan, findings: list[Finding] | None = None) -> dict[str, Any]:
+    """The same content as :func:`explain_text`, as JSON-ready data."""
+    findings = all_findings(plan) if findings is None else findings
+    mem, step, hw = estimate_memory(plan), estimate_step(plan), plan.hardware_spec
+    lay = plan.layout
+    return {
+        "recipe": plan.name, "model": plan.model, "hardware": plan.hardware, "seq_length": plan.seq_length,
+        "layout": {"world": lay.world, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp, "ep": lay.ep,
+                   "etp": lay.etp, "dp": lay.dp, "edp": lay.edp},
+        "decisions": [{"knob": k, "value": v, "reason": r, "source": s} for k, v, r, s in decisions(plan)],
+        "findings": [{"severity": f.severity, "rule": f.rule, "message": f.message, "fix": f.fix} for f in findings],
+        "memory_gib": mem.gib(), "memory_pp_rank": mem.pp_rank, "hbm_gib": hw.hbm_gib,
+        "step": {"seconds": step.step_seconds, "tokens_per_s_per_gpu": step.tokens_per_s_per_gpu,
+                 "tflops_per_gpu": step.tflops_per_gpu, "mfu": step.mfu, "parts_seconds": step.parts,
+                 "comm_bytes": step.comm_bytes},
+    }
+
+
+def print_table(columns: tuple[str, ...], rows: list[tuple], title: str = "", file=None) -> None:
+    """A table: rich's on a terminal, aligned plain text otherwise (CI logs, pipes, tests)."""
+    file = file or sys.stdout
+    if file.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title or None)
+        for c in columns:
+            table.add_column(str(c), justify="left" if c in ("recompute", "collective", "component") else "right")
+        for r in rows:
+            table.add_row(*(str(x) for x in r))
+        Console(file=file).print(table)
+        return
+    text = [tuple(str(c) for c in columns)] + [tuple(str(x) for x in r) for r in rows]
+    widths = [max(len(r[i]) for r in text) for i in range(len(columns))]
+    if title:
+        print(title, file=file)
+    for r in text:
+        print("  ".join(v.rjust(w) for v, w in zip(r, widths)), file=file)

@@ -1,0 +1,122 @@
+"""--plot DIR: PNGs of the per-GPU memory breakdown against HBM, the step-time breakdown (compute and exposed
+communication per collective), for one plan or several side by side, and a seq_length sweep (memory and predicted
+TFLOP/s from 4K to 256K with the CP the planner picks). matplotlib with the Agg backend: no display needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .cost import HBM_MARGIN, estimate_memory, estimate_step
+from .plan import Plan
+
+MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "overhead")
+TIME_PARTS = ("gemm", "attention", "tp_exposed", "cp_exposed", "ep_exposed", "pp_exposed", "dp_exposed", "bubble",
+              "optimizer_offload")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _label(plan: Plan) -> str:
+    lay = plan.layout
+    return f"TP{lay.tp} CP{lay.cp} EP{lay.ep}\nPP{lay.pp}" + (f" VPP{lay.vpp}" if lay.vpp else "") + f" DP{lay.dp}"
+
+
+def plot_memory(plans: list[Plan], path: Path, title: str = "") -> Path:
+    """Stacked bars of each plan's per-GPU memory (GiB, most loaded rank) with the HBM and planning-limit lines."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(plans) + 3), 5))
+    hw = plans[0].hardware_spec
+    bottoms = [0.0] * len(plans)
+    breakdowns = [estimate_memory(p).gib() for p in plans]
+    for part in MEMORY_PARTS:
+        values = [b[part] for b in breakdowns]
+        ax.bar(range(len(plans)), values, bottom=bottoms, label=part)
+        bottoms = [x + y for x, y in zip(bottoms, values)]
+    ax.axhline(hw.hbm_gib, color="black", linestyle="-", linewidth=1.2, label=f"HBM {hw.hbm_gib:.0f} GiB")
+    ax.axhline(hw.hbm_gib * HBM_MARGIN, color="red", linestyle="--", linewidth=1, label=f"{HBM_MARGIN:.0%} planning limit")
+    ax.set_xticks(range(len(plans)), [_label(p) for p in plans], fontsize=8)
+    ax.set_ylabel("GiB per GPU (most loaded pipeline rank)")
+    ax.set_title(title or f"{plans[0].model_spec.display}, seq {plans[0].seq_length}, {plans[0].layout.world} x {hw.key}")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_time(plans: list[Plan], path: Path, title: str = "") -> Path:
+    """Stacked bars of each plan's predicted step time: compute, exposed communication per collective, bubble."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(plans) + 3), 5))
+    steps = [estimate_step(p) for p in plans]
+    bottoms = [0.0] * len(plans)
+    for part in TIME_PARTS:
+        values = [s.parts.get(part, 0.0) for s in steps]
+        if any(values):
+            ax.bar(range(len(plans)), values, bottom=bottoms, label=part)
+            bottoms = [x + y for x, y in zip(bottoms, values)]
+    for i, s in enumerate(steps):
+        ax.annotate(f"{s.tflops_per_gpu:.0f} TF/s\nMFU {s.mfu:.0%}", (i, bottoms[i]), ha="center", va="bottom", fontsize=7,
+                    xytext=(0, 2), textcoords="offset points")
+    ax.set_ylim(0, max(bottoms) * 1.22)
+    ax.set_xticks(range(len(plans)), [_label(p) for p in plans], fontsize=8)
+    ax.set_ylabel("seconds per step")
+    ax.set_title(title or f"predicted step time, {plans[0].model_spec.display}, seq {plans[0].seq_length}")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(model: str, hardware: str, num_gpus: int, path: Path,
+               seq_lengths: tuple[int, ...] = (4096, 8192, 16384, 32768, 65536, 131072, 262144)) -> Path:
+    """Memory per GPU and predicted TFLOP/s/GPU of the planner's pick at each seq_length, CP annotated."""
+    from .errors import InfeasibleConfig
+    from .planner import plan
+    from .request import TrainingRequest
+
+    plt = _pyplot()
+    xs, mem, tf, cps = [], [], [], []
+    for seq in seq_lengths:
+        try:
+            best = plan(TrainingRequest(model=model, seq_length=seq, hardware=hardware, num_gpus=num_gpus)).best
+        except InfeasibleConfig:
+            continue
+        xs.append(seq)
+        mem.append(best.memory.total / 2**30)
+        tf.append(best.step.tflops_per_gpu)
+        cps.append(best.plan.layout.cp)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.plot(xs, mem, "o-", color="tab:blue", label="memory per GPU (GiB)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [f"{x // 1024}K" for x in xs])
+    ax.set_xlabel("seq_length")
+    ax.set_ylabel("GiB per GPU", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(xs, tf, "s--", color="tab:red", label="TFLOP/s/GPU")
+    ax2.set_ylabel("predicted TFLOP/s per GPU", color="tab:red")
+    for x, m, cp in zip(xs, mem, cps):
+        ax.annotate(f"CP{cp}", (x, m), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
+    from .catalog import get_hardware, get_model
+
+    hbm = get_hardware(hardware).hbm_gib
+    ax.axhline(hbm, color="black", linewidth=1, label=f"HBM {hbm:.0f} GiB")
+    ax.set_ylim(0, hbm * 1.12)
+    ax2.set_ylim(0, max(tf, default=1) * 1.15)
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="lower right")
+    ax.set_title(f"{get_model(model).display} on {num_gpus} x {hardware}: the planner's pick per seq_length")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
