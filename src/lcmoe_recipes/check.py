@@ -118,6 +118,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  fix: {exc.fix}", file=sys.stderr)
         return 2
     print(f"checked with {scope}")
+    if sys.stdout.isatty() and not any(f.severity == "error" for f in findings):
+        from .cost import estimate_memory, estimate_step
+        from .explain import print_table
+
+        mem, step = estimate_memory(plan), estimate_step(plan)
+        print_table(("component", "GiB"), [(k, f"{v:.1f}") for k, v in mem.gib().items()],
+                    title=f"memory per GPU, PP rank {mem.pp_rank} (HBM {plan.hardware_spec.hbm_gib:.0f} GiB)")
+        print_table(("collective", "GB per GPU per step", "exposed s per step"),
+                    [(k, f"{v / 1e9:.1f}", f"{step.parts.get(k.lower() + '_exposed', 0.0):.2f}")
+                     for k, v in step.comm_bytes.items()], title=f"communication (step {step.step_seconds:.2f} s)")
     print(format_findings(plan, findings))
     return 1 if any(f.severity == "error" for f in findings) else 0
 
