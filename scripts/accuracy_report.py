@@ -19,6 +19,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from published import MEMORY_ROWS, REPORT_ROWS, THROUGHPUT_ROWS  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from _generated import write_or_check  # noqa: E402
+
 from lcmoe_recipes.cost.calibrate import leave_one_out  # noqa: E402
 from lcmoe_recipes.cost.calibrate_step import leave_one_out as step_leave_one_out  # noqa: E402
 from lcmoe_recipes.cost.memory import CALIBRATED, estimate_memory  # noqa: E402
@@ -108,15 +111,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
-    text = build()
-    if args.check:
-        same = OUT.exists() and OUT.read_text() == text
-        print("docs/accuracy.md is current" if same else "docs/accuracy.md is stale: run scripts/accuracy_report.py")
-        return 0 if same else 1
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
-
+    return write_or_check({OUT: build()}, args.check, ROOT, "python scripts/accuracy_report.py")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,6 +14,8 @@ import io
 import sys
 from pathlib import Path
 
+from _generated import write_or_check
+
 from lcmoe_recipes.errors import InfeasibleConfig
 from lcmoe_recipes.planner import TABLE_COLUMNS, format_table, plan, table_rows
 from lcmoe_recipes.ranks import placement
@@ -127,18 +129,8 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
     md, csv_text = build()
-    agreement = build_agreement()
-    if args.check:
-        same = all(path.exists() and path.read_text() == text
-                   for path, text in ((MD, md), (CSV, csv_text), (AGREEMENT, agreement)))
-        print("current" if same else "stale: run python scripts/decision_table.py")
-        return 0 if same else 1
-    MD.write_text(md)
-    CSV.write_text(csv_text)
-    AGREEMENT.write_text(agreement)
-    print(f"wrote {MD.relative_to(ROOT)}, {CSV.relative_to(ROOT)} and {AGREEMENT.relative_to(ROOT)}")
-    return 0
-
+    files = {MD: md, CSV: csv_text, AGREEMENT: build_agreement()}
+    return write_or_check(files, args.check, ROOT, "python scripts/decision_table.py")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,52 +29,52 @@ def _label(plan: Plan) -> str:
     return f"TP{lay.tp} CP{lay.cp} EP{lay.ep}\nPP{lay.pp}" + (f" VPP{lay.vpp}" if lay.vpp else "") + f" DP{lay.dp}"
 
 
-def plot_memory(plans: list[Plan], path: Path, title: str = "") -> Path:
-    """Stacked bars of each plan's per-GPU memory (GiB, most loaded rank) with the HBM and planning-limit lines."""
+def _stacked_bars(plans: list[Plan], series: list[dict[str, float]], parts: tuple[str, ...], ylabel: str, title: str):
+    """A figure of one stacked bar per plan (``series[i][part]`` per segment); returns (plt, fig, ax, bar tops)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(plans) + 3), 5))
-    hw = plans[0].hardware_spec
-    bottoms = [0.0] * len(plans)
-    breakdowns = [estimate_memory(p).gib() for p in plans]
-    for part in MEMORY_PARTS:
-        values = [b[part] for b in breakdowns]
-        ax.bar(range(len(plans)), values, bottom=bottoms, label=part)
-        bottoms = [x + y for x, y in zip(bottoms, values)]
-    ax.axhline(hw.hbm_gib, color="black", linestyle="-", linewidth=1.2, label=f"HBM {hw.hbm_gib:.0f} GiB")
-    ax.axhline(hw.hbm_gib * HBM_MARGIN, color="red", linestyle="--", linewidth=1, label=f"{HBM_MARGIN:.0%} planning limit")
+    tops = [0.0] * len(plans)
+    for part in parts:
+        values = [values_of.get(part, 0.0) for values_of in series]
+        if any(values):
+            ax.bar(range(len(plans)), values, bottom=tops, label=part)
+            tops = [x + y for x, y in zip(tops, values)]
     ax.set_xticks(range(len(plans)), [_label(p) for p in plans], fontsize=8)
-    ax.set_ylabel("GiB per GPU (most loaded pipeline rank)")
-    ax.set_title(title or f"{plans[0].model_spec.display}, seq {plans[0].seq_length}, {plans[0].layout.world} x {hw.key}")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return plt, fig, ax, tops
+
+
+def _save(plt, fig, ax, path: Path) -> Path:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_memory(plans: list[Plan], path: Path, title: str = "") -> Path:
+    """Stacked bars of each plan's per-GPU memory (GiB, most loaded rank) with the HBM and planning-limit lines."""
+    hw = plans[0].hardware_spec
+    plt, fig, ax, _ = _stacked_bars(
+        plans, [estimate_memory(p).gib() for p in plans], MEMORY_PARTS, "GiB per GPU (most loaded pipeline rank)",
+        title or f"{plans[0].model_spec.display}, seq {plans[0].seq_length}, {plans[0].layout.world} x {hw.key}")
+    ax.axhline(hw.hbm_gib, color="black", linestyle="-", linewidth=1.2, label=f"HBM {hw.hbm_gib:.0f} GiB")
+    ax.axhline(hw.hbm_gib * HBM_MARGIN, color="red", linestyle="--", linewidth=1, label=f"{HBM_MARGIN:.0%} planning limit")
+    return _save(plt, fig, ax, path)
 
 
 def plot_time(plans: list[Plan], path: Path, title: str = "") -> Path:
     """Stacked bars of each plan's predicted step time: compute, exposed communication per collective, bubble."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(plans) + 3), 5))
     steps = [estimate_step(p) for p in plans]
-    bottoms = [0.0] * len(plans)
-    for part in TIME_PARTS:
-        values = [s.parts.get(part, 0.0) for s in steps]
-        if any(values):
-            ax.bar(range(len(plans)), values, bottom=bottoms, label=part)
-            bottoms = [x + y for x, y in zip(bottoms, values)]
+    plt, fig, ax, tops = _stacked_bars(
+        plans, [s.parts for s in steps], TIME_PARTS, "seconds per step",
+        title or f"predicted step time, {plans[0].model_spec.display}, seq {plans[0].seq_length}")
     for i, s in enumerate(steps):
-        ax.annotate(f"{s.tflops_per_gpu:.0f} TF/s\nMFU {s.mfu:.0%}", (i, bottoms[i]), ha="center", va="bottom", fontsize=7,
+        ax.annotate(f"{s.tflops_per_gpu:.0f} TF/s\nMFU {s.mfu:.0%}", (i, tops[i]), ha="center", va="bottom", fontsize=7,
                     xytext=(0, 2), textcoords="offset points")
-    ax.set_ylim(0, max(bottoms) * 1.22)
-    ax.set_xticks(range(len(plans)), [_label(p) for p in plans], fontsize=8)
-    ax.set_ylabel("seconds per step")
-    ax.set_title(title or f"predicted step time, {plans[0].model_spec.display}, seq {plans[0].seq_length}")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    ax.set_ylim(0, max(tops) * 1.22)
+    return _save(plt, fig, ax, path)
 
 
 def plot_sweep(model: str, hardware: str, num_gpus: int, path: Path,

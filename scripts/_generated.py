@@ -1,0 +1,17 @@
+"""Shared by the scripts that write generated docs: write the files, or with --check report whether they are current."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_or_check(files: dict[Path, str], check: bool, root: Path, how: str) -> int:
+    """Write each path's text, or (check=True) compare; returns the exit code (1 when any file is stale)."""
+    if check:
+        stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
+        print(f"stale: {', '.join(str(p.relative_to(root)) for p in stale)} -- run {how}" if stale else "current")
+        return 1 if stale else 0
+    for path, text in files.items():
+        path.write_text(text)
+        print(f"wrote {path.relative_to(root)}")
+    return 0
