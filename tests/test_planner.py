@@ -90,8 +90,14 @@ def test_infeasible_request_names_the_constraint():
         plan(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=8))
     assert "most rejected by memory/exceeds-hbm" in err.value.message
     assert "use more GPUs" in err.value.fix
-    with pytest.raises(InfeasibleConfig, match="no layout for qwen3_next"):
+    with pytest.raises(InfeasibleConfig) as err:  # no layout can be enumerated: the forced one is explained
         plan(TrainingRequest(model="qwen3_next", seq_length=65536, hardware="gb200", num_gpus=32, tp=2, cp=16))
+    assert "gated DeltaNet linear heads" in err.value.message and "(divisibility/linear-heads-tp-cp)" in err.value.message
+    with pytest.raises(InfeasibleConfig) as err:  # a dispatcher wish the hardware lacks gets that rule's fix
+        plan(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64, dispatcher="deepep"))
+    assert "most rejected by dispatcher/deepep-hardware" in err.value.message and "hybridep" in err.value.fix
+    with pytest.raises(ValidationError, match="100 GPUs do not fill whole h100 nodes of 8; use 96 or 104"):
+        TrainingRequest(model="dsv3", seq_length=4096, hardware="h100", num_gpus=100)
 
 
 def test_plan_cli(capsys, tmp_path):
@@ -104,7 +110,9 @@ def test_plan_cli(capsys, tmp_path):
     assert len(csv_path.read_text().splitlines()) == 4
     assert main(["qwen3_next", "--seq", "32768", "--gpus", "32", "--hardware", "gb201"]) == 2
     assert "did you mean 'gb200'?" in capsys.readouterr().err
-    assert main(["qwen3_next", "--seq", "32768"]) == 2
+    with pytest.raises(SystemExit) as exit_:  # argparse: --gpus and --hardware are required
+        main(["qwen3_next", "--seq", "32768"])
+    assert exit_.value.code == 2
 
 
 def test_planning_is_light_and_module_runs():

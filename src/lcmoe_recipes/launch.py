@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"{plan.name}: valid for {plan.layout.world} x {hw.key} (our checks + memory model + "
               "megatron-bridge validate())")
-        print(format_plan(shown, warnings, args.overrides))
+        print(format_plan(shown.with_changes(reasons={}) if args.explain else shown, warnings, args.overrides))
         if args.explain:
             from .explain import explain_text
 
@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(args.plot)
         folder.mkdir(parents=True, exist_ok=True)
         written = [plot_memory([shown], folder / "memory.png"), plot_time([shown], folder / "time.png"),
-                   plot_sweep(shown.model, hw.key, plan.layout.world, folder / "sweep.png")]
+                   plot_sweep(shown.model, hw.key, plan.layout.world, folder / "sweep.png",
+                              mark=shown.seq_length)]
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     if args.dry_run:
         return 0

@@ -102,8 +102,8 @@ def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str
     model, hw = get_model(request.model), get_hardware(request.hardware)
     try:
         pipeline = build_pipeline_layout(model.num_layers, layout.num_pipeline_stages, model.mtp_num_layers)
-    except InfeasibleConfig:
-        reject["pipeline/too-many-stages"] = reject.get("pipeline/too-many-stages", 0) + 1
+    except InfeasibleConfig as exc:
+        _reject(reject, "pipeline/too-many-stages", exc.fix)
         return None
     (dispatcher, backend), why_dispatch = choose_dispatcher(hw, layout, request.dispatcher)
     precision, why_precision = choose_precision(hw, request.precision)
@@ -118,14 +118,14 @@ def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str
         use_precision_aware_optimizer=True)
     errors = [f for f in check_plan(base) if f.severity == "error"]
     if errors:
-        reject[errors[0].rule] = reject.get(errors[0].rule, 0) + 1
+        _reject(reject, errors[0].rule, errors[0].fix)
         return None
-    limit = HBM_MARGIN * hw.hbm_bytes
+    limit = memory_limit(model, hw)
     ladder = recompute_ladder(model)
     fractions = FRACTIONS if request.allow_cpu_offload else (0.0,)
     worst = _with_knobs(base, ladder[-1], fractions[-1], hw, request)
     if estimate_memory(worst).total > limit:
-        reject["memory/exceeds-hbm"] = reject.get("memory/exceeds-hbm", 0) + 1
+        _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
         return None
     for level, fraction in _fitting_knobs(base, ladder, fractions, limit, hw, request):
         granularity, modules = ladder[level]
@@ -136,15 +136,39 @@ def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str
                 continue
             reasons = {
                 "layout": Reason(f"the fastest fitting layout the model predicts (first CP guess {guess})", why_cp.source),
-                "cp": why_cp, "dispatcher": why_dispatch, "precision": why_precision, "global_batch_size": why_batch,
+                "cp": Reason(f"CP={layout.cp}: {why_cp.why}; the search then kept the fastest layout that fits",
+                             why_cp.source),
+                "pipeline_model_parallel_layout": Reason(
+                    "decoder layers spread evenly over PP·VPP chunks, the embedding and the loss (with MTP) each "
+                    "counting as one layer" if pipeline else "PP=1: no pipeline", "lcmoe_recipes.plan.pipeline_stage_layers"),
+                "sequence_parallel": Reason("on: TP>1 (MoE with TP>1 needs it)" if layout.tp > 1 else "off: TP=1",
+                                            "megatron-core TransformerConfig"),
+                "dispatcher": why_dispatch, "precision": why_precision, "global_batch_size": why_batch,
                 "recompute": recompute_reason(level, len(ladder), granularity, modules),
                 "optimizer_cpu_offload": offload_reason(fraction),
                 "cuda_graphs": choose_cuda_graphs(hw, request.variable_length, granularity, modules, backend)[1],
             }
             plan = plan.with_changes(reasons=reasons)
             return Candidate(plan, memory, estimate_step(plan))
-    reject["memory/exceeds-hbm"] = reject.get("memory/exceeds-hbm", 0) + 1
+    _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
     return None
+
+
+MEMORY_FIX = "use more GPUs, a shorter seq_length, or a GPU with more HBM"
+# gated DeltaNet (Qwen3-Next): the memory model predicts 0.46-0.78 of the published peaks (docs/accuracy.md N1-N3);
+# plan such models as if the prediction were at its most optimistic measured ratio.
+UNCALIBRATED_FACTOR = 0.78
+
+
+def memory_limit(model, hw) -> float:
+    """Bytes the planner lets the predicted peak reach: HBM_MARGIN of HBM, times UNCALIBRATED_FACTOR for models
+    whose memory the model under-predicts."""
+    return HBM_MARGIN * hw.hbm_bytes * (UNCALIBRATED_FACTOR if model.gated_delta_net else 1.0)
+
+
+def _reject(reject: dict, rule: str, fix: str) -> None:
+    count, first_fix = reject.get(rule, (0, fix))
+    reject[rule] = (count + 1, first_fix)
 
 
 def _fitting_knobs(base: Plan, ladder, fractions, limit: float, hw, request):
@@ -182,6 +206,23 @@ def _with_knobs(base: Plan, recompute: tuple, fraction: float, hw, request: Trai
         cuda_graph_impl=impl, cuda_graph_modules=graphs)
 
 
+def _why_no_layout(request: TrainingRequest):
+    """The first error of the checks on the layout the fixed wishes force (when no layout could be enumerated)."""
+    from .checks import Finding
+
+    model = get_model(request.model)
+    tp, pp, cp, ep = request.tp or 1, request.pp or 1, request.cp or 1, request.ep or 1
+    world = request.num_gpus
+    lay = ParallelLayout(world=world, tp=tp, pp=pp, cp=cp, ep=ep, etp=1)
+    probe = Plan(name="probe", model=model.key, hardware=request.hardware, seq_length=request.seq_length, layout=lay,
+                 pipeline_model_parallel_layout=None, micro_batch_size=1, global_batch_size=world,
+                 precision="bf16", moe_token_dispatcher_type="alltoall", moe_flex_dispatcher_backend=None,
+                 sequence_parallel=tp > 1)
+    errors = [f for f in check_plan(probe) if f.severity == "error" and not f.rule.startswith(("batch/", "pipeline/"))]
+    return errors[0] if errors else Finding("error", "rank-folding", "no TP/PP/CP/EP combination folds into "
+                                            f"{world} GPUs for this model", "change the GPU count or the fixed wishes")
+
+
 def plan(request: TrainingRequest, top: int = 5, progress=None) -> PlanResult:
     """Search the request's layouts; return the winner and the ``top`` fastest fitting ones.
 
@@ -201,13 +242,15 @@ def plan(request: TrainingRequest, top: int = 5, progress=None) -> PlanResult:
         if progress is not None:
             progress(i, len(layouts))
     if not fits:
-        main = max(rejected, key=rejected.get) if rejected else "rank-folding"
+        asked = f"{request.model} at seq_length {request.seq_length} on {request.num_gpus} x {request.hardware}"
+        if not layouts:
+            finding = _why_no_layout(request)
+            raise InfeasibleConfig(f"no layout for {asked}: {finding.message} ({finding.rule})", finding.fix)
+        main = max(rejected, key=lambda k: rejected[k][0])
         raise InfeasibleConfig(
-            f"no layout for {request.model} at seq_length {request.seq_length} on {request.num_gpus} x "
-            f"{request.hardware}: {len(layouts)} layouts considered, most rejected by {main} "
-            f"({', '.join(f'{k}: {v}' for k, v in sorted(rejected.items(), key=lambda kv: -kv[1]))})",
-            "use more GPUs, a shorter seq_length, or a GPU with more HBM" if main == "memory/exceeds-hbm"
-            else "loosen the fixed TP/PP/CP/EP wishes, or change the GPU count")
+            f"no layout for {asked}: {len(layouts)} layouts considered, most rejected by {main} "
+            f"({', '.join(f'{k}: {v[0]}' for k, v in sorted(rejected.items(), key=lambda kv: -kv[1][0]))})",
+            rejected[main][1])
     fits.sort(key=lambda c: c.step.step_seconds)
     fastest = fits[0].step.step_seconds
     near = [c for c in fits if c.step.step_seconds <= fastest * (1 + KEEP_DP_SLACK)]
@@ -222,7 +265,7 @@ def plan(request: TrainingRequest, top: int = 5, progress=None) -> PlanResult:
     name = f"{request.model}_{request.seq_length // 1024}k_{request.num_gpus}x{request.hardware}"
     best = Candidate(best.plan.with_changes(reasons=reasons, name=name), best.memory, best.step)
     ranked = [best] + [c for c in fits if c.plan.layout != best.plan.layout][: max(0, top - 1)]
-    return PlanResult(request, best, ranked, len(layouts), rejected, why)
+    return PlanResult(request, best, ranked, len(layouts), {k: v[0] for k, v in rejected.items()}, why)
 
 
 # --- command line: python -m lcmoe_recipes.plan ---------------------------------------------------------------
@@ -279,11 +322,12 @@ def write_csv(result: PlanResult, path) -> None:
         writer.writerows(table_rows(result))
 
 
-def request_arguments(parser, wishes_only: bool = False) -> None:
+def request_arguments(parser, wishes_only: bool = False, required: bool = False) -> None:
     """The TrainingRequest flags shared by `plan` and `launch` (which has its own --gpus/--hardware/--precision)."""
     if not wishes_only:
-        parser.add_argument("--gpus", type=int, metavar="N", help="GPU count (num_gpus)")
-        parser.add_argument("--hardware", metavar="NAME", help="GPU type: h100, h200, b200, gb200, gb300")
+        parser.add_argument("--gpus", type=int, metavar="N", required=required, help="GPU count (num_gpus)")
+        parser.add_argument("--hardware", metavar="NAME", required=required,
+                            help="GPU type: h100, h200, b200, gb200, gb300")
         parser.add_argument("--precision", help="bf16, fp8_blockwise, fp8_cs or mxfp8 (default: by hardware)")
     parser.add_argument("--gbs", type=int, help="global batch size (default: ~4-8M tokens per step)")
     parser.add_argument("--mbs", type=int, default=1, help="micro batch size (default 1)")
@@ -322,9 +366,10 @@ def main(argv: list[str] | None = None) -> int:
         "length, GPU type and count: candidate layouts, per-GPU memory, exposed communication per collective, "
         "predicted step time and MFU, and why the winner won. Imports neither torch nor megatron.",
         epilog="example: python -m lcmoe_recipes.plan qwen3_235b --seq 65536 --gpus 64 --hardware gb200 --top 8")
-    parser.add_argument("model", help="dsv3, qwen3_235b, qwen3_next (aliases work)")
+    parser.add_argument("model", help="a catalogue model: dsv3, qwen3_235b, qwen3_next, qwen3_30b, moonlight, "
+                        "course_moe (aliases work)")
     parser.add_argument("--seq", type=int, required=True, metavar="N", help="seq_length in tokens")
-    request_arguments(parser)
+    request_arguments(parser, required=True)
     parser.add_argument("--top", type=int, default=5, help="candidates to show (default 5)")
     parser.add_argument("--csv", metavar="FILE", help="also write the decision table as CSV")
     parser.add_argument("--explain", action="store_true", help="also print the winner's every decision with its "
@@ -377,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         plans = [c.plan for c in result.ranked]
         written = [plot_memory(plans, folder / "memory.png"), plot_time(plans, folder / "time.png"),
-                   plot_sweep(request.model, request.hardware, request.num_gpus, folder / "sweep.png")]
+                   plot_sweep(request.model, request.hardware, request.num_gpus, folder / "sweep.png",
+                              mark=request.seq_length)]
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     return 0
 

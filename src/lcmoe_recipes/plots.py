@@ -13,6 +13,10 @@ from .plan import Plan
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "overhead")
 TIME_PARTS = ("gemm", "attention", "tp_exposed", "cp_exposed", "ep_exposed", "pp_exposed", "dp_exposed", "bubble",
               "optimizer_offload")
+# one fixed colour per component, the same in every file
+COLOURS = dict(zip(MEMORY_PARTS + TIME_PARTS, ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860",
+                                               "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#da8bc3",
+                                               "#8c8c8c", "#ccb974", "#64b5cd"]))
 
 
 def _pyplot():
@@ -26,7 +30,10 @@ def _pyplot():
 
 def _label(plan: Plan) -> str:
     lay = plan.layout
-    return f"TP{lay.tp} CP{lay.cp} EP{lay.ep}\nPP{lay.pp}" + (f" VPP{lay.vpp}" if lay.vpp else "") + f" DP{lay.dp}"
+    rec = ("full" if plan.recompute_granularity == "full" else "+".join(plan.recompute_modules) or "no recompute")
+    off = f", offload {plan.optimizer_offload_fraction:g}" if plan.optimizer_cpu_offload else ""
+    return (f"TP{lay.tp} CP{lay.cp} EP{lay.ep}\nPP{lay.pp}" + (f" VPP{lay.vpp}" if lay.vpp else "") + f" DP{lay.dp}\n"
+            f"{rec}{off}")
 
 
 def _stacked_bars(plans: list[Plan], series: list[dict[str, float]], parts: tuple[str, ...], ylabel: str, title: str):
@@ -37,7 +44,7 @@ def _stacked_bars(plans: list[Plan], series: list[dict[str, float]], parts: tupl
     for part in parts:
         values = [values_of.get(part, 0.0) for values_of in series]
         if any(values):
-            ax.bar(range(len(plans)), values, bottom=tops, label=part)
+            ax.bar(range(len(plans)), values, bottom=tops, label=part, color=COLOURS[part])
             tops = [x + y for x, y in zip(tops, values)]
     ax.set_xticks(range(len(plans)), [_label(p) for p in plans], fontsize=8)
     ax.set_ylabel(ylabel)
@@ -60,7 +67,11 @@ def plot_memory(plans: list[Plan], path: Path, title: str = "") -> Path:
         plans, [estimate_memory(p).gib() for p in plans], MEMORY_PARTS, "GiB per GPU (most loaded pipeline rank)",
         title or f"{plans[0].model_spec.display}, seq {plans[0].seq_length}, {plans[0].layout.world} x {hw.key}")
     ax.axhline(hw.hbm_gib, color="black", linestyle="-", linewidth=1.2, label=f"HBM {hw.hbm_gib:.0f} GiB")
-    ax.axhline(hw.hbm_gib * HBM_MARGIN, color="red", linestyle="--", linewidth=1, label=f"{HBM_MARGIN:.0%} planning limit")
+    from .planner import memory_limit
+
+    limit = memory_limit(plans[0].model_spec, hw) / 2**30
+    ax.axhline(limit, color="red", linestyle="--", linewidth=1,
+               label=f"planning limit {limit:.0f} GiB" + (" (uncalibrated model)" if limit < HBM_MARGIN * hw.hbm_gib - 1 else ""))
     return _save(plt, fig, ax, path)
 
 
@@ -69,7 +80,8 @@ def plot_time(plans: list[Plan], path: Path, title: str = "") -> Path:
     steps = [estimate_step(p) for p in plans]
     plt, fig, ax, tops = _stacked_bars(
         plans, [s.parts for s in steps], TIME_PARTS, "seconds per step",
-        title or f"predicted step time, {plans[0].model_spec.display}, seq {plans[0].seq_length}")
+        title or f"predicted step time, {plans[0].model_spec.display}, seq {plans[0].seq_length}, "
+                 f"{plans[0].layout.world} x {plans[0].hardware}")
     for i, s in enumerate(steps):
         ax.annotate(f"{s.tflops_per_gpu:.0f} TF/s\nMFU {s.mfu:.0%}", (i, tops[i]), ha="center", va="bottom", fontsize=7,
                     xytext=(0, 2), textcoords="offset points")
@@ -78,7 +90,8 @@ def plot_time(plans: list[Plan], path: Path, title: str = "") -> Path:
 
 
 def plot_sweep(model: str, hardware: str, num_gpus: int, path: Path,
-               seq_lengths: tuple[int, ...] = (4096, 8192, 16384, 32768, 65536, 131072, 262144)) -> Path:
+               seq_lengths: tuple[int, ...] = (4096, 8192, 16384, 32768, 65536, 131072, 262144),
+               mark: int | None = None) -> Path:
     """Memory per GPU and predicted TFLOP/s/GPU of the planner's pick at each seq_length, CP annotated."""
     from .errors import InfeasibleConfig
     from .planner import plan
@@ -98,14 +111,14 @@ def plot_sweep(model: str, hardware: str, num_gpus: int, path: Path,
     fig, ax = plt.subplots(figsize=(8, 5))
     ax.plot(xs, mem, "o-", color="tab:blue", label="memory per GPU (GiB)")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [f"{x // 1024}K" for x in xs])
-    ax.set_xlabel("seq_length")
+    ax.set_xticks(xs, [f"{x // 1024}K\nCP{cp}" for x, cp in zip(xs, cps)])
+    ax.set_xlabel("seq_length (and the CP the planner picks)")
     ax.set_ylabel("GiB per GPU", color="tab:blue")
     ax2 = ax.twinx()
     ax2.plot(xs, tf, "s--", color="tab:red", label="TFLOP/s/GPU")
     ax2.set_ylabel("predicted TFLOP/s per GPU", color="tab:red")
-    for x, m, cp in zip(xs, mem, cps):
-        ax.annotate(f"CP{cp}", (x, m), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
+    if mark:
+        ax.axvline(mark, color="grey", linestyle=":", linewidth=1, label=f"requested seq_length {mark}")
     from .catalog import get_hardware, get_model
 
     hbm = get_hardware(hardware).hbm_gib

@@ -59,6 +59,15 @@ class TrainingRequest(BaseModel):
         return value
 
     @model_validator(mode="after")
+    def _whole_nodes(self) -> "TrainingRequest":
+        per = get_hardware(self.hardware).gpus_per_node
+        if self.num_gpus % per and per % self.num_gpus:
+            lower = self.num_gpus - self.num_gpus % per
+            raise ValueError(f"{self.num_gpus} GPUs do not fill whole {self.hardware} nodes of {per}; use "
+                             f"{lower or per} or {lower + per}")
+        return self
+
+    @model_validator(mode="after")
     def _fixed_degrees_fit(self) -> "TrainingRequest":
         fixed = [v for v in (self.tp, self.pp, self.cp) if v]
         product = 1

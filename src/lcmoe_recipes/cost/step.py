@@ -99,13 +99,13 @@ def _model_flops(model_key: str, seq_length: int, mtp_num_layers: int) -> float:
     return total + mtp_num_layers * mtp
 
 
-def _recompute_flops(s: LayerShapes, layer: int, plan: Plan) -> float:
-    """Extra forward FLOPs per token that recompute adds to layer ``layer`` (time only)."""
+def _recompute_flops(s: LayerShapes, layer: int, plan: Plan) -> tuple[float, float]:
+    """Extra forward FLOPs per token that recompute adds to layer ``layer``: (GEMM part, attention part); time only."""
     linear, attention = _layer_flops(s, layer, plan.seq_length)
     if plan.recompute_granularity == "full":
-        return (linear + attention) / 3
+        return linear / 3, attention / 3
     if plan.recompute_granularity != "selective":
-        return 0.0
+        return 0.0, 0.0
     mods, extra = set(plan.recompute_modules), 0.0
     if s.is_moe(layer) and "moe" in mods:
         extra += 2 * (s.topk * s.expert + s.shared + s.router)
@@ -113,9 +113,7 @@ def _recompute_flops(s: LayerShapes, layer: int, plan: Plan) -> float:
         extra += 2 * s.dense_mlp
     if "mla_up_proj" in mods and s.mla and s.is_full_attention(layer):
         extra += 2 * s.nq * ((s.d_qk * (s.q_lora or s.h)) + s.kv_lora * (s.d_qk - s.d_rope + s.d_v))
-    if "core_attn" in mods:
-        extra += attention / 3
-    return extra
+    return extra, (attention / 3 if "core_attn" in mods else 0.0)
 
 
 @dataclass(frozen=True)
@@ -165,8 +163,9 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
             if kind not in per_kind:  # layers of one kind cost the same
                 per_kind[kind] = (_layer_flops(s, i, plan.seq_length), _recompute_flops(s, i, plan),
                                   layer_transfers(plan, i))
-            (linear, attn), recompute, transfers = per_kind[kind]
+            (linear, attn), (recompute, recompute_attn), transfers = per_kind[kind]
             gemm += (linear + recompute) * tokens * share
+            attn = attn + recompute_attn  # full recompute and core_attn re-run the attention forward
             cp = 0.0
             for t in transfers:
                 bytes_by[t.kind] = bytes_by.get(t.kind, 0.0) + t.nvlink_bytes + t.scaleout_bytes

@@ -13,6 +13,8 @@ SOURCE = "moe-long-context skill; megatron-bridge flex_dispatcher_backend.py (De
 
 def choose_dispatcher(hw: Hardware, layout: ParallelLayout, wish: str | None) -> tuple[tuple[str, str | None], Reason]:
     """((moe_token_dispatcher_type, moe_flex_dispatcher_backend), reason)."""
+    if layout.ep == 1 and not wish:
+        return ("alltoall", None), Reason("alltoall: EP=1, every expert is local and no token leaves the GPU", SOURCE)
     if wish == "alltoall":
         return ("alltoall", None), Reason("alltoall, as requested", "your request")
     if wish:

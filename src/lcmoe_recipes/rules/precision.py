@@ -12,5 +12,6 @@ def choose_precision(hw: Hardware, wish: str | None) -> tuple[str, Reason]:
     if wish:
         return wish, Reason(f"{wish}, as requested", "your request")
     if hw.compute_capability[0] == 9:
-        return "fp8_blockwise", Reason("FP8 blockwise on Hopper: the FP8 class the long-context DSV3 runs use", SOURCE)
+        return "fp8_blockwise", Reason("FP8 blockwise on Hopper: the FP8 class of the published long-context H100 runs",
+                                       SOURCE)
     return "bf16", Reason("BF16 on Blackwell by default; MXFP8 on request (--precision mxfp8)", SOURCE)
