@@ -11,9 +11,9 @@ import copy
 import functools
 from typing import Any
 
-from ..catalog import Hardware, get_hardware, get_model
+from ..catalog import MODELS, Hardware, get_hardware
 from ..checks import Finding, check_plan, raise_for_errors
-from ..errors import InfeasibleConfig
+from ..errors import InfeasibleConfig, UnknownName
 from ..layout import ParallelLayout
 from ..plan import PRECISIONS, Plan, mixed_precision_name
 from .stack import load_bridge, quiet_upstream
@@ -189,14 +189,12 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
     """
     m = cfg.model
     hw = hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
-    model_key = next((spec.key for spec in _catalogue() if (spec.num_layers, spec.num_moe_experts, spec.hidden_size)
+    model_key = next((spec.key for spec in MODELS.values() if (spec.num_layers, spec.num_moe_experts, spec.hidden_size)
                       == (m.num_layers, m.num_moe_experts, m.hidden_size)), None)
     if model_key is None:
-        from ..errors import UnknownName
-
         raise UnknownName(f"the config's model (num_layers={m.num_layers}, num_moe_experts={m.num_moe_experts}, "
                           f"hidden_size={m.hidden_size}) is not in the catalogue",
-                          f"supported: {', '.join(s.display for s in _catalogue())}")
+                          f"supported: {', '.join(s.display for s in MODELS.values())}")
     etp = m.expert_tensor_parallel_size
     layout = ParallelLayout(world=world_size, tp=m.tensor_model_parallel_size, pp=m.pipeline_model_parallel_size,
                             cp=m.context_parallel_size, ep=m.expert_model_parallel_size,
@@ -235,12 +233,6 @@ def _variable_length(cfg) -> bool:
     if getattr(data, "enable_offline_packing", False):
         return not (getattr(data, "pad_to_max_length", False) and getattr(specs, "pad_cu_seqlens", False))
     return bool(getattr(cfg.model, "variable_seq_lengths", False))
-
-
-def _catalogue():
-    from ..catalog import MODELS
-
-    return MODELS.values()
 
 
 def _check_pipeline_layout(cfg, name: str) -> None:
