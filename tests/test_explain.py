@@ -37,7 +37,9 @@ def test_plan_json_and_plots(capsys, tmp_path):
     assert plan_main(["qwen3_next", "--seq", "8192", "--gpus", "32", "--hardware", "gb200", "--top", "3", "--json",
                       "--plot", str(tmp_path)]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["columns"][:4] == ["rank", "TP", "CP", "EP"] and len(data["table"]) == 3
+    rows = data["candidates"]
+    assert len(rows) == 3 and list(rows[0])[:4] == ["rank", "TP", "CP", "EP"]
+    assert isinstance(rows[0]["memory GiB"], float) and 0 < rows[0]["MFU"] < 1
     winner = data["winner"]
     assert winner["layout"]["world"] == 32 and {d["knob"] for d in winner["decisions"]} >= {"layout", "recompute"}
     assert winner["memory_gib"]["total"] <= 0.95 * winner["hbm_gib"]

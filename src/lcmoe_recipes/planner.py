@@ -274,18 +274,25 @@ TABLE_COLUMNS = ("rank", "TP", "CP", "EP", "PP", "VPP", "DP", "EDP", "recompute"
                  "TP s", "CP s", "EP s", "DP s", "bubble s", "step s", "TFLOP/s", "MFU")
 
 
-def table_rows(result: PlanResult) -> list[tuple]:
-    """One row per ranked candidate: layout, knobs, memory, exposed seconds per collective per step, step, MFU."""
-    rows = []
+def table_records(result: PlanResult) -> list[dict]:
+    """One record per ranked candidate, numbers unformatted (GiB, seconds per step, TFLOP/s, MFU as a fraction)."""
+    records = []
     for i, c in enumerate(result.ranked, 1):
         lay, p, parts = c.plan.layout, c.plan, c.step.parts
         rec = "full" if p.recompute_granularity == "full" else ("+".join(p.recompute_modules) or "none")
-        rows.append((i, lay.tp, lay.cp, lay.ep, lay.pp, lay.vpp or 1, lay.dp, lay.edp, rec,
-                     f"{p.optimizer_offload_fraction:g}", f"{c.memory.total / 2**30:.1f}",
-                     f"{parts['tp_exposed']:.2f}", f"{parts['cp_exposed']:.2f}", f"{parts['ep_exposed']:.2f}",
-                     f"{parts['dp_exposed']:.2f}", f"{parts['bubble']:.2f}", f"{c.step.step_seconds:.2f}",
-                     f"{c.step.tflops_per_gpu:.0f}", f"{c.step.mfu:.1%}"))
-    return rows
+        records.append({"rank": i, "TP": lay.tp, "CP": lay.cp, "EP": lay.ep, "PP": lay.pp, "VPP": lay.vpp or 1,
+                        "DP": lay.dp, "EDP": lay.edp, "recompute": rec, "offload": p.optimizer_offload_fraction,
+                        "memory GiB": c.memory.total / 2**30, "TP s": parts["tp_exposed"], "CP s": parts["cp_exposed"],
+                        "EP s": parts["ep_exposed"], "DP s": parts["dp_exposed"], "bubble s": parts["bubble"],
+                        "step s": c.step.step_seconds, "TFLOP/s": c.step.tflops_per_gpu, "MFU": c.step.mfu})
+    return records
+
+
+def table_rows(result: PlanResult) -> list[tuple]:
+    """:func:`table_records` formatted for the text table and the CSV."""
+    formats = {"offload": "{:g}", "memory GiB": "{:.1f}", "TP s": "{:.2f}", "CP s": "{:.2f}", "EP s": "{:.2f}",
+               "DP s": "{:.2f}", "bubble s": "{:.2f}", "step s": "{:.2f}", "TFLOP/s": "{:.0f}", "MFU": "{:.1%}"}
+    return [tuple(formats[k].format(v) if k in formats else v for k, v in r.items()) for r in table_records(result)]
 
 
 def format_table(result: PlanResult, markdown: bool = False) -> str:
@@ -396,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         from .explain import explain_json
 
         print(json.dumps({"why": result.why, "considered": result.considered, "rejected": result.rejected,
-                          "columns": list(TABLE_COLUMNS), "table": table_rows(result),
-                          "winner": explain_json(result.best.plan)}, indent=2, default=str))
+                          "candidates": table_records(result), "winner": explain_json(result.best.plan)},
+                         indent=2, default=str))
     elif sys.stdout.isatty():
         from .explain import print_table
 

@@ -25,14 +25,16 @@ def format_plan(plan: Plan, warnings: list[Finding] = (), overrides: list[str] =
         ("layout", f"TP={lay.tp} PP={lay.pp} VPP={lay.vpp or 1} CP={lay.cp} EP={lay.ep} ETP={lay.etp} "
                    f"-> DP={lay.dp} EDP={lay.edp}"),
         ("pipeline layout", plan.pipeline_model_parallel_layout or "even split"),
-        ("batch", f"MBS={plan.micro_batch_size} GBS={plan.global_batch_size} -> {plan.num_microbatches} microbatches "
-                  f"per DP rank, {plan.tokens_per_step / 1e6:.1f}M tokens per step"),
+        ("batch", f"MBS={plan.micro_batch_size} GBS={plan.global_batch_size} -> {plan.num_microbatches} "
+                  f"microbatch{'' if plan.num_microbatches == 1 else 'es'} per DP rank, "
+                  f"{plan.tokens_per_step / 1e6:.1f}M tokens per step"),
         ("precision", f"{plan.precision} (mixed_precision='{PRECISIONS.get(plan.precision, plan.precision)}')"),
         ("dispatcher", plan.moe_token_dispatcher_type
          + (f" + {plan.moe_flex_dispatcher_backend}" if plan.moe_flex_dispatcher_backend else "")),
         ("recompute", f"{plan.recompute_granularity}: {', '.join(plan.recompute_modules)}"
          if plan.recompute_granularity == "selective"
-         else (f"full ({plan.recompute_method}, {plan.recompute_num_layers} layers)" if plan.recompute_granularity else "none")),
+         else (f"full ({plan.recompute_method}, recompute_num_layers={plan.recompute_num_layers})"
+               if plan.recompute_granularity else "none")),
         ("optimizer", ("distributed" if plan.use_distributed_optimizer else "replicated")
          + (", precision-aware" if plan.use_precision_aware_optimizer else "")
          + (f", CPU offload fraction {plan.optimizer_offload_fraction:g}" if plan.optimizer_cpu_offload else ", no CPU offload")),
