@@ -203,9 +203,13 @@ def main(argv: list[str] | None = None) -> int:
 
         folder = Path(args.plot)
         folder.mkdir(parents=True, exist_ok=True)
-        written = [plot_memory([shown], folder / "memory.png"), plot_time([shown], folder / "time.png"),
-                   plot_sweep(shown.model, hw.key, plan.layout.world, folder / "sweep.png",
-                              mark=shown.seq_length)]
+        try:
+            written = [plot_memory([shown], folder / "memory.png"), plot_time([shown], folder / "time.png"),
+                       plot_sweep(shown.model, hw.key, plan.layout.world, folder / "sweep.png",
+                                  mark=shown.seq_length)]
+        except LcmoeError as exc:
+            print(f"error: {exc.message}\n  fix: {exc.fix}", file=sys.stderr)
+            return 2
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     if args.dry_run:
         return 0

@@ -428,9 +428,13 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(args.plot)
         folder.mkdir(parents=True, exist_ok=True)
         plans = [c.plan for c in result.ranked]
-        written = [plot_memory(plans, folder / "memory.png"), plot_time(plans, folder / "time.png"),
-                   plot_sweep(request.model, request.hardware, request.num_gpus, folder / "sweep.png",
-                              mark=request.seq_length)]
+        try:
+            written = [plot_memory(plans, folder / "memory.png"), plot_time(plans, folder / "time.png"),
+                       plot_sweep(request.model, request.hardware, request.num_gpus, folder / "sweep.png",
+                                  mark=request.seq_length)]
+        except LcmoeError as exc:
+            print(f"error: {exc.message}\n  fix: {exc.fix}", file=sys.stderr)
+            return 2
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     return 0
 

@@ -20,7 +20,13 @@ COLOURS = dict(zip(MEMORY_PARTS + TIME_PARTS, ["#4c72b0", "#dd8452", "#55a868", 
 
 
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        from .errors import LcmoeError
+
+        raise LcmoeError("--plot needs matplotlib, which is not installed in this environment",
+                         "run bash scripts/setup.sh (it installs requirements/light.txt), or pip install matplotlib") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
