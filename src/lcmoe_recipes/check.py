@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from .catalog import HARDWARE, get_hardware
-from .checks import Finding, check_plan
-from .cost import memory_findings
+from .checks import Finding
 from .errors import LcmoeError
+from .explain import all_findings
 from .plan import Plan
 from .ranks import placement
 from .recipes import NAMED_RECIPES, recipe_plan
@@ -83,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.gpus or hw_arg:  # the same recipe on another target
                 plan = plan.with_changes(layout=dataclasses.replace(plan.layout, world=args.gpus or plan.layout.world),
                                          hardware=(hw_arg or plan.hardware_spec).key)
-            findings = check_plan(plan)
-            if not any(f.severity == "error" for f in findings):
-                findings = memory_findings(plan) + findings
+            findings = all_findings(plan)
             scope = "plan checks and the cost model (upstream validate() runs on YAML files and in launch)"
         else:
             if not Path(args.config).is_file():
@@ -113,10 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"rewrite it for this target: python -m lcmoe_recipes.launch ... --gpus {gpus} --hardware {hw.key} --dry-run"))
             scope = "our checks, the cost model and megatron-bridge validate() for the target"
     except LcmoeError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.fix:
-            print(f"  fix: {exc.fix}", file=sys.stderr)
-        return 2
+        return exc.report()
     print(f"checked with {scope}")
     if sys.stdout.isatty() and not any(f.severity == "error" for f in findings):
         from .cost import estimate_memory, estimate_step

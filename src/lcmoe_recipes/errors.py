@@ -17,6 +17,15 @@ class LcmoeError(ValueError):
         self.message, self.fix = message, fix
         super().__init__(f"{message}{'; ' + fix if fix else ''}")
 
+    def report(self) -> int:
+        """Print 'error: ...' and '  fix: ...' on stderr, as every command line does; returns the exit code."""
+        import sys
+
+        print(f"error: {self.message}", file=sys.stderr)
+        if self.fix:
+            print(f"  fix: {self.fix}", file=sys.stderr)
+        return self.exit_code
+
 
 class UnknownName(LcmoeError):
     """An unknown model, hardware, recipe or precision name."""

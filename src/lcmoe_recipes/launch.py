@@ -171,9 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 "overrides": list(args.overrides)}
         emit.write_yaml(cfg, output, meta)
     except LcmoeError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.fix:
-            print(f"  fix: {exc.fix}", file=sys.stderr)
+        exc.report()
         for finding in getattr(exc, "findings", [])[1:]:
             if finding.severity == "error":
                 print(f"  also: {finding}", file=sys.stderr)
@@ -199,17 +197,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nConfigContainer YAML: {output}")
         print(f"cluster command (on each of the {plan.layout.world // hw.gpus_per_node} nodes):\n  {command}")
     if args.plot:
-        from .plots import plot_memory, plot_sweep, plot_time
+        from .plots import write_plots
 
-        folder = Path(args.plot)
-        folder.mkdir(parents=True, exist_ok=True)
         try:
-            written = [plot_memory([shown], folder / "memory.png"), plot_time([shown], folder / "time.png"),
-                       plot_sweep(shown.model, hw.key, plan.layout.world, folder / "sweep.png",
-                                  mark=shown.seq_length)]
+            written = write_plots([shown], args.plot)
         except LcmoeError as exc:
-            print(f"error: {exc.message}\n  fix: {exc.fix}", file=sys.stderr)
-            return 2
+            return exc.report()
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     if args.dry_run:
         return 0

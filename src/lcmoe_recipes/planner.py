@@ -393,10 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         request = request_from_args(args.model, args.seq, args)
         result = _search_with_progress(request, args.top, show=sys.stderr.isatty() and not args.json)
     except LcmoeError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        if exc.fix:
-            print(f"  fix: {exc.fix}", file=sys.stderr)
-        return 2
+        return exc.report()
     if args.json:
         import json
 
@@ -421,20 +418,12 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(result, args.csv)
         print(f"\nCSV: {args.csv}", file=sys.stderr if args.json else sys.stdout)
     if args.plot:
-        from pathlib import Path
+        from .plots import write_plots
 
-        from .plots import plot_memory, plot_sweep, plot_time
-
-        folder = Path(args.plot)
-        folder.mkdir(parents=True, exist_ok=True)
-        plans = [c.plan for c in result.ranked]
         try:
-            written = [plot_memory(plans, folder / "memory.png"), plot_time(plans, folder / "time.png"),
-                       plot_sweep(request.model, request.hardware, request.num_gpus, folder / "sweep.png",
-                                  mark=request.seq_length)]
+            written = write_plots([c.plan for c in result.ranked], args.plot)
         except LcmoeError as exc:
-            print(f"error: {exc.message}\n  fix: {exc.fix}", file=sys.stderr)
-            return 2
+            return exc.report()
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     return 0
 

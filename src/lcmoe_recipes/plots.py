@@ -139,3 +139,17 @@ def plot_sweep(model: str, hardware: str, num_gpus: int, path: Path,
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def write_plots(plans: list[Plan], folder: str | Path) -> list[Path]:
+    """memory.png and time.png for ``plans`` side by side, and sweep.png for the first plan's model, hardware and GPU
+    count with its seq_length marked, into ``folder`` (created).
+
+    Raises:
+        LcmoeError: matplotlib is missing.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    first = plans[0]
+    return [plot_memory(plans, folder / "memory.png"), plot_time(plans, folder / "time.png"),
+            plot_sweep(first.model, first.hardware, first.layout.world, folder / "sweep.png", mark=first.seq_length)]

@@ -288,15 +288,11 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     if model_seq != data_seq:
         return [Finding("error", "config/seq-length", f"'seq_length' is {model_seq} on the model but "
                         f"{data_seq} on the dataset", f"set both: model.seq_length={model_seq} dataset.seq_length={model_seq}")]
-    plan = plan_from_config(cfg, hw, world_size, name)
-    findings = check_plan(plan)
+    from ..explain import all_findings  # the checks, then the predicted peak against the target's HBM
+
+    findings = all_findings(plan_from_config(cfg, hw, world_size, name))
     if any(f.severity == "error" for f in findings):
         return findings
-    from ..cost import memory_findings  # predicted peak against the target's HBM
-
-    findings = memory_findings(plan) + findings
-    if any(f.severity == "error" for f in findings):
-        return sorted(findings, key=lambda f: f.severity != "error")
     try:
         _check_pipeline_layout(cfg, name)
     except InfeasibleConfig as exc:
