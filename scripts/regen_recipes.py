@@ -21,14 +21,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def emit_all(folder: Path) -> dict[str, Path]:
     """Write every named recipe's YAML into ``folder``; returns name -> path."""
     from lcmoe_recipes import NAMED_RECIPES, recipe_plan
-    from lcmoe_recipes.emit import build_config, write_yaml
+    from lcmoe_recipes.emit import build_config, target_meta, write_yaml
 
     out = {}
     for name in NAMED_RECIPES:
         plan = recipe_plan(name)
         cfg = build_config(plan, quiet=True)
-        meta = {"recipe": name, "world_size": plan.layout.world, "hardware": plan.hardware, "overrides": []}
-        out[name] = write_yaml(cfg, folder / f"{name}.yaml", meta)
+        out[name] = write_yaml(cfg, folder / f"{name}.yaml", target_meta(plan))
     return out
 
 

@@ -29,8 +29,9 @@ def test_dry_run_end_to_end(tmp_path):
     assert ("torchrun --nnodes 32 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint "
             "\"$MASTER_ADDR:${MASTER_PORT:-29500}\" -m lcmoe_recipes.train --config cfg.yaml") in text
     yaml_text = (tmp_path / "cfg.yaml").read_text()
-    assert yaml_text.startswith('# lcmoe_recipes: {"hardware": "gb200", "overrides": ["model.tensor_model_parallel_size=8"], '
-                                '"recipe": "qwen3_235b_128k_gb200", "world_size": 128}')
+    assert yaml_text.startswith('# lcmoe_recipes: {"hardware": "gb200", "model": "qwen3_235b", "overrides": '
+                                '["model.tensor_model_parallel_size=8"], "recipe": "qwen3_235b_128k_gb200", '
+                                '"seq_length": 131072, "world_size": 128}\n')
     assert "tensor_model_parallel_size: 8" in yaml_text and "seq_length: 131072" in yaml_text
 
 
@@ -92,7 +93,7 @@ def test_bad_override(capsys, tmp_path, override, message):
 def test_without_dry_run_on_a_cpu_machine(capsys, tmp_path):
     code, out, err = _main(capsys, tmp_path, "dsv3_256k_h100")
     assert code == 1
-    assert "not launching: this machine has 0 GPU(s), the recipe needs 512" in err
+    assert "this machine has 0 GPU(s); the config needs 512" in err and "--executor slurm" in err
     assert "torchrun --nnodes 64 --nproc-per-node 8" in out
     assert (tmp_path / "out" / "dsv3_256k_h100.yaml").is_file()
 

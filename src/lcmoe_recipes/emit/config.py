@@ -18,6 +18,7 @@ from ..layout import ParallelLayout
 from ..plan import PRECISIONS, Plan, mixed_precision_name
 from .stack import load_bridge, quiet_upstream
 from .target import target_environment
+from .yaml_io import TARGET_ATTR, target_meta
 
 # Environment the dispatcher needs on the target (values as in megatron-bridge's perf recipes for these systems).
 _DISPATCH_ENV = {
@@ -132,6 +133,7 @@ def build_config(plan: Plan, validate: bool = True, quiet: bool = False):
 
     if validate:
         validate_config(cfg, hw, lay.world)
+    setattr(cfg, TARGET_ATTR, target_meta(plan))  # read by launch.submit; not a dataclass field, so not in the YAML
     return cfg
 
 

@@ -112,3 +112,53 @@ def apply_overrides(cfg, overrides: list[str]):
                                         f"set it instead: {override.key_or_group}=VALUE")
                 setattr(parent, last, default)
     return cfg
+
+
+def _hydra_string(text: str) -> str:
+    if "'" in text or "\\" in text:
+        raise OverrideError(f"path or name {text!r} contains a quote or backslash",
+                            "rename it or use a symlink without those characters")
+    return f"'{text}'"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def data_overrides(data_path: list[str] | None = None, tokenizer: str | None = None) -> list[str]:
+    """Hydra overrides that switch a recipe from mock data to real data and a Hugging Face tokenizer.
+
+    Args:
+        data_path: Megatron's ``--data-path`` form, read with megatron-core's ``get_blend_from_list``: prefixes of
+            ``.bin``/``.idx`` files (``["/data/a_text_document"]``), or weight-prefix pairs
+            (``["0.7", "/data/a", "0.3", "/data/b"]``). The paths are read on the cluster, not here.
+        tokenizer: a Hugging Face tokenizer name or folder (``tokenizer_type=HuggingFaceTokenizer``).
+
+    Returns:
+        Override strings for :func:`apply_overrides` (``dataset.blend=...``, ``tokenizer.*``); [] when both are None.
+
+    Raises:
+        OverrideError: a list that mixes weights and unweighted prefixes (megatron-core would read the weights as
+        prefixes), or a path with a quote.
+    """
+    overrides = []
+    if data_path:
+        load_bridge(quiet=True)
+        from megatron.core.datasets.utils import get_blend_from_list
+
+        prefixes, weights = get_blend_from_list(list(data_path))
+        if weights is None and any(_is_number(p) for p in prefixes):
+            raise OverrideError(f"--data-path {' '.join(data_path)} mixes weights and unweighted prefixes",
+                                "give prefixes only (--data-path /data/a /data/b), or a weight before every prefix "
+                                "(--data-path 0.7 /data/a 0.3 /data/b)")
+        listed = ",".join(_hydra_string(p) for p in prefixes)
+        weighted = "null" if weights is None else "[" + ",".join(repr(float(w)) for w in weights) + "]"
+        overrides.append(f"dataset.blend=[[{listed}],{weighted}]")
+    if tokenizer:
+        overrides += ["tokenizer.tokenizer_type=HuggingFaceTokenizer",
+                      f"tokenizer.tokenizer_model={_hydra_string(tokenizer)}"]
+    return overrides

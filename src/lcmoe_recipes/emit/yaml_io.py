@@ -2,9 +2,13 @@
 
 The body is megatron-bridge's own ``ConfigContainer.to_yaml`` output (``_target_`` entries, loadable with
 ``ConfigContainer.from_yaml``). One comment line on top records what the YAML alone cannot say -- the world size,
-hardware and recipe it was validated for -- so that the entry script can refuse a mismatching cluster:
+hardware, model, seq_length and recipe it was validated for -- so that the entry script can refuse (or re-plan
+for) a mismatching cluster:
 
-    # lcmoe_recipes: {"recipe": "dsv3_128k_h100", "world_size": 256, "hardware": "h100", "overrides": []}
+    # lcmoe_recipes: {"hardware": "h100", "model": "dsv3", "overrides": [], "recipe": "dsv3_128k_h100", ...}
+
+A ConfigContainer built by :func:`lcmoe_recipes.emit.build_config` carries the same dict as the attribute
+``lcmoe_target`` (see :func:`target_of`), so ``launch.submit(cfg)`` knows its target without a YAML.
 """
 
 from __future__ import annotations
@@ -19,6 +23,23 @@ from ..errors import LcmoeError
 from .stack import load_bridge
 
 _MARK = "# lcmoe_recipes: "
+TARGET_ATTR = "lcmoe_target"
+
+
+def target_meta(plan, overrides=()) -> dict[str, Any]:
+    """The target a config was planned and validated for: recipe, model, seq_length, world_size, hardware, overrides.
+
+    Args:
+        plan: the :class:`lcmoe_recipes.plan.Plan` the config was built from.
+        overrides: the Hydra overrides applied after building (strings, in order).
+    """
+    return {"recipe": plan.name, "model": plan.model, "seq_length": plan.seq_length, "world_size": plan.layout.world,
+            "hardware": plan.hardware_spec.key, "overrides": list(overrides)}
+
+
+def target_of(cfg) -> dict[str, Any]:
+    """The target dict :func:`lcmoe_recipes.emit.build_config` attached to ``cfg`` ({} for any other ConfigContainer)."""
+    return dict(getattr(cfg, TARGET_ATTR, None) or {})
 
 
 def write_yaml(cfg, path: str | os.PathLike, meta: dict[str, Any]) -> Path:
