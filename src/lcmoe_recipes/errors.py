@@ -41,3 +41,10 @@ class InfeasibleConfig(LcmoeError):
 
 class OverrideError(LcmoeError):
     """A Hydra override that cannot be applied (bad syntax, unknown key, wrong type)."""
+
+
+class LaunchError(LcmoeError):
+    """A valid config that cannot start here (too few GPUs) or whose launch failed (sbatch refused it, the job
+    failed). The CLI turns it into exit code 1: the YAML is written, the problem is the cluster or the run."""
+
+    exit_code = 1
