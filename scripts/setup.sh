@@ -65,7 +65,11 @@ pipq() {  # pip, minus the "Location ... is ignored" lines some machines' pip co
   return "$rc"
 }
 
-pipq install -c "$root/requirements/lock.txt" -r "$root/requirements/light.txt"
+if [ "$relock" = 1 ]; then  # resolve requirements/light.txt afresh; the freeze below becomes the new lock
+  pipq install -r "$root/requirements/light.txt"
+else
+  pipq install -c "$root/requirements/lock.txt" -r "$root/requirements/light.txt"
+fi
 # megatron-core / megatron-bridge without their declared dependencies: see requirements/light.txt for why.
 pipq install --no-deps -r "$root/requirements/megatron.txt"
 pipq install --no-deps --no-build-isolation -e "$root" >/dev/null 2>&1 || pipq install --no-deps -e "$root"

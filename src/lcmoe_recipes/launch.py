@@ -1,23 +1,29 @@
 """The main job: ``python -m lcmoe_recipes.launch MODEL --seq N [...] [Hydra overrides...]``.
 
-Picks the named recipe for (MODEL, seq_length[, GPUs, hardware]), builds its megatron-bridge ConfigContainer,
-applies Hydra overrides with megatron-bridge's override utilities, checks the result again for the target
-(our checks + upstream validation), prints a summary, writes the ConfigContainer YAML and the torchrun command.
+Picks the named recipe for (MODEL, seq_length[, GPUs, hardware]) or plans one, builds its megatron-bridge
+ConfigContainer, applies Hydra overrides with megatron-bridge's override utilities, checks the result again for the
+target (our checks + upstream validation), prints a summary, writes the ConfigContainer YAML, and runs it:
+``--executor local`` (torchrun on this node) or ``--executor slurm`` (a Slurm job through NeMo-Run); ``--dry-run``
+prints the torchrun command or the sbatch script instead. From Python: :func:`submit`.
 
-Exit codes: 0 done; 2 bad input (nothing written); 1 valid config but it cannot run on this machine (no GPU /
-too few GPUs): the YAML is written and the cluster command printed.
+Exit codes: 0 done; 2 bad input (nothing written); 1 valid config but it cannot run here (too few GPUs) or the
+launch failed (sbatch refused it, the job failed): the YAML is written, the message says why.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
+import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
 from .catalog import HARDWARE, MODELS
 from .errors import LcmoeError, UnknownName
+from .executors import EXECUTORS, LaunchResult, SlurmSettings, nodes_for, run_local, run_slurm, settings_with
 from .plan import PRECISIONS, Plan, Reason, carry_reasons
 from .planner import request_arguments, request_from_args
 from .recipes import NAMED_RECIPES, find_named_recipe, recipe_plan
@@ -30,6 +36,9 @@ examples:
   python -m lcmoe_recipes.launch qwen3_next --seq 65536 train.global_batch_size=128 '+env_vars.NCCL_DEBUG=INFO' --dry-run
   python -m lcmoe_recipes.launch qwen3_235b --seq 65536 --gpus 64 --hardware gb200 --dry-run   (planned)
   python -m lcmoe_recipes.launch --list
+  python -m lcmoe_recipes.launch qwen3_next --seq 8192 --executor local --smoke      (CPU-only 2-rank check)
+  python -m lcmoe_recipes.launch dsv3 --seq 131072 --executor slurm --account ACCT --dry-run   (the sbatch script)
+  python -m lcmoe_recipes.launch dsv3 --seq 131072 --executor slurm --account ACCT --partition batch --container-image nvcr.io/nvidia/nemo:25.11
 
 overrides use Hydra syntax on the ConfigContainer: key=value, +key=value (add), ~key (delete; resets a field to
 its default). Keys are megatron-bridge field names, e.g. model.context_parallel_size, train.global_batch_size,
@@ -60,6 +69,41 @@ def _parser() -> argparse.ArgumentParser:
                         "step, YAML path, cluster command) instead of text")
     parser.add_argument("--plot", metavar="DIR", help="write memory.png, time.png and sweep.png (4K-256K) into DIR")
     request_arguments(parser.add_argument_group("planning (requests that match no named recipe)"), wishes_only=True)
+    run = parser.add_argument_group("running (--executor local: torchrun on this node; slurm: NeMo-Run SlurmExecutor)")
+    run.add_argument("--executor", choices=EXECUTORS, default="local", help="where to run (default: local)")
+    run.add_argument("--smoke", action="store_true", help="CPU-only check instead of training: every rank builds and "
+                     "validates the config, joins a gloo process group, runs one all-reduce, exits")
+    run.add_argument("--smoke-ranks", type=int, default=2, metavar="N", help="ranks of a --smoke run (default 2)")
+    run.add_argument("--nproc-per-node", type=int, metavar="N", help="local: ranks on this node (default: the "
+                     "planned world size; a local run is one node)")
+    run.add_argument("--data-path", nargs="+", metavar="PREFIX", help="real data: Megatron dataset prefixes, "
+                     "optionally weighted (0.7 /data/a 0.3 /data/b); default mock data")
+    run.add_argument("--tokenizer", metavar="NAME_OR_DIR", help="Hugging Face tokenizer for real data")
+    run.add_argument("--replan", action="store_true", help="let the ranks plan again when the world size or GPU "
+                     "they find differs from the plan (default: refuse to start)")
+    run.add_argument("--no-wait", action="store_true", help="slurm: return once the job is submitted")
+    slurm = parser.add_argument_group("slurm executor")
+    slurm.add_argument("--account", help="Slurm account (default $SBATCH_ACCOUNT)")
+    slurm.add_argument("--partition", help="Slurm partition (default: the cluster's)")
+    slurm.add_argument("--time", default="04:00:00", help="wall-clock limit (default 04:00:00)")
+    slurm.add_argument("--qos", help="Slurm QOS")
+    slurm.add_argument("--gpus-per-node", type=int, metavar="N", help="default: the hardware's (8 HGX, 4 GB200/GB300)")
+    slurm.add_argument("--container-image", metavar="IMAGE", help="Pyxis/enroot image with megatron-bridge 0.6.2; "
+                       "default: run this virtualenv on the nodes (shared filesystem)")
+    slurm.add_argument("--container-mounts", metavar="SRC:DST[,...]", help="container mounts, comma-separated")
+    slurm.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment variable "
+                       "for the job (repeatable; wins over the recipe's env_vars)")
+    slurm.add_argument("--sbatch", action="append", default=[], metavar="FLAG=VALUE", help="extra #SBATCH flag, "
+                       "e.g. --sbatch reservation=r1 (repeatable)")
+    slurm.add_argument("--no-segment", action="store_true", help="NVL72: do not ask for --segment (Slurm older than "
+                       "24.05 lacks it)")
+    slurm.add_argument("--tunnel", choices=("local", "ssh"), default="local", help="local: sbatch on this machine; "
+                       "ssh: submit on --host as --user")
+    slurm.add_argument("--host", help="ssh tunnel: login node")
+    slurm.add_argument("--user", help="ssh tunnel: user name")
+    slurm.add_argument("--identity", metavar="KEYFILE", help="ssh tunnel: private key")
+    slurm.add_argument("--job-dir", metavar="DIR", help="NeMo-Run experiment folder (on the cluster for ssh; "
+                       "default $NEMORUN_HOME/experiments)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.tensor_model_parallel_size=4")
     return parser
 
@@ -78,11 +122,7 @@ def torchrun_command(yaml_path: str | Path, world_size: int, gpus_per_node: int)
     Raises:
         LcmoeError: ``world_size`` does not fill whole nodes.
     """
-    if world_size % gpus_per_node:
-        lower = world_size - world_size % gpus_per_node
-        raise LcmoeError(f"{world_size} GPUs do not fill whole nodes of {gpus_per_node}",
-                         f"use {lower or gpus_per_node} or {lower + gpus_per_node} GPUs")
-    nodes = world_size // gpus_per_node
+    nodes = nodes_for(world_size, gpus_per_node)
     return (f"torchrun --nnodes {nodes} --nproc-per-node {gpus_per_node} --rdzv-backend c10d "
             f"--rdzv-endpoint \"$MASTER_ADDR:${{MASTER_PORT:-29500}}\" -m lcmoe_recipes.train "
             f"--config {shlex.quote(str(yaml_path))}")
@@ -128,13 +168,117 @@ def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware:
     return plan
 
 
-def _local_gpus() -> int:
-    try:
-        import torch
+def _target(found: dict, world_size: int | None, hardware: str | None, where: str) -> dict:
+    meta = dict(found)
+    for key, given in (("world_size", world_size), ("hardware", hardware)):
+        if given is None:
+            continue
+        if meta.get(key) not in (None, given):
+            raise LcmoeError(f"{where} was planned for {key}={meta[key]}, not {given}",
+                             "plan it again for that target: python -m lcmoe_recipes.launch MODEL --seq N --gpus N "
+                             "--hardware H --dry-run")
+        meta[key] = given
+    missing = [key for key in ("world_size", "hardware") if not meta.get(key)]
+    if missing:
+        raise LcmoeError(f"{where} does not say which cluster it is for ({' and '.join(missing)} unknown)",
+                         "pass world_size= and hardware=, or build it with lcmoe_recipes (a factory, build_recipe, "
+                         "or launch --dry-run)")
+    meta.setdefault("recipe", "config")
+    return meta
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # a broken CUDA install counts as no GPU
-        return 0
+
+def _materialize(cfg, output: str | Path | None, world_size: int | None, hardware: str | None):
+    """(YAML path, target meta, env_vars) for ``cfg`` after validating it for its target; writes the YAML when
+    ``cfg`` is a ConfigContainer or a YAML without our header."""
+    from . import emit
+
+    if isinstance(cfg, (str, os.PathLike)):
+        path = Path(cfg)
+        loaded, found = emit.read_yaml(path)
+        meta = _target(found, world_size, hardware, f"'{path}'")
+        emit.validate_config(loaded, meta["hardware"], meta["world_size"], meta["recipe"])
+        if found.get("world_size") and found.get("hardware") and output is None:
+            return path, meta, dict(loaded.env_vars or {})
+        target = Path(output or f"out/{path.stem}.{meta['hardware']}x{meta['world_size']}.yaml")
+        return emit.write_yaml(loaded, target, meta), meta, dict(loaded.env_vars or {})
+    meta = _target(emit.target_of(cfg), world_size, hardware, "this ConfigContainer")
+    emit.validate_config(cfg, meta["hardware"], meta["world_size"], meta["recipe"])
+    if output is None:
+        staged = emit.write_yaml(cfg, Path("out") / f".{meta['recipe']}.staged.yaml", meta)
+        digest = hashlib.sha1(staged.read_bytes()).hexdigest()[:8]
+        target = staged.with_name(f"{meta['recipe']}-{digest}.yaml")
+        os.replace(staged, target)
+    else:
+        target = emit.write_yaml(cfg, output, meta)
+    return target, meta, dict(cfg.env_vars or {})
+
+
+def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False, wait: bool = True,
+           world_size: int | None = None, hardware: str | None = None, output: str | Path | None = None,
+           nproc_per_node: int | None = None, smoke_ranks: int = 2, data_path: list[str] | None = None,
+           tokenizer: str | None = None, replan: bool = False) -> LaunchResult:
+    """Validate ``cfg`` for its target and run it with torchrun here or as a Slurm job through NeMo-Run.
+
+    Args:
+        cfg: a ConfigContainer from lcmoe_recipes (a factory such as ``dsv3_128k_h100()``, ``build_recipe``: it
+            remembers its target; a ``copy.deepcopy`` of it does not), any other ConfigContainer (then give
+            ``world_size`` and ``hardware``), or the path of a YAML written by ``launch``.
+        executor: ``"local"``, ``"slurm"`` (settings from the environment: ``SBATCH_ACCOUNT``), a
+            :class:`~lcmoe_recipes.executors.SlurmSettings`, or a ready ``nemo_run.SlurmExecutor``.
+        smoke: CPU-only check with ``smoke_ranks`` ranks (gloo all-reduce, no training; no GPU needed).
+        dry_run: build the torchrun command / sbatch script and return it without running anything.
+        wait: Slurm: wait for the job and read its state and logs.
+        output: where to write the YAML (default ``out/<recipe>-<hash>.yaml`` for a ConfigContainer).
+        nproc_per_node: local: ranks (default the planned world size).
+        data_path, tokenizer: real data for the ranks (see :func:`lcmoe_recipes.emit.data_overrides`).
+        replan: let the ranks plan again when they find another world size or GPU type.
+
+    Returns:
+        :class:`~lcmoe_recipes.executors.LaunchResult`: state, job id, log path, first error line, the command or
+        sbatch script.
+
+    Raises:
+        LcmoeError: the config fails validation for its target, its target is unknown, an unknown executor, a GPU
+            count that does not fill whole nodes, missing Slurm account.
+        LaunchError: too few GPUs here for a local run, or sbatch refused the job. (A job that runs and fails is
+            not raised: ``result.ok`` is False and ``result.first_error`` says why.)
+    """
+    from . import emit
+
+    if isinstance(executor, str) and executor not in EXECUTORS:
+        raise LcmoeError(f"unknown executor '{executor}'", f"use one of {', '.join(EXECUTORS)}")
+    emit.data_overrides(data_path, tokenizer)  # bad --data-path input fails here, not on the cluster
+    yaml, meta, env_vars = _materialize(cfg, output, world_size, hardware)
+    from .executors import train_arguments
+
+    args = train_arguments(yaml.name, smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer)[2:]
+    if executor == "local":
+        return run_local(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, nproc_per_node=nproc_per_node,
+                         dry_run=dry_run, train_args=args)
+    if isinstance(executor, (str, SlurmSettings)):
+        settings = executor if isinstance(executor, SlurmSettings) else SlurmSettings()
+        return run_slurm(yaml, meta, env_vars, settings, smoke=smoke, smoke_ranks=smoke_ranks, dry_run=dry_run,
+                         wait=wait, train_args=args)
+    return run_slurm(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, dry_run=dry_run, wait=wait,
+                     train_args=args, executor=executor)
+
+
+def _settings_from_args(args) -> SlurmSettings:
+    def pairs(items: list[str], flag: str) -> dict[str, str]:
+        out = {}
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise LcmoeError(f"{flag} {item!r} is not KEY=VALUE", f"e.g. {flag} NCCL_DEBUG=INFO")
+            out[key] = value
+        return out
+
+    mounts = tuple(m for m in (args.container_mounts or "").split(",") if m)
+    return settings_with(None, account=args.account, partition=args.partition, time=args.time, qos=args.qos,
+                         container_image=args.container_image, container_mounts=mounts,
+                         env=pairs(args.env, "--env"), gpus_per_node=args.gpus_per_node, tunnel=args.tunnel,
+                         host=args.host, user=args.user, identity=args.identity, job_dir=args.job_dir,
+                         sbatch=pairs(args.sbatch, "--sbatch"), segment=not args.no_segment)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,28 +291,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = resolve_plan(args.model, args.seq, args.gpus, args.hardware, args.precision, args)
         hw = plan.hardware_spec
+        gpus_per_node = args.gpus_per_node or hw.gpus_per_node
+        settings = _settings_from_args(args) if args.executor == "slurm" else None
+        from . import emit  # heavy part starts here
+
+        overrides = list(args.overrides) + emit.data_overrides(args.data_path, args.tokenizer)
         if args.output:
             output = Path(args.output)
-        elif args.overrides:  # never overwrite the plain recipe's file with an overridden one
-            digest = hashlib.sha1("\0".join(args.overrides).encode()).hexdigest()[:8]
+        elif overrides:  # never overwrite the plain recipe's file with an overridden one
+            digest = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:8]
             output = Path(f"out/{plan.name}+{digest}.yaml")
         else:
             output = Path(f"out/{plan.name}.yaml")
         if output.exists() and output.is_dir():
             raise LcmoeError(f"--output {output} is a directory", f"give a file name, e.g. {output / (plan.name + '.yaml')}")
-        command = torchrun_command(output, plan.layout.world, hw.gpus_per_node)
+        command = torchrun_command(output, plan.layout.world, gpus_per_node)
 
-        from . import emit  # heavy part starts here
-
-        cfg = emit.build_config(plan, validate=not args.overrides)
+        cfg = emit.build_config(plan, validate=not overrides)
         shown = plan
-        if args.overrides:
-            emit.apply_overrides(cfg, args.overrides)
+        if overrides:
+            emit.apply_overrides(cfg, overrides)
             shown = emit.plan_from_config(cfg, hw, plan.layout.world, plan.name)
             shown = shown.with_changes(reasons=carry_reasons(plan, shown))
         warnings = emit.validate_config(cfg, hw, plan.layout.world, plan.name)
-        meta = {"recipe": plan.name, "world_size": plan.layout.world, "hardware": hw.key,
-                "overrides": list(args.overrides)}
+        meta = emit.target_meta(shown, overrides)
         emit.write_yaml(cfg, output, meta)
     except LcmoeError as exc:
         exc.report()
@@ -177,25 +323,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  also: {finding}", file=sys.stderr)
         return exc.exit_code
 
-    if args.json:
-        import json
-
-        from .explain import explain_json
-
-        print(json.dumps({**explain_json(shown, warnings), "valid": True, "yaml": str(output), "command": command,
-                          "overrides": list(args.overrides)}, indent=2, default=str))
-    else:
+    if not args.json:
         from .report import format_plan
 
         print(f"{plan.name}: valid for {plan.layout.world} x {hw.key} (our checks + memory model + "
               "megatron-bridge validate())")
-        print(format_plan(shown.with_changes(reasons={}) if args.explain else shown, warnings, args.overrides))
+        print(format_plan(shown.with_changes(reasons={}) if args.explain else shown, warnings, overrides))
         if args.explain:
             from .explain import explain_text
 
             print("\n" + explain_text(shown, warnings))
         print(f"\nConfigContainer YAML: {output}")
-        print(f"cluster command (on each of the {plan.layout.world // hw.gpus_per_node} nodes):\n  {command}")
+        print(f"cluster command (on each of the {plan.layout.world // gpus_per_node} nodes):\n  {command}")
     if args.plot:
         from .plots import write_plots
 
@@ -204,18 +343,42 @@ def main(argv: list[str] | None = None) -> int:
         except LcmoeError as exc:
             return exc.report()
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
-    if args.dry_run:
-        return 0
-    have = _local_gpus()
-    if have < plan.layout.world:
-        print(f"\nnot launching: this machine has {have} GPU(s), the recipe needs {plan.layout.world} "
-              f"{hw.display} GPUs. Run the command above on the cluster (or use --dry-run).", file=sys.stderr)
-        return 1
-    import subprocess
 
-    single_node = torchrun_command(output, plan.layout.world, plan.layout.world).replace(
-        '--rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" ', "--standalone ")
-    return subprocess.call(shlex.split(single_node))
+    result = None
+    if not (args.dry_run and args.executor == "local" and not args.smoke):
+        train_args = (["--replan"] if args.replan else []) + (["--smoke"] if args.smoke else [])
+        try:
+            if args.executor == "local":
+                result = run_local(output, meta, dict(cfg.env_vars or {}), smoke=args.smoke,
+                                   smoke_ranks=args.smoke_ranks, nproc_per_node=args.nproc_per_node,
+                                   dry_run=args.dry_run, train_args=train_args, echo=not args.json)
+            else:
+                if settings.gpus_per_node is None:
+                    settings = settings_with(settings, gpus_per_node=gpus_per_node)
+                result = run_slurm(output, meta, dict(cfg.env_vars or {}), settings, smoke=args.smoke,
+                                   smoke_ranks=args.smoke_ranks, dry_run=args.dry_run, wait=not args.no_wait,
+                                   train_args=train_args)
+        except LcmoeError as exc:
+            exc.report()
+            if args.json:
+                print(json.dumps({"valid": True, "yaml": str(output), "launch": {"error": exc.message,
+                                  "fix": exc.fix}}, indent=2))
+            return exc.exit_code
+    if args.json:
+        from .explain import explain_json
+
+        doc = {**explain_json(shown, warnings), "valid": True, "yaml": str(output), "command": command,
+               "overrides": overrides}
+        if result is not None:
+            doc["launch"] = dataclasses.asdict(result)
+        print(json.dumps(doc, indent=2, default=str))
+    elif result is not None:
+        if result.script:
+            print(f"\nsbatch script ({result.command} $SBATCH_SCRIPT):\n{result.script}")
+        elif result.state == "DRY_RUN":
+            print(f"\nlocal command:\n  {result.command}")
+        print("\n" + result.summary())
+    return 0 if result is None or result.ok else 1
 
 
 if __name__ == "__main__":

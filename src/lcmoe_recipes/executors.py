@@ -1,0 +1,413 @@
+"""Run a validated config: torchrun on this node (``local``) or a Slurm batch job through NeMo-Run (``slurm``).
+
+Both run :mod:`lcmoe_recipes.train` on every rank. ``local`` starts ``python -m torch.distributed.run --standalone``
+here and tees its output into ``out/logs/``. ``slurm`` builds a NeMo-Run ``SlurmExecutor`` (nodes = GPUs /
+GPUs-per-node, one torchrun per node, the recipe's ``env_vars`` exported, ``--segment`` for NVL72 racks) and submits
+through a ``LocalTunnel`` (on a login node) or an ``SSHTunnel``; the YAML and this package travel with the job in
+NeMo-Run's code archive, so the cluster needs only megatron-bridge (a container image or the same virtualenv).
+
+Public entry point: :func:`lcmoe_recipes.launch.submit`. Everything that imports nemo_run is inside functions:
+``import lcmoe_recipes.launch`` stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .catalog import Hardware, get_hardware
+from .errors import LaunchError, LcmoeError
+
+EXECUTORS = ("local", "slurm")
+PACKAGE_DIR = Path(__file__).resolve().parent
+_ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception)\b:|(sbatch|srun|slurmstepd|salloc): error:|RuntimeError)")
+_RANK_PREFIX = re.compile(r"^\[(default|rank)\d+\]:")
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """Where and how a Slurm job runs (everything the recipe does not decide).
+
+    Attributes:
+        account: Slurm account (``--account``); default ``$SBATCH_ACCOUNT`` or ``$SLURM_ACCOUNT``. Required.
+        partition: Slurm partition; None = the cluster's default.
+        time: wall-clock limit, ``HH:MM:SS`` or ``D-HH:MM:SS``.
+        qos: quality of service, or None.
+        container_image: Pyxis/enroot image with megatron-bridge 0.6.2 (e.g. an NGC NeMo image); None runs this
+            virtualenv's ``torchrun`` on the nodes (the path must exist there: a shared filesystem).
+        container_mounts: ``src:dst`` mounts for the container (datasets, checkpoints).
+        env: extra environment variables; they win over the recipe's ``env_vars``.
+        gpus_per_node: GPUs per node; default the hardware's (8 on HGX H100/H200/B200, 4 per GB200/GB300 tray).
+        tunnel: ``local`` (this machine can run sbatch) or ``ssh`` (submit on ``host`` as ``user``).
+        host, user, identity: the SSH login (``identity``: private key file), for ``tunnel="ssh"``.
+        job_dir: folder for NeMo-Run's experiments (scripts, code archive, logs); on the cluster for ``ssh``
+            (required there); default ``$NEMORUN_HOME/experiments`` for ``local``.
+        sbatch: extra ``#SBATCH`` flags, NeMo-Run's ``additional_parameters`` (``{"reservation": "r1"}``).
+        exclusive: ``--exclusive`` for GPU jobs (whole nodes, the layouts assume them).
+        segment: ``--segment`` on NVL72 racks (see :func:`nvl72_segment`); needs Slurm 24.05+ with topology/block.
+            False for an older Slurm (then make sure the nodes share racks some other way).
+    """
+
+    account: str | None = None
+    partition: str | None = None
+    time: str = "04:00:00"
+    qos: str | None = None
+    container_image: str | None = None
+    container_mounts: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    gpus_per_node: int | None = None
+    tunnel: str = "local"
+    host: str | None = None
+    user: str | None = None
+    identity: str | None = None
+    job_dir: str | None = None
+    sbatch: dict[str, str] = field(default_factory=dict)
+    exclusive: bool = True
+    segment: bool = True
+
+
+@dataclass
+class LaunchResult:
+    """What a launch did.
+
+    Attributes:
+        executor: ``local`` or ``slurm``.
+        state: ``DRY_RUN``, ``SUBMITTED`` (not waited for), ``SUCCEEDED``, ``FAILED``, ``CANCELLED``, ``TIMEOUT``...
+        command: the torchrun command (local) or the sbatch command line (slurm).
+        yaml: the ConfigContainer YAML the ranks read.
+        script: the sbatch script (slurm), else None.
+        job_id: Slurm job id (slurm, once submitted).
+        exit_code: the job's exit code, when known.
+        log_path: the log of the ranks' output.
+        first_error: the first error line in that log (``error: ...``, ``XxxError: ...``, ``srun: error: ...``).
+        experiment_id: NeMo-Run experiment id (``nemo experiment logs ID 0`` reads it again).
+    """
+
+    executor: str
+    state: str
+    command: str
+    yaml: Path
+    script: str | None = None
+    job_id: str | None = None
+    exit_code: int | None = None
+    log_path: Path | None = None
+    first_error: str | None = None
+    experiment_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True for a dry run, a submitted job, and a job that succeeded."""
+        return self.state in ("DRY_RUN", "SUBMITTED", "SUCCEEDED")
+
+    def summary(self) -> str:
+        """A few lines for people: state, job id, log, first error."""
+        head = f"{self.executor}: {self.state}"
+        if self.job_id:
+            head += f" (Slurm job {self.job_id})"
+        if self.exit_code is not None:
+            head += f", exit code {self.exit_code}"
+        lines = [head]
+        if self.log_path:
+            lines.append(f"  log: {self.log_path}")
+        if self.first_error:
+            lines.append(f"  first error: {self.first_error}")
+        if self.experiment_id:
+            lines.append(f"  NeMo-Run experiment: {self.experiment_id} (nemo experiment logs {self.experiment_id} 0)")
+        return "\n".join(lines)
+
+
+def nodes_for(world_size: int, gpus_per_node: int) -> int:
+    """Nodes for ``world_size`` GPUs.
+
+    Raises:
+        LcmoeError: ``world_size`` does not fill whole nodes (names the nearest GPU counts that do).
+    """
+    if gpus_per_node <= 0:
+        raise LcmoeError(f"GPUs per node {gpus_per_node} is not positive", "e.g. --gpus-per-node 8")
+    if world_size % gpus_per_node:
+        lower = world_size - world_size % gpus_per_node
+        raise LcmoeError(f"{world_size} GPUs do not fill whole nodes of {gpus_per_node}",
+                         f"use {lower or gpus_per_node} or {lower + gpus_per_node} GPUs")
+    return world_size // gpus_per_node
+
+
+def nvl72_segment(hw: Hardware, nodes: int, gpus_per_node: int) -> int | None:
+    """Slurm ``--segment`` (nodes kept inside one NVLink domain) for NVL72 racks, None elsewhere.
+
+    The placement check assumes job blocks of ``hw.job_block`` GPUs inside one NVLink domain (64 on NVL72: NVIDIA's
+    GB200 Slurm guidance of ``--segment=16`` trays of 4 GPUs); a job smaller than a block stays in one segment.
+    """
+    if hw.nvlink_domain <= gpus_per_node or nodes <= 1:
+        return None
+    block = max(1, hw.job_block // gpus_per_node)
+    segment = min(nodes, block)
+    return segment if nodes % segment == 0 else None
+
+
+def first_error_line(text: str) -> str | None:
+    """The first line of ``text`` that reports an error (rank prefixes such as ``[default0]:`` removed)."""
+    for raw in text.splitlines():
+        line = _RANK_PREFIX.sub("", raw).strip()
+        if _ERROR_LINE.match(line):
+            return line
+    return None
+
+
+def train_arguments(yaml_name: str, smoke: bool = False, replan: bool = False, data_path=None,
+                    tokenizer: str | None = None) -> list[str]:
+    """Arguments of ``python -m lcmoe_recipes.train`` for one launch."""
+    args = ["--config", yaml_name]
+    if data_path:
+        args += ["--data-path", *data_path]
+    if tokenizer:
+        args += ["--tokenizer", tokenizer]
+    if replan:
+        args.append("--replan")
+    if smoke:
+        args.append("--smoke")
+    return args
+
+
+def _local_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken CUDA install counts as no GPU
+        return 0
+
+
+def run_local(yaml: Path, meta: dict, env_vars: dict[str, str], *, smoke: bool = False, smoke_ranks: int = 2,
+              nproc_per_node: int | None = None, dry_run: bool = False, log_dir: str | Path = "out/logs",
+              train_args: list[str] | None = None, echo: bool = True) -> LaunchResult:
+    """torchrun on this node.
+
+    Args:
+        yaml, meta: the config file and its target (:func:`lcmoe_recipes.emit.target_meta`).
+        env_vars: exported to every rank unless already set (the recipe's ``env_vars``).
+        smoke: CPU-only smoke run with ``smoke_ranks`` ranks (gloo) instead of training.
+        nproc_per_node: ranks; default the planned world size (a local run is one node).
+        log_dir: where the combined output of the ranks goes (``<recipe>-<time>.log``).
+        echo: also print the ranks' output as it comes.
+
+    Raises:
+        LcmoeError: ``nproc_per_node`` differs from the planned world size (a local run cannot be multi-node).
+        LaunchError: fewer GPUs here than ranks (not for a smoke run or a dry run).
+    """
+    world = meta.get("world_size") or 1
+    nproc = smoke_ranks if smoke else (nproc_per_node or world)
+    if not smoke and nproc != world:
+        raise LcmoeError(f"--nproc-per-node {nproc}: the config was planned for {world} ranks and a local run is "
+                         "one node", f"use --nproc-per-node {world}, or --executor slurm for "
+                         f"{world} GPUs on several nodes")
+    args = train_arguments(str(yaml), smoke=smoke) if train_args is None else ["--config", str(yaml), *train_args]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               "-m", "lcmoe_recipes.train", *args]
+    shown = shlex.join(command)
+    if dry_run:
+        return LaunchResult("local", "DRY_RUN", shown, Path(yaml))
+    if not smoke and (have := _local_gpus()) < nproc:
+        hw = get_hardware(meta.get("hardware", "h100"))
+        raise LaunchError(f"this machine has {have} GPU(s); the config needs {nproc} {hw.display} GPUs",
+                          "run it on the cluster (--executor slurm), or check it here with --smoke")
+    log_path = Path(log_dir) / f"{meta.get('recipe', 'config')}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**{k: str(v) for k, v in env_vars.items()}, **os.environ}
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                                   bufsize=1)
+        assert process.stdout is not None
+        for line in process.stdout:
+            log.write(line)
+            if echo:
+                sys.stdout.write(line)
+        code = process.wait()
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    return LaunchResult("local", "SUCCEEDED" if code == 0 else "FAILED", shown, Path(yaml), exit_code=code,
+                        log_path=log_path, first_error=None if code == 0 else first_error_line(text))
+
+
+def _account(settings: SlurmSettings) -> str:
+    account = settings.account or os.environ.get("SBATCH_ACCOUNT") or os.environ.get("SLURM_ACCOUNT")
+    if not account:
+        raise LcmoeError("--executor slurm needs a Slurm account", "pass --account NAME (or set SBATCH_ACCOUNT)")
+    return account
+
+
+def _tunnel(settings: SlurmSettings):
+    import nemo_run as run
+    from nemo_run.config import get_nemorun_home
+
+    if settings.tunnel == "local":
+        return run.LocalTunnel(job_dir=settings.job_dir or os.path.join(get_nemorun_home(), "experiments"))
+    if settings.tunnel == "ssh":
+        missing = [name for name in ("host", "user", "job_dir") if not getattr(settings, name)]
+        if missing:
+            raise LcmoeError(f"--tunnel ssh needs {', '.join('--' + m.replace('_', '-') for m in missing)}",
+                             "e.g. --tunnel ssh --host login.cluster --user me --job-dir /lustre/me/nemo_run")
+        return run.SSHTunnel(host=settings.host, user=settings.user, job_dir=settings.job_dir,
+                             identity=settings.identity)
+    raise LcmoeError(f"unknown tunnel '{settings.tunnel}'", "use --tunnel local or --tunnel ssh")
+
+
+def _quoted(env: dict) -> dict[str, str]:
+    """Values shell-quoted: NeMo-Run writes ``export KEY=VALUE`` lines verbatim."""
+    return {key: shlex.quote(str(value)) for key, value in env.items()}
+
+
+def _packager(yaml: Path):
+    """NeMo-Run packager that ships the YAML and this package into the job's ``code/`` folder (the ranks' cwd)."""
+    import nemo_run as run
+
+    return run.PatternPackager(include_pattern=[str(yaml.resolve()), str(PACKAGE_DIR)],
+                               relative_path=[str(yaml.resolve().parent), str(PACKAGE_DIR.parent)])
+
+
+def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings, yaml: Path, *,
+                   smoke: bool = False, smoke_ranks: int = 2):
+    """The NeMo-Run ``SlurmExecutor`` for a config's target.
+
+    GPU run: nodes = world_size / GPUs-per-node, one torchrun per node with one rank per GPU, ``--gpus-per-node``,
+    ``--exclusive``, ``--segment`` on NVL72. Smoke run: one node, ``smoke_ranks`` CPU ranks, no GPUs.
+
+    Raises:
+        LcmoeError: no account, a GPU count that does not fill whole nodes, an incomplete SSH tunnel.
+    """
+    import nemo_run as run
+
+    hw = get_hardware(meta.get("hardware", "h100"))
+    gpn = settings.gpus_per_node or hw.gpus_per_node
+    world = meta.get("world_size") or gpn
+    nodes = nodes_for(world, gpn)
+    options = dict(
+        account=_account(settings), partition=settings.partition, time=settings.time, qos=settings.qos,
+        job_name_prefix=f"lcmoe-{meta.get('recipe', 'config')}-", tunnel=_tunnel(settings), packager=_packager(yaml),
+        launcher="torchrun", env_vars=_quoted({**env_vars, **settings.env}),
+        container_image=settings.container_image, container_mounts=list(settings.container_mounts),
+        additional_parameters=dict(settings.sbatch) or None,
+    )
+    if smoke:
+        options.update(nodes=1, ntasks_per_node=smoke_ranks)
+    else:
+        options.update(nodes=nodes, ntasks_per_node=gpn, gpus_per_node=gpn,
+                       exclusive=True if settings.exclusive else None,
+                       segment=nvl72_segment(hw, nodes, gpn) if settings.segment else None)
+    tunnel = options["tunnel"]
+    if not settings.container_image and "/nemo_run" in tunnel.job_dir:
+        # NeMo-Run 0.11.1 maps its in-container folder /nemo_run to the job folder by replacing every "/nemo_run"
+        # in the sbatch script of a job without a container, so such a path would be mangled.
+        raise LcmoeError(f"the NeMo-Run job folder {tunnel.job_dir} contains '/nemo_run', which NeMo-Run rewrites "
+                         "in jobs without a container image",
+                         "use another --job-dir (or NEMORUN_HOME), e.g. ~/.nemo_run/experiments")
+    if not settings.container_image:  # run this virtualenv's torchrun and python on the nodes
+        options["setup_lines"] = f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"
+    executor = run.SlurmExecutor(**options)
+    executor.torchrun_nproc_per_node = options["ntasks_per_node"]
+    return executor
+
+
+@contextlib.contextmanager
+def _nemo_run_session():
+    """While NeMo-Run submits: its rich console is silent (we print our own lines), and the shell commands it runs
+    through invoke read /dev/null, not our stdin (a pipe or a test runner's captured stdin would break them)."""
+    from nemo_run.core.frontend.console.api import CONSOLE
+
+    was_quiet, stdin = CONSOLE.quiet, sys.stdin
+    CONSOLE.quiet = True
+    with open(os.devnull, encoding="utf-8") as devnull:
+        sys.stdin = devnull
+        try:
+            yield
+        finally:
+            CONSOLE.quiet, sys.stdin = was_quiet, stdin
+
+
+def _job_logs(local_dir: Path, job_id: str) -> tuple[Path | None, Path | None]:
+    ranks = sorted(local_dir.glob(f"log-*_{job_id}_*.out"))
+    batch = sorted(local_dir.glob(f"sbatch_*_{job_id}.out"))
+    return (ranks[-1] if ranks else None), (batch[-1] if batch else None)
+
+
+def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmSettings | None = None, *,
+              smoke: bool = False, smoke_ranks: int = 2, dry_run: bool = False, wait: bool = True,
+              train_args: list[str] | None = None, executor=None) -> LaunchResult:
+    """Submit through NeMo-Run's ``SlurmExecutor`` (see :func:`slurm_executor`), or print the sbatch script.
+
+    Args:
+        executor: a ready ``nemo_run.SlurmExecutor`` to use instead of one built from ``settings``: its nodes times
+            GPUs per node must equal the planned world size; its packager is replaced (the YAML and this package
+            must travel with the job) and the recipe's ``env_vars`` are added under its own.
+        wait: wait for the job to end and read its state and logs (else return once submitted).
+
+    Raises:
+        LcmoeError: see :func:`slurm_executor`; a given executor whose size differs from the plan.
+        LaunchError: sbatch refused the job (its message, the script's path).
+    """
+    import nemo_run as run
+    from invoke.exceptions import UnexpectedExit
+
+    if executor is None:
+        executor = slurm_executor(meta, env_vars, settings or SlurmSettings(), yaml, smoke=smoke,
+                                  smoke_ranks=smoke_ranks)
+    else:
+        per_node = executor.gpus_per_node or executor.torchrun_nproc_per_node or executor.ntasks_per_node
+        if not smoke and executor.nodes * per_node != meta.get("world_size"):
+            raise LcmoeError(f"the given SlurmExecutor has {executor.nodes} node(s) x {per_node} GPUs = "
+                             f"{executor.nodes * per_node} ranks; the config was planned for {meta.get('world_size')}",
+                             "set nodes and gpus_per_node to match, or plan for that count")
+        executor.packager = _packager(yaml)
+        executor.env_vars = {**_quoted(env_vars), **executor.env_vars}
+    args = train_arguments(yaml.name, smoke=smoke) if train_args is None else ["--config", yaml.name, *train_args]
+    task = run.Script(path="lcmoe_recipes.train", args=args, entrypoint="python", m=True)
+    title = f"lcmoe-{meta.get('recipe', 'config')}{'-smoke' if smoke else ''}"
+    with _nemo_run_session():
+        with run.Experiment(title, executor=executor, log_level="ERROR") as exp:
+            exp.add(task, name="train")
+            if dry_run:
+                exp.dryrun(log=False)
+                request = exp.jobs[0]._dryrun_info.request
+                return LaunchResult("slurm", "DRY_RUN", " ".join(request.launch_cmd), yaml,
+                                    script=request.materialize())
+            try:
+                exp.run(sequential=True, detach=not wait)
+            except UnexpectedExit as exc:
+                message = (exc.result.stderr or exc.result.stdout or "").strip().splitlines()
+                first = message[0] if message else f"exit code {exc.result.exited}"
+                fix = ("this Slurm has no --segment (Slurm 24.05+, topology/block): pass --no-segment and keep the "
+                       "job inside NVL72 racks another way" if "segment" in first else
+                       "check --account/--partition/--time/--gpus-per-node")
+                raise LaunchError(f"sbatch refused the job: {first}", f"{fix}; the script is in {exp._exp_dir}") from None
+            exp_id, exp_dir = exp._id, Path(exp._exp_dir)
+        status = exp.status(return_dict=True) if wait else None  # sacct through the tunnel: inside the session
+    job = exp.jobs[0]
+    job_id = str(job.handle).rsplit("/", 1)[-1] if getattr(job, "handle", None) else None
+    if status:
+        entry = next(iter(status.values()))
+        job_id = str(entry.get("job_id") or job_id)
+        state = str(entry.get("status")).split(" ")[0].split(".")[-1]
+    else:
+        state = "SUBMITTED"
+    rank_log, batch_log = _job_logs(exp_dir / "train", job_id) if job_id else (None, None)
+    exit_code, first_error = None, None
+    if batch_log:
+        found = re.search(r"job exited with code (\d+)", batch_log.read_text(errors="replace"))
+        exit_code = int(found.group(1)) if found else None
+    if state != "SUCCEEDED" and state != "SUBMITTED":
+        for log in (rank_log, batch_log):
+            if log and (first_error := first_error_line(log.read_text(errors="replace"))):
+                break
+    return LaunchResult("slurm", state, "sbatch --requeue --parsable", yaml, job_id=job_id, exit_code=exit_code,
+                        log_path=rank_log or batch_log, first_error=first_error, experiment_id=exp_id)
+
+
+def settings_with(settings: SlurmSettings | None, **changes) -> SlurmSettings:
+    """``settings`` (or the defaults) with the given fields changed (None values ignored)."""
+    return dataclasses.replace(settings or SlurmSettings(), **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,171 @@
+"""Executors without a cluster: sbatch scripts (NeMo-Run dry run), node counts, refusals, error lines, submit()."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+
+import pytest
+
+from lcmoe_recipes.catalog import get_hardware
+from lcmoe_recipes.errors import LaunchError, LcmoeError, OverrideError
+from lcmoe_recipes.executors import SlurmSettings, first_error_line, nodes_for, nvl72_segment
+from lcmoe_recipes.launch import main, submit
+
+
+@pytest.fixture
+def nemorun_home(tmp_path):
+    """NeMo-Run's home in a temp folder (its experiments and dry-run files go there)."""
+    from nemo_run import config
+
+    old = config.get_nemorun_home()
+    config.set_nemorun_home(str(tmp_path / "nemorun"))
+    yield tmp_path / "nemorun"
+    config.set_nemorun_home(old)
+
+
+def sbatch_lines(script: str) -> dict[str, str]:
+    return dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", script, flags=re.M))
+
+
+def test_nodes_for():
+    assert nodes_for(256, 8) == 32 and nodes_for(128, 4) == 32
+    with pytest.raises(LcmoeError, match="100 GPUs do not fill whole nodes of 8; use 96 or 104 GPUs"):
+        nodes_for(100, 8)
+    with pytest.raises(LcmoeError, match="use 4 or 8 GPUs"):
+        nodes_for(6, 4)
+
+
+def test_nvl72_segment():
+    gb200, h100 = get_hardware("gb200"), get_hardware("h100")
+    assert nvl72_segment(gb200, 32, 4) == 16   # 128 GPUs: two 64-GPU blocks (--segment=16 trays)
+    assert nvl72_segment(gb200, 8, 4) == 8     # 32 GPUs: one block
+    assert nvl72_segment(gb200, 1, 4) is None
+    assert nvl72_segment(h100, 32, 8) is None  # HGX: the NVLink domain is the node
+
+
+@pytest.mark.parametrize("text, line", [
+    ("[default0]:ok\n[default1]:error: this job has 2 ranks but the config was planned for 32\n  fix: x\n",
+     "error: this job has 2 ranks but the config was planned for 32"),
+    ("Traceback (most recent call last):\n  File \"x\"\n[rank3]:torch.OutOfMemoryError: CUDA out of memory\n",
+     "torch.OutOfMemoryError: CUDA out of memory"),
+    ("+ srun hostname\nsrun: error: node1: task 0: Exited with exit code 2\n",
+     "srun: error: node1: task 0: Exited with exit code 2"),
+    ("all fine\n", None),
+])
+def test_first_error_line(text, line):
+    assert first_error_line(text) == line
+
+
+@pytest.mark.slow
+def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
+    _, cfg = configs["dsv3_128k_h100"]
+    settings = SlurmSettings(account="llm", partition="batch", time="02:00:00", container_image="nvcr.io/nvidia/nemo:25.11",
+                             container_mounts=("/lustre/data:/data",), env={"NCCL_DEBUG": "INFO"})
+    result = submit(cfg, settings, dry_run=True, output=tmp_path / "dsv3.yaml")
+    assert result.state == "DRY_RUN" and result.command == "sbatch --requeue --parsable"
+    flags = sbatch_lines(result.script)
+    assert flags["nodes"] == "32" and flags["gpus-per-node"] == "8" and flags["ntasks-per-node"] == "1"
+    assert flags["account"] == "llm" and flags["partition"] == "batch" and flags["time"] == "02:00:00"
+    assert flags["job-name"] == "lcmoe-dsv3_128k_h100-train" and "exclusive" in result.script
+    assert "segment" not in flags
+    for env in ("CUDA_DEVICE_MAX_CONNECTIONS=1", "NVLINK_DOMAIN_SIZE=8", "USE_MNNVL=0", "NCCL_DEBUG=INFO"):
+        assert f"export {env}\n" in result.script
+    command = next(line for line in result.script.splitlines() if line.startswith("srun --output"))
+    assert "--container-image nvcr.io/nvidia/nemo:25.11" in command and "/lustre/data:/data" in command
+    assert re.search(r"torchrun .*--nnodes 32 --nproc-per-node 8 .*-m lcmoe_recipes\.train --config dsv3\.yaml$",
+                     command), command
+    assert "export PATH=" not in result.script  # in a container, the image's torchrun
+    assert (tmp_path / "dsv3.yaml").read_text().startswith('# lcmoe_recipes: {"hardware": "h100"')
+
+
+@pytest.mark.slow
+def test_sbatch_script_qwen3_gb200_nvl72(configs, nemorun_home, tmp_path):
+    _, cfg = configs["qwen3_235b_128k_gb200"]
+    result = submit(cfg, SlurmSettings(account="llm"), dry_run=True, output=tmp_path / "q.yaml",
+                    data_path=["0.7", "/data/a", "0.3", "/data/b"], tokenizer="Qwen/Qwen3-235B-A22B")
+    flags = sbatch_lines(result.script)
+    assert flags["nodes"] == "32" and flags["gpus-per-node"] == "4" and flags["segment"] == "16"
+    for env in ("NVLINK_DOMAIN_SIZE=72", "USE_MNNVL=1", "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=32",
+                "CUDA_DEVICE_MAX_CONNECTIONS=32"):
+        assert f"export {env}\n" in result.script
+    assert "--nnodes 32 --nproc-per-node 4" in result.script
+    assert ("-m lcmoe_recipes.train --config q.yaml --data-path 0.7 /data/a 0.3 /data/b "
+            "--tokenizer Qwen/Qwen3-235B-A22B") in result.script
+    assert f"export PATH={os.path.dirname(os.sys.executable)}:$PATH" in result.script  # no image: this venv
+
+
+@pytest.mark.slow
+def test_smoke_script_is_one_cpu_node(configs, nemorun_home, tmp_path):
+    _, cfg = configs["qwen3_next_8k_gb200"]
+    result = submit(cfg, SlurmSettings(account="llm"), smoke=True, smoke_ranks=2, dry_run=True,
+                    output=tmp_path / "n.yaml")
+    flags = sbatch_lines(result.script)
+    assert flags["nodes"] == "1" and "gpus-per-node" not in flags and "exclusive" not in result.script
+    assert "--nnodes 1 --nproc-per-node 2" in result.script and result.script.rstrip().endswith("fi")
+    assert "lcmoe_recipes.train --config n.yaml --smoke" in result.script
+
+
+@pytest.mark.slow
+def test_submit_refusals(configs, nemorun_home, tmp_path, monkeypatch):
+    monkeypatch.delenv("SBATCH_ACCOUNT", raising=False)
+    monkeypatch.delenv("SLURM_ACCOUNT", raising=False)
+    _, cfg = configs["dsv3_128k_h100"]
+    out = tmp_path / "d.yaml"
+    with pytest.raises(LcmoeError, match="needs a Slurm account; pass --account NAME"):
+        submit(cfg, "slurm", dry_run=True, output=out)
+    with pytest.raises(LcmoeError, match="256 GPUs do not fill whole nodes of 6; use 252 or 258 GPUs"):
+        submit(cfg, SlurmSettings(account="a", gpus_per_node=6), dry_run=True, output=out)
+    with pytest.raises(LcmoeError, match="--tunnel ssh needs --host, --user, --job-dir"):
+        submit(cfg, SlurmSettings(account="a", tunnel="ssh"), dry_run=True, output=out)
+    with pytest.raises(LcmoeError, match="contains '/nemo_run', which NeMo-Run rewrites"):
+        submit(cfg, SlurmSettings(account="a", job_dir="/home/me/nemo_run/experiments"), dry_run=True, output=out)
+    with pytest.raises(LcmoeError, match="unknown executor 'k8s'; use one of local, slurm"):
+        submit(cfg, "k8s")
+    with pytest.raises(LaunchError, match="this machine has 0 GPU\\(s\\); the config needs 256 H100"):
+        submit(cfg, "local", output=out)
+    with pytest.raises(LcmoeError, match="planned for 256 ranks and a local run is one node"):
+        submit(cfg, "local", nproc_per_node=8, output=out)
+    with pytest.raises(LcmoeError, match="was planned for world_size=256, not 128"):
+        submit(cfg, "local", world_size=128, dry_run=True, output=out)
+    with pytest.raises(OverrideError, match="mixes weights and unweighted prefixes"):
+        submit(cfg, "local", data_path=["0.5", "/a", "/b"], dry_run=True)
+    bare = copy.deepcopy(cfg)  # megatron's ConfigContainer deep copy keeps only its fields: the target is gone
+    assert not hasattr(bare, "lcmoe_target")
+    with pytest.raises(LcmoeError, match="does not say which cluster it is for \\(world_size and hardware unknown\\)"):
+        submit(bare, "local", dry_run=True, output=out)
+    assert submit(bare, "local", dry_run=True, output=out, world_size=256, hardware="h100").state == "DRY_RUN"
+    broken = copy.deepcopy(cfg)
+    broken.model.context_parallel_size = 48
+    with pytest.raises(LcmoeError, match="CP=48"):
+        submit(broken, "local", dry_run=True, output=tmp_path / "b.yaml", world_size=256, hardware="h100")
+    assert not (tmp_path / "b.yaml").exists()
+
+
+@pytest.mark.slow
+def test_given_nemo_run_executor_must_match_the_plan(configs, nemorun_home, tmp_path):
+    import nemo_run as run
+
+    _, cfg = configs["qwen3_next_8k_gb200"]
+    executor = run.SlurmExecutor(account="a", nodes=4, gpus_per_node=4, tunnel=run.LocalTunnel(job_dir=str(tmp_path)))
+    with pytest.raises(LcmoeError, match="4 node\\(s\\) x 4 GPUs = 16 ranks; the config was planned for 32"):
+        submit(cfg, executor, dry_run=True, output=tmp_path / "n.yaml")
+    executor.nodes = 8
+    result = submit(cfg, executor, dry_run=True, output=tmp_path / "n.yaml")
+    assert sbatch_lines(result.script)["nodes"] == "8"
+
+
+@pytest.mark.slow
+def test_cli_slurm_dry_run_prints_the_script(capsys, tmp_path, nemorun_home, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = main(["qwen3_next", "--seq", "32768", "--executor", "slurm", "--account", "llm", "--partition", "gb200",
+                 "--env", "NCCL_DEBUG=WARN", "--sbatch", "reservation=r1", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "#SBATCH --nodes=8\n" in out and "#SBATCH --gpus-per-node=4\n" in out and "#SBATCH --segment=8\n" in out
+    assert "#SBATCH --reservation=r1\n" in out and "export NCCL_DEBUG=WARN\n" in out
+    assert "slurm: DRY_RUN" in out
+    code = main(["qwen3_next", "--seq", "32768", "--executor", "slurm", "--account", "llm", "--env", "NOEQUALS",
+                 "--dry-run"])
+    assert code == 2 and "--env 'NOEQUALS' is not KEY=VALUE" in capsys.readouterr().err
