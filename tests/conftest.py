@@ -32,3 +32,15 @@ def fresh_config(configs):
         return plan, copy.deepcopy(cfg)
 
     return make
+
+
+@pytest.fixture
+def nemorun_home(tmp_path):
+    """NeMo-Run's home in a temp folder (its experiments, scripts and logs go there). The name avoids '/nemo_run',
+    which NeMo-Run 0.11.1 rewrites in jobs without a container."""
+    from nemo_run import config
+
+    old = config.get_nemorun_home()
+    config.set_nemorun_home(str(tmp_path / "nemorun"))
+    yield tmp_path / "nemorun"
+    config.set_nemorun_home(old)

@@ -14,17 +14,6 @@ from lcmoe_recipes.executors import SlurmSettings, first_error_line, nodes_for, 
 from lcmoe_recipes.launch import main, submit
 
 
-@pytest.fixture
-def nemorun_home(tmp_path):
-    """NeMo-Run's home in a temp folder (its experiments and dry-run files go there)."""
-    from nemo_run import config
-
-    old = config.get_nemorun_home()
-    config.set_nemorun_home(str(tmp_path / "nemorun"))
-    yield tmp_path / "nemorun"
-    config.set_nemorun_home(old)
-
-
 def sbatch_lines(script: str) -> dict[str, str]:
     return dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", script, flags=re.M))
 

@@ -161,10 +161,11 @@ def first_error_line(text: str) -> str | None:
     return None
 
 
-def train_arguments(yaml_name: str, smoke: bool = False, replan: bool = False, data_path=None,
+def train_arguments(smoke: bool = False, replan: bool = False, data_path=None,
                     tokenizer: str | None = None) -> list[str]:
-    """Arguments of ``python -m lcmoe_recipes.train`` for one launch."""
-    args = ["--config", yaml_name]
+    """Options of ``python -m lcmoe_recipes.train`` after ``--config YAML`` (see
+    :func:`lcmoe_recipes.train.rank_arguments`)."""
+    args = []
     if data_path:
         args += ["--data-path", *data_path]
     if tokenizer:
@@ -208,7 +209,7 @@ def run_local(yaml: Path, meta: dict, env_vars: dict[str, str], *, smoke: bool =
         raise LcmoeError(f"--nproc-per-node {nproc}: the config was planned for {world} ranks and a local run is "
                          "one node", f"use --nproc-per-node {world}, or --executor slurm for "
                          f"{world} GPUs on several nodes")
-    args = train_arguments(str(yaml), smoke=smoke) if train_args is None else ["--config", str(yaml), *train_args]
+    args = ["--config", str(yaml), *(train_arguments(smoke=smoke) if train_args is None else train_args)]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                "-m", "lcmoe_recipes.train", *args]
     shown = shlex.join(command)
@@ -365,7 +366,7 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
                              "set nodes and gpus_per_node to match, or plan for that count")
         executor.packager = _packager(yaml)
         executor.env_vars = {**_quoted(env_vars), **executor.env_vars}
-    args = train_arguments(yaml.name, smoke=smoke) if train_args is None else ["--config", yaml.name, *train_args]
+    args = ["--config", yaml.name, *(train_arguments(smoke=smoke) if train_args is None else train_args)]
     task = run.Script(path="lcmoe_recipes.train", args=args, entrypoint="python", m=True)
     title = f"lcmoe-{meta.get('recipe', 'config')}{'-smoke' if smoke else ''}"
     with _nemo_run_session():

@@ -23,10 +23,12 @@ from pathlib import Path
 
 from .catalog import HARDWARE, MODELS
 from .errors import LcmoeError, UnknownName
-from .executors import EXECUTORS, LaunchResult, SlurmSettings, nodes_for, run_local, run_slurm, settings_with
+from .executors import (EXECUTORS, LaunchResult, SlurmSettings, nodes_for, run_local, run_slurm, settings_with,
+                        train_arguments)
 from .plan import PRECISIONS, Plan, Reason, carry_reasons
 from .planner import request_arguments, request_from_args
 from .recipes import NAMED_RECIPES, find_named_recipe, recipe_plan
+from .train import rank_arguments
 
 EPILOG = """\
 examples:
@@ -71,16 +73,10 @@ def _parser() -> argparse.ArgumentParser:
     request_arguments(parser.add_argument_group("planning (requests that match no named recipe)"), wishes_only=True)
     run = parser.add_argument_group("running (--executor local: torchrun on this node; slurm: NeMo-Run SlurmExecutor)")
     run.add_argument("--executor", choices=EXECUTORS, default="local", help="where to run (default: local)")
-    run.add_argument("--smoke", action="store_true", help="CPU-only check instead of training: every rank builds and "
-                     "validates the config, joins a gloo process group, runs one all-reduce, exits")
+    rank_arguments(run)
     run.add_argument("--smoke-ranks", type=int, default=2, metavar="N", help="ranks of a --smoke run (default 2)")
     run.add_argument("--nproc-per-node", type=int, metavar="N", help="local: ranks on this node (default: the "
                      "planned world size; a local run is one node)")
-    run.add_argument("--data-path", nargs="+", metavar="PREFIX", help="real data: Megatron dataset prefixes, "
-                     "optionally weighted (0.7 /data/a 0.3 /data/b); default mock data")
-    run.add_argument("--tokenizer", metavar="NAME_OR_DIR", help="Hugging Face tokenizer for real data")
-    run.add_argument("--replan", action="store_true", help="let the ranks plan again when the world size or GPU "
-                     "they find differs from the plan (default: refuse to start)")
     run.add_argument("--no-wait", action="store_true", help="slurm: return once the job is submitted")
     slurm = parser.add_argument_group("slurm executor")
     slurm.add_argument("--account", help="Slurm account (default $SBATCH_ACCOUNT)")
@@ -249,9 +245,7 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
         raise LcmoeError(f"unknown executor '{executor}'", f"use one of {', '.join(EXECUTORS)}")
     emit.data_overrides(data_path, tokenizer)  # bad --data-path input fails here, not on the cluster
     yaml, meta, env_vars = _materialize(cfg, output, world_size, hardware)
-    from .executors import train_arguments
-
-    args = train_arguments(yaml.name, smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer)[2:]
+    args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer)
     if executor == "local":
         return run_local(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, nproc_per_node=nproc_per_node,
                          dry_run=dry_run, train_args=args)
@@ -346,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = None
     if not (args.dry_run and args.executor == "local" and not args.smoke):
-        train_args = (["--replan"] if args.replan else []) + (["--smoke"] if args.smoke else [])
+        train_args = train_arguments(smoke=args.smoke, replan=args.replan)  # data is in the YAML already
         try:
             if args.executor == "local":
                 result = run_local(output, meta, dict(cfg.env_vars or {}), smoke=args.smoke,

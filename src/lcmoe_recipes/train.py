@@ -133,19 +133,24 @@ def smoke(cfg, meta: dict) -> int:
     return 0
 
 
+def rank_arguments(group) -> None:
+    """The options the entry script takes, on ``group`` (a parser or argument group; ``launch`` passes them on)."""
+    group.add_argument("--data-path", nargs="+", metavar="PREFIX", help="real data: Megatron dataset prefixes "
+                       "(.bin/.idx), optionally weighted: 0.7 /data/a 0.3 /data/b (default: mock data)")
+    group.add_argument("--tokenizer", metavar="NAME_OR_DIR", help="Hugging Face tokenizer for real data")
+    group.add_argument("--replan", action="store_true", help="when the world size or GPU the ranks find differs "
+                       "from the plan, plan again for it instead of refusing to start")
+    group.add_argument("--smoke", action="store_true", help="CPU-only check instead of training: every rank builds "
+                       "and validates the config, joins a gloo process group, runs one all-reduce, exits")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lcmoe_recipes.train", description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", metavar="FILE", help="ConfigContainer YAML written by lcmoe_recipes.launch")
     source.add_argument("--recipe", metavar="NAME", help="a named recipe instead of a YAML (see launch --list)")
-    parser.add_argument("--data-path", nargs="+", metavar="PREFIX", help="Megatron dataset prefixes (.bin/.idx), "
-                        "optionally weighted: 0.7 /data/a 0.3 /data/b (default: mock data)")
-    parser.add_argument("--tokenizer", metavar="NAME_OR_DIR", help="Hugging Face tokenizer for real data")
-    parser.add_argument("--replan", action="store_true", help="when the world size or GPU differs from the plan, plan "
-                        "again for what this job has instead of refusing")
-    parser.add_argument("--smoke", action="store_true", help="CPU-only check: build + validate the config, gloo "
-                        "all-reduce across ranks, exit without training")
+    rank_arguments(parser)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied before validation")
     return parser
 
