@@ -97,3 +97,15 @@ def test_launch_local_smoke_writes_a_log(tmp_path, capsys, monkeypatch):
     assert "local: SUCCEEDED, exit code 0" in out
     logs = list((tmp_path / "out" / "logs").glob("qwen3_next_8k_gb200-*.log"))
     assert len(logs) == 1 and logs[0].read_text().count("all_reduce 3 (expected 3)") == 2
+
+
+@pytest.mark.slow
+def test_replan_in_the_entry_script(next_yaml, capsys, monkeypatch):
+    """--replan on a 64-rank job: the rank plans again for 64 x GB200 instead of refusing, then stops at the first
+    thing this CPU machine lacks (the GPU)."""
+    monkeypatch.setenv("WORLD_SIZE", "64")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--config", str(next_yaml), "--replan"]) == 2
+    out, err = capsys.readouterr()
+    assert "re-planned qwen3_next seq_length 8192 for 64 x gb200" in out
+    assert "planned and validated for" not in err and "error: no GPU on this rank" in err
