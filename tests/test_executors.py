@@ -28,10 +28,10 @@ def test_nodes_for():
 
 def test_nvl72_segment():
     gb200, h100 = get_hardware("gb200"), get_hardware("h100")
-    assert nvl72_segment(gb200, 32, 4) == 16   # 128 GPUs: two 64-GPU blocks (--segment=16 trays)
-    assert nvl72_segment(gb200, 8, 4) == 8     # 32 GPUs: one block
-    assert nvl72_segment(gb200, 1, 4) is None
-    assert nvl72_segment(h100, 32, 8) is None  # HGX: the NVLink domain is the node
+    assert nvl72_segment(gb200, 32) == 16   # 128 GPUs: two 64-GPU blocks (--segment=16 trays)
+    assert nvl72_segment(gb200, 8) == 8     # 32 GPUs: one block
+    assert nvl72_segment(gb200, 1) is None
+    assert nvl72_segment(h100, 32) is None  # HGX: the NVLink domain is the node
 
 
 @pytest.mark.parametrize("text, line", [
@@ -41,6 +41,8 @@ def test_nvl72_segment():
      "torch.OutOfMemoryError: CUDA out of memory"),
     ("+ srun hostname\nsrun: error: node1: task 0: Exited with exit code 2\n",
      "srun: error: node1: task 0: Exited with exit code 2"),
+    ("+ srun --container-image x\nsrun: unrecognized option '--container-image'\n",
+     "srun: unrecognized option '--container-image'"),
     ("all fine\n", None),
 ])
 def test_first_error_line(text, line):
@@ -104,8 +106,8 @@ def test_submit_refusals(configs, nemorun_home, tmp_path, monkeypatch):
     out = tmp_path / "d.yaml"
     with pytest.raises(LcmoeError, match="needs a Slurm account; pass --account NAME"):
         submit(cfg, "slurm", dry_run=True, output=out)
-    with pytest.raises(LcmoeError, match="256 GPUs do not fill whole nodes of 6; use 252 or 258 GPUs"):
-        submit(cfg, SlurmSettings(account="a", gpus_per_node=6), dry_run=True, output=out)
+    with pytest.raises(LcmoeError, match="--time '4h' is not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS"):
+        submit(cfg, SlurmSettings(account="a", time="4h"), dry_run=True, output=out)
     with pytest.raises(LcmoeError, match="--tunnel ssh needs --host, --user, --job-dir"):
         submit(cfg, SlurmSettings(account="a", tunnel="ssh"), dry_run=True, output=out)
     with pytest.raises(LcmoeError, match="contains '/nemo_run', which NeMo-Run rewrites"):
@@ -125,6 +127,9 @@ def test_submit_refusals(configs, nemorun_home, tmp_path, monkeypatch):
     with pytest.raises(LcmoeError, match="does not say which cluster it is for \\(world_size and hardware unknown\\)"):
         submit(bare, "local", dry_run=True, output=out)
     assert submit(bare, "local", dry_run=True, output=out, world_size=256, hardware="h100").state == "DRY_RUN"
+    with pytest.raises(LcmoeError, match="100 GPUs do not fill whole nodes of 8; use 96 or 104 GPUs"):
+        submit(bare, "local", dry_run=True, output=tmp_path / "c.yaml", world_size=100, hardware="h100")
+    assert not (tmp_path / "c.yaml").exists()  # refused before anything is written
     broken = copy.deepcopy(cfg)
     broken.model.context_parallel_size = 48
     with pytest.raises(LcmoeError, match="CP=48"):
@@ -158,3 +163,8 @@ def test_cli_slurm_dry_run_prints_the_script(capsys, tmp_path, nemorun_home, mon
     code = main(["qwen3_next", "--seq", "32768", "--executor", "slurm", "--account", "llm", "--env", "NOEQUALS",
                  "--dry-run"])
     assert code == 2 and "--env 'NOEQUALS' is not KEY=VALUE" in capsys.readouterr().err
+    monkeypatch.delenv("SBATCH_ACCOUNT", raising=False)
+    monkeypatch.delenv("SLURM_ACCOUNT", raising=False)
+    code = main(["qwen3_next", "--seq", "8192", "--executor", "slurm", "--output", "x.yaml"])
+    assert code == 2 and "needs a Slurm account" in capsys.readouterr().err
+    assert not (tmp_path / "x.yaml").exists()  # bad input writes nothing

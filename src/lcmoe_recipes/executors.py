@@ -6,6 +6,9 @@ GPUs-per-node, one torchrun per node, the recipe's ``env_vars`` exported, ``--se
 through a ``LocalTunnel`` (on a login node) or an ``SSHTunnel``; the YAML and this package travel with the job in
 NeMo-Run's code archive, so the cluster needs only megatron-bridge (a container image or the same virtualenv).
 
+GPUs per node always come from the hardware catalogue (8 on HGX H100/H200/B200, 4 per GB200/GB300 tray): the plan's
+placement checks and the dispatcher's NVLink-domain settings assume them.
+
 Public entry point: :func:`lcmoe_recipes.launch.submit`. Everything that imports nemo_run is inside functions:
 ``import lcmoe_recipes.launch`` stays light.
 """
@@ -28,7 +31,8 @@ from .errors import LaunchError, LcmoeError
 
 EXECUTORS = ("local", "slurm")
 PACKAGE_DIR = Path(__file__).resolve().parent
-_ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception)\b:|(sbatch|srun|slurmstepd|salloc): error:|RuntimeError)")
+_ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception)\b:|(sbatch|srun|slurmstepd|salloc): "
+                         r"(error|fatal|unrecognized|invalid)|RuntimeError)", flags=re.I)
 _RANK_PREFIX = re.compile(r"^\[(default|rank)\d+\]:")
 
 
@@ -39,13 +43,13 @@ class SlurmSettings:
     Attributes:
         account: Slurm account (``--account``); default ``$SBATCH_ACCOUNT`` or ``$SLURM_ACCOUNT``. Required.
         partition: Slurm partition; None = the cluster's default.
-        time: wall-clock limit, ``HH:MM:SS`` or ``D-HH:MM:SS``.
+        time: wall-clock limit in a Slurm time format: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+            ``D-HH:MM:SS``.
         qos: quality of service, or None.
         container_image: Pyxis/enroot image with megatron-bridge 0.6.2 (e.g. an NGC NeMo image); None runs this
             virtualenv's ``torchrun`` on the nodes (the path must exist there: a shared filesystem).
         container_mounts: ``src:dst`` mounts for the container (datasets, checkpoints).
         env: extra environment variables; they win over the recipe's ``env_vars``.
-        gpus_per_node: GPUs per node; default the hardware's (8 on HGX H100/H200/B200, 4 per GB200/GB300 tray).
         tunnel: ``local`` (this machine can run sbatch) or ``ssh`` (submit on ``host`` as ``user``).
         host, user, identity: the SSH login (``identity``: private key file), for ``tunnel="ssh"``.
         job_dir: folder for NeMo-Run's experiments (scripts, code archive, logs); on the cluster for ``ssh``
@@ -63,7 +67,6 @@ class SlurmSettings:
     container_image: str | None = None
     container_mounts: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
-    gpus_per_node: int | None = None
     tunnel: str = "local"
     host: str | None = None
     user: str | None = None
@@ -86,7 +89,7 @@ class LaunchResult:
         script: the sbatch script (slurm), else None.
         job_id: Slurm job id (slurm, once submitted).
         exit_code: the job's exit code, when known.
-        log_path: the log of the ranks' output.
+        log_path: the log of the ranks' output (a submitted job not waited for: the folder its logs will be in).
         first_error: the first error line in that log (``error: ...``, ``XxxError: ...``, ``srun: error: ...``).
         experiment_id: NeMo-Run experiment id (``nemo experiment logs ID 0`` reads it again).
     """
@@ -120,7 +123,8 @@ class LaunchResult:
         if self.first_error:
             lines.append(f"  first error: {self.first_error}")
         if self.experiment_id:
-            lines.append(f"  NeMo-Run experiment: {self.experiment_id} (nemo experiment logs {self.experiment_id} 0)")
+            nemo = Path(sys.executable).parent / "nemo"
+            lines.append(f"  NeMo-Run experiment: {self.experiment_id} ({nemo} experiment logs {self.experiment_id} 0)")
         return "\n".join(lines)
 
 
@@ -130,8 +134,6 @@ def nodes_for(world_size: int, gpus_per_node: int) -> int:
     Raises:
         LcmoeError: ``world_size`` does not fill whole nodes (names the nearest GPU counts that do).
     """
-    if gpus_per_node <= 0:
-        raise LcmoeError(f"GPUs per node {gpus_per_node} is not positive", "e.g. --gpus-per-node 8")
     if world_size % gpus_per_node:
         lower = world_size - world_size % gpus_per_node
         raise LcmoeError(f"{world_size} GPUs do not fill whole nodes of {gpus_per_node}",
@@ -139,15 +141,16 @@ def nodes_for(world_size: int, gpus_per_node: int) -> int:
     return world_size // gpus_per_node
 
 
-def nvl72_segment(hw: Hardware, nodes: int, gpus_per_node: int) -> int | None:
-    """Slurm ``--segment`` (nodes kept inside one NVLink domain) for NVL72 racks, None elsewhere.
+def nvl72_segment(hw: Hardware, nodes: int) -> int | None:
+    """Slurm ``--segment`` (nodes kept inside one NVLink domain) for racks whose NVLink spans nodes (NVL72), None
+    where the NVLink domain is the node (HGX).
 
     The placement check assumes job blocks of ``hw.job_block`` GPUs inside one NVLink domain (64 on NVL72: NVIDIA's
     GB200 Slurm guidance of ``--segment=16`` trays of 4 GPUs); a job smaller than a block stays in one segment.
     """
-    if hw.nvlink_domain <= gpus_per_node or nodes <= 1:
+    if hw.nvlink_domain <= hw.gpus_per_node or nodes <= 1:
         return None
-    block = max(1, hw.job_block // gpus_per_node)
+    block = max(1, hw.job_block // hw.gpus_per_node)
     segment = min(nodes, block)
     return segment if nodes % segment == 0 else None
 
@@ -221,7 +224,8 @@ def run_local(yaml: Path, meta: dict, env_vars: dict[str, str], *, smoke: bool =
                           "run it on the cluster (--executor slurm), or check it here with --smoke")
     log_path = Path(log_dir) / f"{meta.get('recipe', 'config')}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**{k: str(v) for k, v in env_vars.items()}, **os.environ}
+    # OMP_NUM_THREADS=1 is torchrun's own default (it prints a banner when it sets it)
+    env = {"OMP_NUM_THREADS": "1", **{k: str(v) for k, v in env_vars.items()}, **os.environ}
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
                                    bufsize=1)
@@ -236,27 +240,44 @@ def run_local(yaml: Path, meta: dict, env_vars: dict[str, str], *, smoke: bool =
                         log_path=log_path, first_error=None if code == 0 else first_error_line(text))
 
 
+_SLURM_TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
+
+
 def _account(settings: SlurmSettings) -> str:
     account = settings.account or os.environ.get("SBATCH_ACCOUNT") or os.environ.get("SLURM_ACCOUNT")
     if not account:
-        raise LcmoeError("--executor slurm needs a Slurm account", "pass --account NAME (or set SBATCH_ACCOUNT)")
+        raise LcmoeError("--executor slurm needs a Slurm account",
+                         "pass --account NAME (Python: SlurmSettings(account=...)), or set SBATCH_ACCOUNT")
     return account
+
+
+def check_settings(settings: SlurmSettings) -> None:
+    """Refuse Slurm settings sbatch would refuse later: no account, a bad ``--time``, an incomplete SSH tunnel.
+
+    Raises:
+        LcmoeError: naming the setting and a valid form.
+    """
+    _account(settings)
+    if not _SLURM_TIME.match(settings.time or ""):
+        raise LcmoeError(f"--time {settings.time!r} is not a Slurm time",
+                         "use MM, HH:MM:SS or D-HH:MM:SS, e.g. --time 04:00:00 or --time 2-00:00:00")
+    if settings.tunnel == "ssh":
+        missing = [name for name in ("host", "user", "job_dir") if not getattr(settings, name)]
+        if missing:
+            raise LcmoeError(f"--tunnel ssh needs {', '.join('--' + m.replace('_', '-') for m in missing)}",
+                             "e.g. --tunnel ssh --host login.cluster --user me --job-dir /lustre/me/nemorun")
+    elif settings.tunnel != "local":
+        raise LcmoeError(f"unknown tunnel '{settings.tunnel}'", "use --tunnel local or --tunnel ssh")
 
 
 def _tunnel(settings: SlurmSettings):
     import nemo_run as run
     from nemo_run.config import get_nemorun_home
 
+    check_settings(settings)
     if settings.tunnel == "local":
         return run.LocalTunnel(job_dir=settings.job_dir or os.path.join(get_nemorun_home(), "experiments"))
-    if settings.tunnel == "ssh":
-        missing = [name for name in ("host", "user", "job_dir") if not getattr(settings, name)]
-        if missing:
-            raise LcmoeError(f"--tunnel ssh needs {', '.join('--' + m.replace('_', '-') for m in missing)}",
-                             "e.g. --tunnel ssh --host login.cluster --user me --job-dir /lustre/me/nemo_run")
-        return run.SSHTunnel(host=settings.host, user=settings.user, job_dir=settings.job_dir,
-                             identity=settings.identity)
-    raise LcmoeError(f"unknown tunnel '{settings.tunnel}'", "use --tunnel local or --tunnel ssh")
+    return run.SSHTunnel(host=settings.host, user=settings.user, job_dir=settings.job_dir, identity=settings.identity)
 
 
 def _quoted(env: dict) -> dict[str, str]:
@@ -285,9 +306,8 @@ def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings
     import nemo_run as run
 
     hw = get_hardware(meta.get("hardware", "h100"))
-    gpn = settings.gpus_per_node or hw.gpus_per_node
-    world = meta.get("world_size") or gpn
-    nodes = nodes_for(world, gpn)
+    gpn = hw.gpus_per_node
+    nodes = nodes_for(meta.get("world_size") or gpn, gpn)
     options = dict(
         account=_account(settings), partition=settings.partition, time=settings.time, qos=settings.qos,
         job_name_prefix=f"lcmoe-{meta.get('recipe', 'config')}-", tunnel=_tunnel(settings), packager=_packager(yaml),
@@ -300,7 +320,7 @@ def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings
     else:
         options.update(nodes=nodes, ntasks_per_node=gpn, gpus_per_node=gpn,
                        exclusive=True if settings.exclusive else None,
-                       segment=nvl72_segment(hw, nodes, gpn) if settings.segment else None)
+                       segment=nvl72_segment(hw, nodes) if settings.segment else None)
     tunnel = options["tunnel"]
     if not settings.container_image and "/nemo_run" in tunnel.job_dir:
         # NeMo-Run 0.11.1 maps its in-container folder /nemo_run to the job folder by replacing every "/nemo_run"
@@ -373,7 +393,9 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
         with run.Experiment(title, executor=executor, log_level="ERROR") as exp:
             exp.add(task, name="train")
             if dry_run:
-                exp.dryrun(log=False)
+                exp.dryrun(log=False)  # deletes the experiment's folder, not its (now maybe empty) parent
+                with contextlib.suppress(OSError):
+                    Path(exp._exp_dir).parent.rmdir()
                 request = exp.jobs[0]._dryrun_info.request
                 return LaunchResult("slurm", "DRY_RUN", " ".join(request.launch_cmd), yaml,
                                     script=request.materialize())
@@ -382,9 +404,14 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
             except UnexpectedExit as exc:
                 message = (exc.result.stderr or exc.result.stdout or "").strip().splitlines()
                 first = message[0] if message else f"exit code {exc.result.exited}"
-                fix = ("this Slurm has no --segment (Slurm 24.05+, topology/block): pass --no-segment and keep the "
-                       "job inside NVL72 racks another way" if "segment" in first else
-                       "check --account/--partition/--time/--gpus-per-node")
+                if "segment" in first:
+                    fix = ("this Slurm has no --segment (Slurm 24.05+, topology/block): pass --no-segment and keep "
+                           "the job inside NVL72 racks another way")
+                elif "gres" in first.lower() or "node configuration is not available" in first:
+                    fix = ("the partition has no nodes with those GPUs: choose a GPU partition (--partition), or "
+                           "rehearse on CPUs with --smoke")
+                else:
+                    fix = "check --account/--partition/--time/--qos"
                 raise LaunchError(f"sbatch refused the job: {first}", f"{fix}; the script is in {exp._exp_dir}") from None
             exp_id, exp_dir = exp._id, Path(exp._exp_dir)
         status = exp.status(return_dict=True) if wait else None  # sacct through the tunnel: inside the session
@@ -396,7 +423,7 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
         state = str(entry.get("status")).split(" ")[0].split(".")[-1]
     else:
         state = "SUBMITTED"
-    rank_log, batch_log = _job_logs(exp_dir / "train", job_id) if job_id else (None, None)
+    rank_log, batch_log = _job_logs(exp_dir / "train", job_id) if job_id and wait else (None, None)
     exit_code, first_error = None, None
     if batch_log:
         found = re.search(r"job exited with code (\d+)", batch_log.read_text(errors="replace"))
@@ -406,7 +433,8 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
             if log and (first_error := first_error_line(log.read_text(errors="replace"))):
                 break
     return LaunchResult("slurm", state, "sbatch --requeue --parsable", yaml, job_id=job_id, exit_code=exit_code,
-                        log_path=rank_log or batch_log, first_error=first_error, experiment_id=exp_id)
+                        log_path=rank_log or batch_log or exp_dir / "train", first_error=first_error,
+                        experiment_id=exp_id)
 
 
 def settings_with(settings: SlurmSettings | None, **changes) -> SlurmSettings:

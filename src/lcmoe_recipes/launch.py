@@ -21,10 +21,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from .catalog import HARDWARE, MODELS
+from .catalog import HARDWARE, MODELS, get_hardware
 from .errors import LcmoeError, UnknownName
-from .executors import (EXECUTORS, LaunchResult, SlurmSettings, nodes_for, run_local, run_slurm, settings_with,
-                        train_arguments)
+from .executors import (EXECUTORS, LaunchResult, SlurmSettings, check_settings, nodes_for, run_local, run_slurm,
+                        settings_with, train_arguments)
 from .plan import PRECISIONS, Plan, Reason, carry_reasons
 from .planner import request_arguments, request_from_args
 from .recipes import NAMED_RECIPES, find_named_recipe, recipe_plan
@@ -71,19 +71,21 @@ def _parser() -> argparse.ArgumentParser:
                         "step, YAML path, cluster command) instead of text")
     parser.add_argument("--plot", metavar="DIR", help="write memory.png, time.png and sweep.png (4K-256K) into DIR")
     request_arguments(parser.add_argument_group("planning (requests that match no named recipe)"), wishes_only=True)
-    run = parser.add_argument_group("running (--executor local: torchrun on this node; slurm: NeMo-Run SlurmExecutor)")
+    run = parser.add_argument_group("running (--executor local: torchrun on this node; slurm: NeMo-Run SlurmExecutor; "
+                                    "GPUs per node from the hardware: 8 HGX, 4 GB200/GB300)")
     run.add_argument("--executor", choices=EXECUTORS, default="local", help="where to run (default: local)")
     rank_arguments(run)
-    run.add_argument("--smoke-ranks", type=int, default=2, metavar="N", help="ranks of a --smoke run (default 2)")
+    run.add_argument("--smoke-ranks", type=int, default=2, metavar="N", help="ranks of a --smoke run (default 2; "
+                     "with --executor slurm the smoke job asks for 1 node and no GPUs)")
     run.add_argument("--nproc-per-node", type=int, metavar="N", help="local: ranks on this node (default: the "
                      "planned world size; a local run is one node)")
     run.add_argument("--no-wait", action="store_true", help="slurm: return once the job is submitted")
     slurm = parser.add_argument_group("slurm executor")
     slurm.add_argument("--account", help="Slurm account (default $SBATCH_ACCOUNT)")
     slurm.add_argument("--partition", help="Slurm partition (default: the cluster's)")
-    slurm.add_argument("--time", default="04:00:00", help="wall-clock limit (default 04:00:00)")
+    slurm.add_argument("--time", default="04:00:00", help="wall-clock limit: MM, HH:MM:SS or D-HH:MM:SS "
+                       "(default 04:00:00)")
     slurm.add_argument("--qos", help="Slurm QOS")
-    slurm.add_argument("--gpus-per-node", type=int, metavar="N", help="default: the hardware's (8 HGX, 4 GB200/GB300)")
     slurm.add_argument("--container-image", metavar="IMAGE", help="Pyxis/enroot image with megatron-bridge 0.6.2; "
                        "default: run this virtualenv on the nodes (shared filesystem)")
     slurm.add_argument("--container-mounts", metavar="SRC:DST[,...]", help="container mounts, comma-separated")
@@ -224,7 +226,8 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
         smoke: CPU-only check with ``smoke_ranks`` ranks (gloo all-reduce, no training; no GPU needed).
         dry_run: build the torchrun command / sbatch script and return it without running anything.
         wait: Slurm: wait for the job and read its state and logs.
-        output: where to write the YAML (default ``out/<recipe>-<hash>.yaml`` for a ConfigContainer).
+        output: where to write the YAML (default for a ConfigContainer: ``out/<recipe>-<first 8 hex of the YAML's
+            SHA-1>.yaml``, so two different configs never share a file; for a YAML with our header: that file).
         nproc_per_node: local: ranks (default the planned world size).
         data_path, tokenizer: real data for the ranks (see :func:`lcmoe_recipes.emit.data_overrides`).
         replan: let the ranks plan again when they find another world size or GPU type.
@@ -243,7 +246,13 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
 
     if isinstance(executor, str) and executor not in EXECUTORS:
         raise LcmoeError(f"unknown executor '{executor}'", f"use one of {', '.join(EXECUTORS)}")
+    # Everything that can be refused without building is refused before the YAML is written.
     emit.data_overrides(data_path, tokenizer)  # bad --data-path input fails here, not on the cluster
+    if isinstance(executor, SlurmSettings) or executor == "slurm":
+        check_settings(executor if isinstance(executor, SlurmSettings) else SlurmSettings())
+    if not isinstance(cfg, (str, os.PathLike)):
+        target = _target(emit.target_of(cfg), world_size, hardware, "this ConfigContainer")
+        nodes_for(target["world_size"], get_hardware(target["hardware"]).gpus_per_node)
     yaml, meta, env_vars = _materialize(cfg, output, world_size, hardware)
     args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer)
     if executor == "local":
@@ -270,7 +279,7 @@ def _settings_from_args(args) -> SlurmSettings:
     mounts = tuple(m for m in (args.container_mounts or "").split(",") if m)
     return settings_with(None, account=args.account, partition=args.partition, time=args.time, qos=args.qos,
                          container_image=args.container_image, container_mounts=mounts,
-                         env=pairs(args.env, "--env"), gpus_per_node=args.gpus_per_node, tunnel=args.tunnel,
+                         env=pairs(args.env, "--env"), tunnel=args.tunnel,
                          host=args.host, user=args.user, identity=args.identity, job_dir=args.job_dir,
                          sbatch=pairs(args.sbatch, "--sbatch"), segment=not args.no_segment)
 
@@ -285,8 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = resolve_plan(args.model, args.seq, args.gpus, args.hardware, args.precision, args)
         hw = plan.hardware_spec
-        gpus_per_node = args.gpus_per_node or hw.gpus_per_node
+        gpus_per_node = hw.gpus_per_node
         settings = _settings_from_args(args) if args.executor == "slurm" else None
+        if settings is not None:
+            check_settings(settings)  # before the 15-40 s build, and before anything is written
         from . import emit  # heavy part starts here
 
         overrides = list(args.overrides) + emit.data_overrides(args.data_path, args.tokenizer)
@@ -328,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print("\n" + explain_text(shown, warnings))
         print(f"\nConfigContainer YAML: {output}")
-        print(f"cluster command (on each of the {plan.layout.world // gpus_per_node} nodes):\n  {command}")
+        if not args.smoke:
+            print(f"cluster command (on each of the {plan.layout.world // gpus_per_node} nodes):\n  {command}")
     if args.plot:
         from .plots import write_plots
 
@@ -347,8 +359,6 @@ def main(argv: list[str] | None = None) -> int:
                                    smoke_ranks=args.smoke_ranks, nproc_per_node=args.nproc_per_node,
                                    dry_run=args.dry_run, train_args=train_args, echo=not args.json)
             else:
-                if settings.gpus_per_node is None:
-                    settings = settings_with(settings, gpus_per_node=gpus_per_node)
                 result = run_slurm(output, meta, dict(cfg.env_vars or {}), settings, smoke=args.smoke,
                                    smoke_ranks=args.smoke_ranks, dry_run=args.dry_run, wait=not args.no_wait,
                                    train_args=train_args)

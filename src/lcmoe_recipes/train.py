@@ -26,6 +26,19 @@ from .catalog import HARDWARE, get_hardware
 from .errors import LcmoeError
 
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+EPILOG = """\
+Run it on every rank under torchrun, which sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK (the world
+size is compared with the YAML's plan; under Slurm SLURM_NTASKS is used when WORLD_SIZE is unset). Usually
+`python -m lcmoe_recipes.launch ... --executor local|slurm` starts it for you; by hand:
+
+  python -m torch.distributed.run --standalone --nproc-per-node 2 -m lcmoe_recipes.train --config out/x.yaml --smoke
+  torchrun --nnodes 32 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:29500" \\
+      -m lcmoe_recipes.train --config out/dsv3_128k_h100.yaml --data-path /data/web_text_document
+
+--smoke: every rank validates the config for its planned target, joins a gloo process group, runs one all-reduce
+and one all-gather (of a digest of its config), and exits 0 -- no GPU needed. Exit codes: 0 done; 2 refused
+(world size, GPU, config, input); 1 a smoke collective gave a wrong answer.
+"""
 
 
 def detected_world_size() -> int | None:
@@ -105,6 +118,12 @@ def config_digest(cfg) -> str:
         return hashlib.sha1(path.read_bytes()).hexdigest()
 
 
+def _line(text: str) -> None:
+    """One line in one write, so the ranks' lines never run together in a shared log."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def smoke(cfg, meta: dict) -> int:
     """The CPU-only proof: gloo process group from torchrun's variables, one all-reduce, one all-gather of the config
     digest. Returns 0 when every rank answered correctly, 1 otherwise."""
@@ -113,6 +132,15 @@ def smoke(cfg, meta: dict) -> int:
 
     rdv = _rendezvous()
     digest = config_digest(cfg)
+    if rdv["RANK"] == "0":
+        world = int(rdv["WORLD_SIZE"])
+        try:
+            check_target(meta, world, None)
+            verdict = "matches the plan"
+        except LcmoeError as exc:
+            verdict = f"a training run would be refused ({exc.message})"
+        _line(f"smoke: {meta.get('recipe', 'config')} validated for {meta.get('world_size')} x {meta.get('hardware')}; "
+              f"this job has {world} rank(s): {verdict}")
     dist.init_process_group(backend="gloo")  # env:// -- the variables above, as megatron-bridge's NCCL init uses
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -124,9 +152,9 @@ def smoke(cfg, meta: dict) -> int:
         dist.destroy_process_group()
     expected = world * (world + 1) / 2
     same = len(set(digests)) == 1
-    print(f"smoke rank {rank}/{world} on {os.uname().nodename} (master {rdv['MASTER_ADDR']}:{rdv['MASTER_PORT']}): "
+    _line(f"smoke rank {rank}/{world} on {os.uname().nodename} (master {rdv['MASTER_ADDR']}:{rdv['MASTER_PORT']}): "
           f"all_reduce {total.item():g} (expected {expected:g}), config {digest[:12]} "
-          f"{'identical on every rank' if same else 'DIFFERS between ranks'}", flush=True)
+          f"{'identical on every rank' if same else 'DIFFERS between ranks'}")
     if total.item() != expected or not same:
         print(f"error: smoke check failed on rank {rank}", file=sys.stderr)
         return 1
@@ -141,12 +169,13 @@ def rank_arguments(group) -> None:
     group.add_argument("--replan", action="store_true", help="when the world size or GPU the ranks find differs "
                        "from the plan, plan again for it instead of refusing to start")
     group.add_argument("--smoke", action="store_true", help="CPU-only check instead of training: every rank builds "
-                       "and validates the config, joins a gloo process group, runs one all-reduce, exits")
+                       "and validates the config, joins a gloo process group, runs one all-reduce and one all-gather, "
+                       "exits")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lcmoe_recipes.train", description=__doc__.split("\n\n")[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", metavar="FILE", help="ConfigContainer YAML written by lcmoe_recipes.launch")
     source.add_argument("--recipe", metavar="NAME", help="a named recipe instead of a YAML (see launch --list)")
@@ -173,16 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         emit.apply_overrides(cfg, extra)
         world = detected_world_size()
         if args.smoke:
+            _rendezvous()  # outside torchrun: say so before the validation's 15-40 s
             emit.validate_config(cfg, meta.get("hardware", "h100"), meta.get("world_size") or world or 1,
                                  meta.get("recipe", "config"))
-            if rank0:
-                try:
-                    check_target(meta, world, None)
-                    verdict = "matches the plan"
-                except LcmoeError as exc:
-                    verdict = f"a training run would be refused ({exc.message})"
-                print(f"smoke: {meta.get('recipe', 'config')} validated for {meta.get('world_size')} x "
-                      f"{meta.get('hardware')}; this job has {world} rank(s): {verdict}", flush=True)
             return smoke(cfg, meta)
 
         import torch
