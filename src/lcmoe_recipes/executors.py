@@ -311,7 +311,8 @@ def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings
     options = dict(
         account=_account(settings), partition=settings.partition, time=settings.time, qos=settings.qos,
         job_name_prefix=f"lcmoe-{meta.get('recipe', 'config')}-", tunnel=_tunnel(settings), packager=_packager(yaml),
-        launcher="torchrun", env_vars=_quoted({**env_vars, **settings.env}),
+        # LOGLEVEL: torch-elastic's agent log level (NeMo-Run's default INFO fills the log with rendezvous lines)
+        launcher="torchrun", env_vars=_quoted({"LOGLEVEL": "WARNING", **env_vars, **settings.env}),
         container_image=settings.container_image, container_mounts=list(settings.container_mounts),
         additional_parameters=dict(settings.sbatch) or None,
     )
