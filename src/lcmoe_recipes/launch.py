@@ -294,7 +294,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = resolve_plan(args.model, args.seq, args.gpus, args.hardware, args.precision, args)
         hw = plan.hardware_spec
-        gpus_per_node = hw.gpus_per_node
         settings = _settings_from_args(args) if args.executor == "slurm" else None
         if settings is not None:
             check_settings(settings)  # before the 15-40 s build, and before anything is written
@@ -310,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             output = Path(f"out/{plan.name}.yaml")
         if output.exists() and output.is_dir():
             raise LcmoeError(f"--output {output} is a directory", f"give a file name, e.g. {output / (plan.name + '.yaml')}")
-        command = torchrun_command(output, plan.layout.world, gpus_per_node)
+        command = torchrun_command(output, plan.layout.world, hw.gpus_per_node)
 
         cfg = emit.build_config(plan, validate=not overrides)
         shown = plan
@@ -340,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n" + explain_text(shown, warnings))
         print(f"\nConfigContainer YAML: {output}")
         if not args.smoke:
-            print(f"cluster command (on each of the {plan.layout.world // gpus_per_node} nodes):\n  {command}")
+            print(f"cluster command (on each of the {plan.layout.world // hw.gpus_per_node} nodes):\n  {command}")
     if args.plot:
         from .plots import write_plots
 
