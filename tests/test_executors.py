@@ -10,7 +10,10 @@ import pytest
 
 from lcmoe_recipes.catalog import get_hardware
 from lcmoe_recipes.errors import LaunchError, LcmoeError, OverrideError
-from lcmoe_recipes.executors import SlurmSettings, first_error_line, nodes_for, nvl72_segment
+from pathlib import Path
+
+from lcmoe_recipes.executors import (LaunchResult, SlurmSettings, first_error_line, hint_for, nodes_for,
+                                     nvl72_segment)
 from lcmoe_recipes.launch import main, submit
 
 
@@ -47,6 +50,19 @@ def test_nvl72_segment():
 ])
 def test_first_error_line(text, line):
     assert first_error_line(text) == line
+
+
+def test_failure_summary_names_the_fix():
+    result = LaunchResult("slurm", "FAILED", "sbatch", Path("x.yaml"), job_id="12", exit_code=255,
+                          log_path=Path("/j/log-x_12_0.out"),
+                          first_error="srun: unrecognized option '--container-image'")
+    assert result.summary().splitlines()[:4] == [
+        "slurm: FAILED (Slurm job 12), exit code 255", "  log: /j/log-x_12_0.out",
+        "  first error: srun: unrecognized option '--container-image'",
+        "  fix: this cluster's srun has no Pyxis/enroot: drop --container-image and run this virtualenv from a shared "
+        "filesystem, or use a cluster with Pyxis"]
+    assert hint_for("torch.OutOfMemoryError: CUDA out of memory").startswith("the ranks ran out of GPU memory")
+    assert hint_for("ValueError: something else") is None
 
 
 @pytest.mark.slow
@@ -108,6 +124,9 @@ def test_submit_refusals(configs, nemorun_home, tmp_path, monkeypatch):
         submit(cfg, "slurm", dry_run=True, output=out)
     with pytest.raises(LcmoeError, match="--time '4h' is not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS"):
         submit(cfg, SlurmSettings(account="a", time="4h"), dry_run=True, output=out)
+    with pytest.raises(LcmoeError, match="--time '04:00' means 04 minutes to Slurm \\(MM:SS\\); write hours as "
+                                         "HH:MM:SS \\(--time 04:00:00\\)"):
+        submit(cfg, SlurmSettings(account="a", time="04:00"), dry_run=True, output=out)
     with pytest.raises(LcmoeError, match="--tunnel ssh needs --host, --user, --job-dir"):
         submit(cfg, SlurmSettings(account="a", tunnel="ssh"), dry_run=True, output=out)
     with pytest.raises(LcmoeError, match="contains '/nemo_run', which NeMo-Run rewrites"):

@@ -72,15 +72,15 @@ def test_cli_smoke_job_on_real_slurm(slurm, tmp_path):
                           "slurm", "--account", "lcmoe", "--time", "00:10:00", "--smoke", "--no-wait",
                           "--output", "n.yaml"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    found = re.search(r"slurm: SUBMITTED \(Slurm job (\d+)\)", out.stdout)
+    found = re.search(r"slurm: SUBMITTED \(Slurm job (\d+)\)\n  logs \(once it runs\): (\S+)/\n", out.stdout)
     assert found, out.stdout[-2000:]
     job_id = found.group(1)
     deadline = time.time() + 600
     while (state := sacct_state(job_id)).split("|")[0] in ("", "PENDING", "RUNNING") and time.time() < deadline:
         time.sleep(2)
     assert state == "COMPLETED|0:0"
-    logs = list((tmp_path / "nemorun" / "experiments").glob(f"*/*/train/log-*_{job_id}_0.out"))
-    assert len(logs) == 1
+    logs = list((tmp_path / "nemorun" / "experiments").glob(f"*-smoke/*/smoke/log-lcmoe-*-smoke_{job_id}_0.out"))
+    assert len(logs) == 1 and logs[0].parent == Path(found.group(2))
     text = logs[0].read_text()
     assert "[default0]:smoke rank 0/2" in text and "[default1]:smoke rank 1/2" in text
     assert text.count("all_reduce 3 (expected 3)") == 2 and "DIFFERS" not in text

@@ -30,6 +30,9 @@ from .catalog import Hardware, get_hardware
 from .errors import LaunchError, LcmoeError
 
 EXECUTORS = ("local", "slurm")
+# LOGLEVEL: torch-elastic's agent (NeMo-Run sets INFO, which buries the ranks' lines); OMP_NUM_THREADS=1 is torchrun's
+# own default, set here so it does not print its banner. The recipe's env_vars and --env win over both.
+QUIET_ENV = {"LOGLEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
 PACKAGE_DIR = Path(__file__).resolve().parent
 _ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception)\b:|(sbatch|srun|slurmstepd|salloc): "
                          r"(error|fatal|unrecognized|invalid)|RuntimeError)", flags=re.I)
@@ -43,8 +46,8 @@ class SlurmSettings:
     Attributes:
         account: Slurm account (``--account``); default ``$SBATCH_ACCOUNT`` or ``$SLURM_ACCOUNT``. Required.
         partition: Slurm partition; None = the cluster's default.
-        time: wall-clock limit in a Slurm time format: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
-            ``D-HH:MM:SS``.
+        time: wall-clock limit in a Slurm time format: ``MM`` (minutes), ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+            ``D-HH:MM:SS``. ``MM:SS`` is refused: ``04:00`` would be four minutes.
         qos: quality of service, or None.
         container_image: Pyxis/enroot image with megatron-bridge 0.6.2 (e.g. an NGC NeMo image); None runs this
             virtualenv's ``torchrun`` on the nodes (the path must exist there: a shared filesystem).
@@ -118,10 +121,14 @@ class LaunchResult:
         if self.exit_code is not None:
             head += f", exit code {self.exit_code}"
         lines = [head]
-        if self.log_path:
+        if self.log_path and self.state == "SUBMITTED":
+            lines.append(f"  logs (once it runs): {self.log_path}/")
+        elif self.log_path:
             lines.append(f"  log: {self.log_path}")
         if self.first_error:
             lines.append(f"  first error: {self.first_error}")
+            if hint := hint_for(self.first_error):
+                lines.append(f"  fix: {hint}")
         if self.experiment_id:
             nemo = Path(sys.executable).parent / "nemo"
             lines.append(f"  NeMo-Run experiment: {self.experiment_id} ({nemo} experiment logs {self.experiment_id} 0)")
@@ -153,6 +160,21 @@ def nvl72_segment(hw: Hardware, nodes: int) -> int | None:
     block = max(1, hw.job_block // hw.gpus_per_node)
     segment = min(nodes, block)
     return segment if nodes % segment == 0 else None
+
+
+_HINTS = (
+    ("--container-image", "this cluster's srun has no Pyxis/enroot: drop --container-image and run this virtualenv "
+                          "from a shared filesystem, or use a cluster with Pyxis"),
+    ("OutOfMemoryError", "the ranks ran out of GPU memory: compare with the predicted peak (launch --explain), then "
+                         "raise recompute, CP or PP, or turn on optimizer CPU offload"),
+    ("ranks but the config was planned", "launch the planned number of GPUs, or pass --replan"),
+    ("no GPU on this rank", "the job's nodes have no GPU visible: check --partition and the cluster's GPU (gres) setup"),
+)
+
+
+def hint_for(error_line: str | None) -> str | None:
+    """A fix for the first error lines we know (Pyxis missing, CUDA OOM, world-size refusal, no GPU), else None."""
+    return next((fix for key, fix in _HINTS if error_line and key in error_line), None)
 
 
 def first_error_line(text: str) -> str | None:
@@ -224,8 +246,7 @@ def run_local(yaml: Path, meta: dict, env_vars: dict[str, str], *, smoke: bool =
                           "run it on the cluster (--executor slurm), or check it here with --smoke")
     log_path = Path(log_dir) / f"{meta.get('recipe', 'config')}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # OMP_NUM_THREADS=1 is torchrun's own default (it prints a banner when it sets it)
-    env = {"OMP_NUM_THREADS": "1", **{k: str(v) for k, v in env_vars.items()}, **os.environ}
+    env = {**QUIET_ENV, **{k: str(v) for k, v in env_vars.items()}, **os.environ}
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
                                    bufsize=1)
@@ -240,7 +261,7 @@ def run_local(yaml: Path, meta: dict, env_vars: dict[str, str], *, smoke: bool =
                         log_path=log_path, first_error=None if code == 0 else first_error_line(text))
 
 
-_SLURM_TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
+_SLURM_TIME = re.compile(r"^(\d+|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
 
 
 def _account(settings: SlurmSettings) -> str:
@@ -258,6 +279,9 @@ def check_settings(settings: SlurmSettings) -> None:
         LcmoeError: naming the setting and a valid form.
     """
     _account(settings)
+    if re.match(r"^\d+:\d{2}$", settings.time or ""):  # valid to Slurm, but minutes:seconds, a common trap
+        raise LcmoeError(f"--time {settings.time!r} means {settings.time.split(':')[0]} minutes to Slurm (MM:SS)",
+                         f"write hours as HH:MM:SS (--time {settings.time}:00) or minutes as a plain number")
     if not _SLURM_TIME.match(settings.time or ""):
         raise LcmoeError(f"--time {settings.time!r} is not a Slurm time",
                          "use MM, HH:MM:SS or D-HH:MM:SS, e.g. --time 04:00:00 or --time 2-00:00:00")
@@ -311,8 +335,7 @@ def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings
     options = dict(
         account=_account(settings), partition=settings.partition, time=settings.time, qos=settings.qos,
         job_name_prefix=f"lcmoe-{meta.get('recipe', 'config')}-", tunnel=_tunnel(settings), packager=_packager(yaml),
-        # LOGLEVEL: torch-elastic's agent log level (NeMo-Run's default INFO fills the log with rendezvous lines)
-        launcher="torchrun", env_vars=_quoted({"LOGLEVEL": "WARNING", **env_vars, **settings.env}),
+        launcher="torchrun", env_vars=_quoted({**QUIET_ENV, **env_vars, **settings.env}),
         container_image=settings.container_image, container_mounts=list(settings.container_mounts),
         additional_parameters=dict(settings.sbatch) or None,
     )
@@ -389,10 +412,11 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
         executor.env_vars = {**_quoted(env_vars), **executor.env_vars}
     args = ["--config", yaml.name, *(train_arguments(smoke=smoke) if train_args is None else train_args)]
     task = run.Script(path="lcmoe_recipes.train", args=args, entrypoint="python", m=True)
+    name = "smoke" if smoke else "train"
     title = f"lcmoe-{meta.get('recipe', 'config')}{'-smoke' if smoke else ''}"
     with _nemo_run_session():
         with run.Experiment(title, executor=executor, log_level="ERROR") as exp:
-            exp.add(task, name="train")
+            exp.add(task, name=name)
             if dry_run:
                 exp.dryrun(log=False)  # deletes the experiment's folder, not its (now maybe empty) parent
                 with contextlib.suppress(OSError):
@@ -424,7 +448,7 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
         state = str(entry.get("status")).split(" ")[0].split(".")[-1]
     else:
         state = "SUBMITTED"
-    rank_log, batch_log = _job_logs(exp_dir / "train", job_id) if job_id and wait else (None, None)
+    rank_log, batch_log = _job_logs(exp_dir / name, job_id) if job_id and wait else (None, None)
     exit_code, first_error = None, None
     if batch_log:
         found = re.search(r"job exited with code (\d+)", batch_log.read_text(errors="replace"))
@@ -434,7 +458,7 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
             if log and (first_error := first_error_line(log.read_text(errors="replace"))):
                 break
     return LaunchResult("slurm", state, "sbatch --requeue --parsable", yaml, job_id=job_id, exit_code=exit_code,
-                        log_path=rank_log or batch_log or exp_dir / "train", first_error=first_error,
+                        log_path=rank_log or batch_log or exp_dir / name, first_error=first_error,
                         experiment_id=exp_id)
 
 

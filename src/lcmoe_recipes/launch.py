@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print("\n" + explain_text(shown, warnings))
         print(f"\nConfigContainer YAML: {output}")
-        if not args.smoke:
+        if args.executor == "local" and not args.smoke:  # for slurm, the sbatch script is the command
             print(f"cluster command (on each of the {plan.layout.world // hw.gpus_per_node} nodes):\n  {command}")
     if args.plot:
         from .plots import write_plots

@@ -102,6 +102,12 @@ def replan(meta: dict, world_size: int, hardware: str, overrides: list[str]):
     return cfg, emit.target_meta(best, overrides)
 
 
+def _require_gpu(device: str | None) -> None:
+    if device is None:
+        raise LcmoeError("no GPU on this rank: megatron-bridge's pretrain needs CUDA",
+                         "run on GPU nodes (launch --executor slurm), or use --smoke for a CPU-only check")
+
+
 def _rendezvous() -> dict[str, str]:
     missing = [var for var in RENDEZVOUS_VARS if var not in os.environ]
     if missing:
@@ -191,36 +197,45 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from . import emit
 
-        extra = emit.data_overrides(args.data_path, args.tokenizer) + list(args.overrides)
+        # The cheap refusals first, before megatron-bridge loads (15-40 s): the YAML's header, torchrun, the GPU.
         if args.config:
-            cfg, meta = emit.read_yaml(args.config)
+            meta = emit.read_meta(args.config)
         else:
             from .recipes import recipe_plan
 
             plan = recipe_plan(args.recipe)
-            cfg, meta = emit.build_config(plan, validate=False, quiet=True), emit.target_meta(plan)
-        emit.apply_overrides(cfg, extra)
+            meta = emit.target_meta(plan)
         world = detected_world_size()
+        device = None
         if args.smoke:
-            _rendezvous()  # outside torchrun: say so before the validation's 15-40 s
+            _rendezvous()
+        else:
+            import torch
+
+            device = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else None
+            if not args.replan:
+                check_target(meta, world, device)
+                _require_gpu(device)
+
+        extra = emit.data_overrides(args.data_path, args.tokenizer) + list(args.overrides)
+        if args.config:
+            cfg, meta = emit.read_yaml(args.config)
+        else:
+            cfg = emit.build_config(plan, validate=False, quiet=True)
+        emit.apply_overrides(cfg, extra)
+        if args.smoke:
             emit.validate_config(cfg, meta.get("hardware", "h100"), meta.get("world_size") or world or 1,
                                  meta.get("recipe", "config"))
             return smoke(cfg, meta)
 
-        import torch
-
-        device = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else None
         if args.replan and world is not None:
             found_hw = hardware_of_device(device) or meta.get("hardware")
             if (world, found_hw) != (meta.get("world_size"), meta.get("hardware")):
                 cfg, meta = replan(meta, world, found_hw, list(meta.get("overrides", [])) + extra)
                 if rank0:
-                    print(f"re-planned {meta['model']} seq_length {meta['seq_length']} for {world} x {found_hw}",
-                          flush=True)
+                    _line(f"re-planned {meta['model']} seq_length {meta['seq_length']} for {world} x {found_hw}")
         check_target(meta, world, device)
-        if device is None:
-            raise LcmoeError("no GPU on this rank: megatron-bridge's pretrain needs CUDA",
-                             "run on GPU nodes (launch --executor slurm), or use --smoke for a CPU-only check")
+        _require_gpu(device)
         emit.validate_config(cfg, meta.get("hardware", "h100"), world or meta.get("world_size", 1),
                              meta.get("recipe", "config"))
     except LcmoeError as exc:

@@ -61,7 +61,13 @@ def write_yaml(cfg, path: str | os.PathLike, meta: dict[str, Any]) -> Path:
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
-    """The header of a YAML written by :func:`write_yaml` ({} for a YAML without one, e.g. upstream's)."""
+    """The header of a YAML written by :func:`write_yaml` ({} for a YAML without one, e.g. upstream's).
+
+    Raises:
+        LcmoeError: the file does not exist.
+    """
+    if not Path(path).is_file():
+        raise LcmoeError(f"config file '{path}' does not exist", "give the YAML written by `launch --dry-run --output`")
     with open(path, encoding="utf-8") as handle:
         first = handle.readline()
     return json.loads(first[len(_MARK):]) if first.startswith(_MARK) else {}
@@ -73,8 +79,7 @@ def read_yaml(path: str | os.PathLike):
     Raises:
         LcmoeError: the file does not exist or is not a ConfigContainer YAML.
     """
-    if not Path(path).is_file():
-        raise LcmoeError(f"config file '{path}' does not exist", "give the YAML written by `launch --dry-run --output`")
+    meta = read_meta(path)  # also: the file exists
     load_bridge(quiet=True)
     from megatron.bridge.training.config import ConfigContainer
 
@@ -83,4 +88,4 @@ def read_yaml(path: str | os.PathLike):
     except Exception as exc:  # omegaconf / instantiate errors of many types
         raise LcmoeError(f"'{path}' is not a loadable ConfigContainer YAML: {str(exc).splitlines()[0]}",
                          "write it with `python -m lcmoe_recipes.launch ... --dry-run --output FILE`") from None
-    return cfg, read_meta(path)
+    return cfg, meta
