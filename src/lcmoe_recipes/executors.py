@@ -16,7 +16,6 @@ Public entry point: :func:`lcmoe_recipes.launch.submit`. Everything that imports
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import shlex
@@ -461,7 +460,3 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
                         log_path=rank_log or batch_log or exp_dir / name, first_error=first_error,
                         experiment_id=exp_id)
 
-
-def settings_with(settings: SlurmSettings | None, **changes) -> SlurmSettings:
-    """``settings`` (or the defaults) with the given fields changed (None values ignored)."""
-    return dataclasses.replace(settings or SlurmSettings(), **{k: v for k, v in changes.items() if v is not None})

@@ -24,7 +24,7 @@ from pathlib import Path
 from .catalog import HARDWARE, MODELS, get_hardware
 from .errors import LcmoeError, UnknownName
 from .executors import (EXECUTORS, LaunchResult, SlurmSettings, check_settings, nodes_for, run_local, run_slurm,
-                        settings_with, train_arguments)
+                        train_arguments)
 from .plan import PRECISIONS, Plan, Reason, carry_reasons
 from .planner import request_arguments, request_from_args
 from .recipes import NAMED_RECIPES, find_named_recipe, recipe_plan
@@ -185,21 +185,19 @@ def _target(found: dict, world_size: int | None, hardware: str | None, where: st
     return meta
 
 
-def _materialize(cfg, output: str | Path | None, world_size: int | None, hardware: str | None):
-    """(YAML path, target meta, env_vars) for ``cfg`` after validating it for its target; writes the YAML when
-    ``cfg`` is a ConfigContainer or a YAML without our header."""
+def _materialize(cfg, meta: dict, output: str | Path | None):
+    """(YAML path, env_vars) for ``cfg`` after validating it for its target ``meta``; writes the YAML when ``cfg`` is
+    a ConfigContainer or a YAML without our header."""
     from . import emit
 
     if isinstance(cfg, (str, os.PathLike)):
         path = Path(cfg)
         loaded, found = emit.read_yaml(path)
-        meta = _target(found, world_size, hardware, f"'{path}'")
         emit.validate_config(loaded, meta["hardware"], meta["world_size"], meta["recipe"])
         if found.get("world_size") and found.get("hardware") and output is None:
-            return path, meta, dict(loaded.env_vars or {})
+            return path, dict(loaded.env_vars or {})
         target = Path(output or f"out/{path.stem}.{meta['hardware']}x{meta['world_size']}.yaml")
-        return emit.write_yaml(loaded, target, meta), meta, dict(loaded.env_vars or {})
-    meta = _target(emit.target_of(cfg), world_size, hardware, "this ConfigContainer")
+        return emit.write_yaml(loaded, target, meta), dict(loaded.env_vars or {})
     emit.validate_config(cfg, meta["hardware"], meta["world_size"], meta["recipe"])
     if output is None:
         staged = emit.write_yaml(cfg, Path("out") / f".{meta['recipe']}.staged.yaml", meta)
@@ -208,7 +206,7 @@ def _materialize(cfg, output: str | Path | None, world_size: int | None, hardwar
         os.replace(staged, target)
     else:
         target = emit.write_yaml(cfg, output, meta)
-    return target, meta, dict(cfg.env_vars or {})
+    return target, dict(cfg.env_vars or {})
 
 
 def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False, wait: bool = True,
@@ -248,22 +246,21 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
         raise LcmoeError(f"unknown executor '{executor}'", f"use one of {', '.join(EXECUTORS)}")
     # Everything that can be refused without building is refused before the YAML is written.
     emit.data_overrides(data_path, tokenizer)  # bad --data-path input fails here, not on the cluster
-    if isinstance(executor, SlurmSettings) or executor == "slurm":
-        check_settings(executor if isinstance(executor, SlurmSettings) else SlurmSettings())
-    if not isinstance(cfg, (str, os.PathLike)):
-        target = _target(emit.target_of(cfg), world_size, hardware, "this ConfigContainer")
-        nodes_for(target["world_size"], get_hardware(target["hardware"]).gpus_per_node)
-    yaml, meta, env_vars = _materialize(cfg, output, world_size, hardware)
+    settings = executor if isinstance(executor, SlurmSettings) else SlurmSettings() if executor == "slurm" else None
+    if settings is not None:
+        check_settings(settings)
+    if isinstance(cfg, (str, os.PathLike)):
+        meta = _target(emit.read_meta(cfg), world_size, hardware, f"'{cfg}'")
+    else:
+        meta = _target(emit.target_of(cfg), world_size, hardware, "this ConfigContainer")
+    nodes_for(meta["world_size"], get_hardware(meta["hardware"]).gpus_per_node)
+    yaml, env_vars = _materialize(cfg, meta, output)
     args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer)
     if executor == "local":
         return run_local(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, nproc_per_node=nproc_per_node,
                          dry_run=dry_run, train_args=args)
-    if isinstance(executor, (str, SlurmSettings)):
-        settings = executor if isinstance(executor, SlurmSettings) else SlurmSettings()
-        return run_slurm(yaml, meta, env_vars, settings, smoke=smoke, smoke_ranks=smoke_ranks, dry_run=dry_run,
-                         wait=wait, train_args=args)
-    return run_slurm(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, dry_run=dry_run, wait=wait,
-                     train_args=args, executor=executor)
+    return run_slurm(yaml, meta, env_vars, settings, smoke=smoke, smoke_ranks=smoke_ranks, dry_run=dry_run, wait=wait,
+                     train_args=args, executor=None if settings is not None else executor)
 
 
 def _settings_from_args(args) -> SlurmSettings:
@@ -277,12 +274,11 @@ def _settings_from_args(args) -> SlurmSettings:
         return out
 
     mounts = tuple(m for m in (args.container_mounts or "").split(",") if m)
-    return settings_with(None, account=args.account, partition=args.partition, time=args.time, qos=args.qos,
+    return SlurmSettings(account=args.account, partition=args.partition, time=args.time, qos=args.qos,
                          container_image=args.container_image, container_mounts=mounts,
                          env=pairs(args.env, "--env"), tunnel=args.tunnel,
                          host=args.host, user=args.user, identity=args.identity, job_dir=args.job_dir,
                          sbatch=pairs(args.sbatch, "--sbatch"), segment=not args.no_segment)
-
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit code."""
