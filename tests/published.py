@@ -1,7 +1,6 @@
-"""Published measurements the cost model is tested against, each with its source (../shared/REFERENCE.md).
+"""Published measurements the cost model is tested against, each with its source.
 
-Memory rows: Megatron-Bridge repository skills/ folder, cards and SKILL.md files named per row, as summarised in
-REFERENCE.md §10 (read 2026-11-30). "GB" = 1e9 bytes of torch peak allocated memory unless noted.
+Memory rows: Megatron-Bridge repository skills/ folder, cards and SKILL.md files named per row (read 2026-11-30). "GB" = 1e9 bytes of torch peak allocated memory unless noted.
 """
 
 from lcmoe_recipes.layout import ParallelLayout
@@ -85,8 +84,8 @@ def _report_rows():
 REPORT_ROWS = _report_rows()
 
 
-# Throughput rows: Megatron-Bridge skill nemo-mbridge-perf-moe-long-context card.yaml (rounded values), as in
-# REFERENCE.md §9. Unpublished details are assumptions, stated per row.
+# Throughput rows: Megatron-Bridge skill nemo-mbridge-perf-moe-long-context card.yaml (rounded values, read
+# 2026-11-30). Unpublished details are assumptions, stated per row.
 def _dsv3_h100(seq: int, cp: int, gpus: int) -> Plan:
     # DSV3 on H100: TP1 EP32 PP8 VPP4 with the card's CP (DP = GPUs/(8·CP) matches the card's DP column); FP8
     # blockwise, DeepEP, recompute up_proj/norm/moe/mlp and optimizer CPU offload as the 128K/256K families.
@@ -114,11 +113,16 @@ def _qwen3_235b_4k() -> Plan:
 
 
 def _qwen3_next(name: str) -> Plan:
-    # Qwen3-Next on 32 GB200: only CP is published. Assumed: our recipe's layout (TP1 PP2 VPP4 EP16) and
-    # megatron-bridge's Qwen3-Next library recipe's recompute, layernorm + moe + moe_act, for all three lengths.
+    # Qwen3-Next on 32 GB200: only CP is published. Assumed: our recipe's layout (TP1 PP2 VPP4 EP16) with an even
+    # pipeline split, 2^22 tokens per step, and megatron-bridge's Qwen3-Next library recipe's recompute,
+    # layernorm + moe + moe_act, for all three lengths.
     from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.plan import build_pipeline_layout
 
-    return recipe_plan(name).with_changes(recompute_modules=("layernorm", "moe", "moe_act"))
+    plan = recipe_plan(name)
+    return plan.with_changes(recompute_modules=("layernorm", "moe", "moe_act"),
+                             pipeline_model_parallel_layout=build_pipeline_layout(48, 8, 1),
+                             global_batch_size=max(2**22 // plan.seq_length, 2 * plan.layout.dp))
 
 
 def _throughput_rows():
@@ -129,13 +133,14 @@ def _throughput_rows():
         "T2": (_dsv3_h100(16384, 4, 256), 320.0, "DSV3 16K CP4 DP8: ~320"),
         "T3": (_dsv3_h100(32768, 8, 256), 320.0, "DSV3 32K CP8 DP4: ~320"),
         "T4": (_dsv3_h100(65536, 16, 256), 310.0, "DSV3 64K CP16 DP2: ~310"),
-        "T5": (recipe_plan("dsv3_128k_h100"), 300.0, "DSV3 128K CP32 DP1: ~300"),
-        "T6": (recipe_plan("dsv3_256k_h100"), 300.0, "DSV3 512xH100 256K CP64: ~300"),
+        "T5": (_dsv3_h100(131072, 32, 256), 300.0, "DSV3 128K CP32 DP1: ~300"),
+        "T6": (_dsv3_h100(262144, 64, 512), 300.0, "DSV3 512xH100 256K CP64: ~300"),
         "T7": (_qwen3_next("qwen3_next_8k_gb200"), 270.0, "Qwen3-Next 32xGB200 8K CP1: ~270 (layout assumed)"),
         "T8": (_qwen3_next("qwen3_next_32k_gb200"), 230.0, "Qwen3-Next 32K CP4: ~230 (layout assumed)"),
         "T9": (_qwen3_next("qwen3_next_64k_gb200"), 100.0, "Qwen3-Next 64K CP16: ~100 (layout assumed)"),
         "T10": (_qwen3_235b_4k(), 700.0, "Qwen3-235B 128xGB200 4K TP1: ~700"),
-        "T11": (recipe_plan("qwen3_235b_128k_gb200"), 1100.0, "Qwen3-235B 128K TP4 CP4: ~1100"),
+        "T11": (recipe_plan("qwen3_235b_128k_gb200").with_changes(global_batch_size=2**23 // 131072), 1100.0,
+                "Qwen3-235B 128K TP4 CP4: ~1100 (assumed 2^23 tokens per step)"),
     }
 
 

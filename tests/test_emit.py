@@ -8,21 +8,22 @@ import textwrap
 
 import pytest
 
+from lcmoe_recipes.emit.config import _precision_of
 from lcmoe_recipes.errors import InfeasibleConfig, OverrideError
 
 pytestmark = pytest.mark.slow
 
 # name: (TP, CP, EP, PP, VPP, seq_length, mixed_precision, backend, recompute_modules, cuda graph modules)
 EXPECTED = {
-    "dsv3_128k_h100": (1, 32, 32, 8, 4, 131072, "bf16_with_fp8_subchannel_scaling_mixed", "deepep",
+    "dsv3_128k_h100": (1, 32, 32, 8, 4, 131072, "fp8_blockwise", "deepep",
                        ["mla_up_proj", "layernorm", "moe", "mlp"], []),
-    "dsv3_256k_h100": (1, 64, 32, 8, 4, 262144, "bf16_with_fp8_subchannel_scaling_mixed", "deepep",
+    "dsv3_256k_h100": (1, 64, 32, 8, 4, 262144, "fp8_blockwise", "deepep",
                        ["mla_up_proj", "layernorm", "moe", "mlp"], []),
-    "qwen3_235b_128k_gb200": (4, 4, 32, 4, 12, 131072, "bf16_mixed", "hybridep", ["moe_act", "layernorm"],
+    "qwen3_235b_128k_gb200": (4, 4, 32, 4, 12, 131072, "bf16", "hybridep", ["moe_act", "layernorm"],
                               ["attn", "moe_router", "moe_preprocess"]),
-    "qwen3_next_8k_gb200": (1, 1, 16, 2, 4, 8192, "bf16_mixed", "hybridep", ["layernorm", "moe_act"], []),
-    "qwen3_next_32k_gb200": (1, 4, 16, 2, 4, 32768, "bf16_mixed", "hybridep", ["layernorm", "moe"], []),
-    "qwen3_next_64k_gb200": (1, 16, 16, 2, 4, 65536, "bf16_mixed", "hybridep", ["layernorm", "moe"], []),
+    "qwen3_next_8k_gb200": (1, 1, 16, 2, 4, 8192, "bf16", "hybridep", ["layernorm", "moe_act"], []),
+    "qwen3_next_32k_gb200": (1, 4, 16, 2, 4, 32768, "bf16", "hybridep", ["layernorm", "moe"], []),
+    "qwen3_next_64k_gb200": (1, 16, 16, 2, 4, 65536, "bf16", "hybridep", ["layernorm", "moe"], []),
 }
 
 
@@ -37,10 +38,11 @@ def test_config_container_values(configs, name):
     assert (m.tensor_model_parallel_size, m.context_parallel_size, m.expert_model_parallel_size) == (tp, cp, ep)
     assert (m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size, m.expert_tensor_parallel_size) == (pp, vpp, 1)
     assert m.seq_length == cfg.dataset.seq_length == seq
-    assert cfg.mixed_precision == mp
+    assert _precision_of(cfg.mixed_precision) == mp
+    assert cfg.mixed_precision.grad_reduce_in_fp32 is False  # upstream's perf recipes reduce gradients in bf16
     assert (m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend) == ("flex", backend)
     assert m.recompute_granularity == "selective" and m.recompute_modules == modules
-    assert list(m.cuda_graph_modules) == graphs
+    assert (list(m.cuda_graph_modules) if graphs else m.cuda_graph_impl == "none" and []) == graphs
     assert m.cuda_graph_impl == ("transformer_engine" if graphs else "none")
     assert cfg.train.global_batch_size == plan.global_batch_size and cfg.train.micro_batch_size == 1
     assert cfg.dataset.blend is None and cfg.tokenizer.tokenizer_type == "NullTokenizer"
@@ -61,7 +63,11 @@ def test_dsv3_offload_and_mla(configs):
     layout.validate_layer_layout(num_layers=61, mtp_num_layers=1)  # raises if illegal
     # the layer spec answers the *target* (TE present), not this TE-less machine
     assert m.transformer_layer_spec.keywords["use_transformer_engine"] is True
-    assert cfg.env_vars["NVLINK_DOMAIN_SIZE"] == "8"
+    env = cfg.env_vars  # upstream's perf-recipe environment, minus HybridEP's variables (DeepEP here)
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == 1 and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["NVTE_FWD_LAYERNORM_SM_MARGIN"] == 20 and "NVLINK_DOMAIN_SIZE" not in env
+    assert m.init_method_std == 0.006 and m.cross_entropy_fusion_impl == "native"
+    assert cfg.dataset.create_attention_mask is False and m.moe_router_force_load_balancing is False
 
 
 def test_qwen3_235b_pipeline_and_env(configs):
@@ -73,14 +79,18 @@ def test_qwen3_235b_pipeline_and_env(configs):
     assert layout.virtual_pipeline_model_parallel_size == 12
     layout.validate_layer_layout(num_layers=94, mtp_num_layers=None)
     assert m.sequence_parallel and m.use_te_rng_tracker and cfg.rng.te_rng_tracker
-    assert cfg.env_vars["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == "32"
-    assert cfg.env_vars["USE_MNNVL"] == "1"
+    assert cfg.env_vars["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == 32
+    assert cfg.env_vars["USE_MNNVL"] == 1 and cfg.env_vars["NCCL_GRAPH_REGISTER"] == 0  # graphs + expandable segments
+    assert m.moe_router_dtype == "fp32" and cfg.comm_overlap.tp_comm_overlap is False
+    assert (m.position_embedding_type, m.yarn_rotary_scaling_factor, m.yarn_original_max_position_embeddings) == (
+        "yarn", 4.0, 32768)  # Qwen3 model card: YaRN factor 4 over 32,768 for 131,072
 
 
 def test_qwen3_235b_mxfp8_selectable():
     from lcmoe_recipes import qwen3_235b_128k_gb200
 
-    assert qwen3_235b_128k_gb200(precision="mxfp8").mixed_precision == "bf16_with_mxfp8_mixed"
+    cfg = qwen3_235b_128k_gb200(precision="mxfp8")
+    assert _precision_of(cfg.mixed_precision) == "mxfp8" and cfg.mixed_precision.fp8_recipe == "mxfp8"
 
 
 def test_yaml_round_trip(configs, tmp_path):
@@ -105,11 +115,12 @@ def test_validation_judges_the_target_not_this_machine(fresh_config):
     env_before = dict(os.environ)
     probe_before = torch.cuda.get_device_properties
     plan, cfg = fresh_config("qwen3_235b_128k_gb200")
+    mixed_before = copy.deepcopy(cfg.mixed_precision)
     validate_config(cfg, "gb200", 128)                 # passes for the planned target
     with pytest.raises(InfeasibleConfig, match="does not divide the world size 96"):
         validate_config(cfg, "gb200", 96)               # a world size that does not fold
     assert dict(os.environ) == env_before and torch.cuda.get_device_properties is probe_before
-    assert cfg.mixed_precision == "bf16_mixed"          # validation ran on a copy
+    assert cfg.mixed_precision == mixed_before          # validation ran on a copy
 
 
 def test_upstream_validate_rejects_deepep_on_gb200(fresh_config):
@@ -160,7 +171,7 @@ def test_override_breaking_a_rule(fresh_config):
 
     _, cfg = fresh_config("dsv3_128k_h100")
     apply_overrides(cfg, ["model.pipeline_model_parallel_size=4", "model.expert_model_parallel_size=64"])
-    with pytest.raises(InfeasibleConfig, match="has 32 stages = PP 4 x VPP 8, but virtual_pipeline_model_parallel_size is 4"):
+    with pytest.raises(InfeasibleConfig, match=r"'Et\|\(tt\|\)\*30mL' has 32 stages but PP=4 x VPP=4 = 16"):
         validate_config(cfg, "h100", 256)
 
     _, cfg = fresh_config("qwen3_next_8k_gb200")

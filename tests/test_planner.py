@@ -16,7 +16,7 @@ from lcmoe_recipes.errors import InfeasibleConfig, LcmoeError
 from lcmoe_recipes.layout import ParallelLayout
 from lcmoe_recipes.planner import main, plan
 from lcmoe_recipes.request import TrainingRequest
-from lcmoe_recipes.rules.batch import choose_batch
+from lcmoe_recipes.rules.batch import choose_batch, tokens_per_step
 from lcmoe_recipes.rules.cp import cp_first_guess
 from lcmoe_recipes.rules.dispatcher import choose_dispatcher
 from lcmoe_recipes.rules.precision import choose_precision
@@ -40,16 +40,24 @@ def test_request_validation():
 
 def test_rules():
     assert cp_first_guess(131072)[0] == 32 and cp_first_guess(262144)[0] == 64 and cp_first_guess(4096)[0] == 1
-    assert choose_precision(get_hardware("h100"), None)[0] == "fp8_blockwise"
-    assert choose_precision(get_hardware("gb200"), None)[0] == "bf16"
+    # an extension keeps the base model's training precision (DeepSeek-V3: FP8 blockwise, technical report §3.3)
+    assert choose_precision(get_model("dsv3"), get_hardware("h100"), None)[0] == "fp8_blockwise"
+    assert choose_precision(get_model("dsv3"), get_hardware("gb200"), None)[0] == "mxfp8"
+    precision, why = choose_precision(get_model("qwen3_235b"), get_hardware("h100"), None)
+    assert precision == "bf16" and "publishes no low-precision training" in why.why
     lay = ParallelLayout(world=128, tp=4, pp=4, cp=4, ep=32, vpp=12)
     assert choose_dispatcher(get_hardware("gb200"), lay, None)[0] == ("flex", "hybridep")
     assert choose_dispatcher(get_hardware("h100"), lay, None)[0] == ("flex", "deepep")
     wide = ParallelLayout(world=256, tp=1, pp=2, cp=1, ep=128, vpp=4)
     (kind, why) = choose_dispatcher(get_hardware("gb200"), wide, None)
     assert kind == ("alltoall", None) and "leaves the 64-GPU NVLink block" in why.why
-    gbs, why = choose_batch(131072, lay, 1, 235e9, None)
-    assert gbs == 64 and "32 microbatches per DP rank (DP=2)" in why.why
+    gbs, why = choose_batch(131072, lay, 1, 2**23)
+    assert gbs == 64 and "32 microbatches of MBS 1 per DP rank (DP=2, PP=4, VPP=12)" in why.why
+    # never fewer microbatches than pipeline stages: 2^23 tokens at 1M would be 8 samples on DP=2, PP=8
+    starved = ParallelLayout(world=128, tp=1, pp=8, cp=8, ep=16)
+    gbs, why = choose_batch(2**20, starved, 1, 2**23)
+    assert gbs == 16 and "raised from 8 so that each of the PP=8 stages has a microbatch in flight" in why.why
+    assert tokens_per_step(get_model("dsv3"), 671e9)[0] == 15360 * 4096  # DeepSeek-V3 §4.2/§4.3: ~63M tokens
     ladder = recompute_ladder(get_model("dsv3"))
     assert ladder[0] == (None, ()) and ladder[-1] == ("full", ())
     assert ("selective", ("layernorm", "moe_act", "mla_up_proj", "mlp")) in ladder

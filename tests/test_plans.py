@@ -62,7 +62,10 @@ def test_qwen3_next_knobs():
     for name, seq in (("qwen3_next_32k_gb200", 32768), ("qwen3_next_64k_gb200", 65536)):
         p = recipe_plan(name)
         assert p.seq_length == seq and p.recompute_modules == ("layernorm", "moe")
-        assert p.pipeline_model_parallel_layout == "Et*5|(t*7|)*3(t*6|)*3t*4mL"
+        # upstream's PP2·VPP4 layout (Bridge perf recipe qwen3_next_80b_a3b_pretrain_64gpu_gb200_bf16): the last
+        # chunk carries one decoder layer beside MTP and the loss
+        assert p.pipeline_model_parallel_layout == "Et*4|(t*7|)*5t*8|tmL"
+        assert "upstream's layout for PP2·VPP4" in p.reasons["pipeline_model_parallel_layout"].why
 
 
 @pytest.mark.parametrize("layers,stages,mtp,expected", [

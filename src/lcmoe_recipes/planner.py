@@ -22,16 +22,15 @@ from .catalog import get_hardware, get_model
 from .checks import check_plan
 from .cost import HBM_MARGIN, estimate_memory, estimate_step
 from .cost.memory import MemoryBreakdown
-from .cost.shapes import shapes
 from .cost.step import StepEstimate
 from .errors import InfeasibleConfig
 from .layout import ParallelLayout
-from .plan import Plan, Reason, build_pipeline_layout
+from .plan import Plan, Reason
 from .request import TrainingRequest
-from .rules.batch import choose_batch
 from .rules.cp import cp_candidates, cp_first_guess
 from .rules.cuda_graphs import choose_cuda_graphs
 from .rules.dispatcher import choose_dispatcher
+from .rules.extension import extension_fields
 from .rules.offload import FRACTIONS, offload_reason
 from .rules.precision import choose_precision
 from .rules.recompute import recompute_ladder, recompute_reason
@@ -100,22 +99,19 @@ def enumerate_layouts(request: TrainingRequest) -> list[ParallelLayout]:
 
 def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str, int]) -> Candidate | None:
     model, hw = get_model(request.model), get_hardware(request.hardware)
+    (dispatcher, backend), why_dispatch = choose_dispatcher(hw, layout, request.dispatcher)
+    precision, why_precision = choose_precision(model, hw, request.precision)
     try:
-        pipeline = build_pipeline_layout(model.num_layers, layout.num_pipeline_stages, model.mtp_num_layers)
+        common, why_common = extension_fields(model, hw, request.seq_length, layout, precision, request.run_options())
     except InfeasibleConfig as exc:
         _reject(reject, "pipeline/too-many-stages", exc.fix)
         return None
-    (dispatcher, backend), why_dispatch = choose_dispatcher(hw, layout, request.dispatcher)
-    precision, why_precision = choose_precision(hw, request.precision)
-    gbs, why_batch = choose_batch(request.seq_length, layout, request.micro_batch_size,
-                                  shapes(model).total_params, request.global_batch_size)
     guess, why_cp = cp_first_guess(request.seq_length)
     base = Plan(
         name="planned", model=model.key, hardware=hw.key, seq_length=request.seq_length, layout=layout,
-        pipeline_model_parallel_layout=pipeline, micro_batch_size=request.micro_batch_size, global_batch_size=gbs,
         precision=precision, moe_token_dispatcher_type=dispatcher, moe_flex_dispatcher_backend=backend,
         sequence_parallel=layout.tp > 1, mtp_num_layers=model.mtp_num_layers, variable_length=request.variable_length,
-        use_precision_aware_optimizer=True)
+        **common)
     errors = [f for f in check_plan(base) if f.severity == "error"]
     if errors:
         _reject(reject, errors[0].rule, errors[0].fix)
@@ -135,15 +131,13 @@ def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str
             if any(f.severity == "error" for f in check_plan(plan)):
                 continue
             reasons = {
+                **why_common,
                 "layout": Reason(f"the fastest fitting layout the model predicts (first CP guess {guess})", why_cp.source),
                 "cp": Reason(f"CP={layout.cp}: {why_cp.why}; the search then kept the fastest layout that fits",
                              why_cp.source),
-                "pipeline_model_parallel_layout": Reason(
-                    "decoder layers spread evenly over PP·VPP chunks, the embedding and the loss (with MTP) each "
-                    "counting as one layer" if pipeline else "PP=1: no pipeline", "lcmoe_recipes.plan.pipeline_stage_layers"),
                 "sequence_parallel": Reason("on: TP>1 (MoE with TP>1 needs it)" if layout.tp > 1 else "off: TP=1",
                                             "megatron-core TransformerConfig"),
-                "dispatcher": why_dispatch, "precision": why_precision, "global_batch_size": why_batch,
+                "dispatcher": why_dispatch, "precision": why_precision,
                 "recompute": recompute_reason(level, len(ladder), granularity, modules),
                 "optimizer_cpu_offload": offload_reason(fraction),
                 "cuda_graphs": choose_cuda_graphs(hw, request.variable_length, granularity, modules, backend)[1],
@@ -203,6 +197,8 @@ def _with_knobs(base: Plan, recompute: tuple, fraction: float, hw, request: Trai
         recompute_method="uniform" if granularity == "full" else None,
         recompute_num_layers=1 if granularity == "full" else None,
         optimizer_cpu_offload=fraction > 0, optimizer_offload_fraction=fraction,
+        # CPU offload runs through the precision-aware optimizer (megatron-core HybridDeviceOptimizer)
+        use_precision_aware_optimizer=base.use_precision_aware_optimizer or fraction > 0,
         cuda_graph_impl=impl, cuda_graph_modules=graphs)
 
 

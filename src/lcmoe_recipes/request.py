@@ -6,6 +6,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .catalog import get_hardware, get_model
 from .plan import PRECISIONS
+from .rules.extension import RunOptions
+from .rules.positions import ROPE_CHOICES
 
 DISPATCHER_BACKENDS = ("deepep", "hybridep", "alltoall")
 
@@ -33,6 +35,24 @@ class TrainingRequest(BaseModel):
     ep: int | None = Field(default=None, gt=0)
     allow_cpu_offload: bool = True
     variable_length: bool = Field(default=False, description="packed / variable-length batches (no CUDA graphs)")
+    rope: str = Field(default="auto", description="positions: auto, yarn, abf or keep (rules/positions.py)")
+    tokens_per_step: int | None = Field(default=None, gt=0, description="tokens per optimizer step")
+    lr: float | None = Field(default=None, gt=0, description="learning rate of the phase")
+    train_iters: int | None = Field(default=None, gt=0, description="optimizer steps of the phase")
+    pretrained_checkpoint: str | None = Field(default=None, description="Megatron checkpoint to start from")
+
+    def run_options(self) -> RunOptions:
+        """The per-run options every plan's common decisions take (:mod:`lcmoe_recipes.rules.extension`)."""
+        return RunOptions(rope=self.rope, tokens_per_step=self.tokens_per_step, global_batch_size=self.global_batch_size,
+                          micro_batch_size=self.micro_batch_size, lr=self.lr, train_iters=self.train_iters,
+                          pretrained_checkpoint=self.pretrained_checkpoint)
+
+    @field_validator("rope")
+    @classmethod
+    def _rope(cls, value: str) -> str:
+        if value not in ROPE_CHOICES:
+            raise ValueError(f"unknown rope '{value}'; valid: {', '.join(ROPE_CHOICES)}")
+        return value
 
     @field_validator("model")
     @classmethod

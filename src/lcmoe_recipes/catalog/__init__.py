@@ -1,6 +1,6 @@
 """Catalogues of models and hardware (architecture numbers and datasheet values, each with its source)."""
 
 from .hardware import HARDWARE, Hardware, get_hardware
-from .models import MODELS, ModelSpec, get_model
+from .models import MODELS, ModelSpec, get_model, models_by_hf_id
 
-__all__ = ["HARDWARE", "Hardware", "get_hardware", "MODELS", "ModelSpec", "get_model"]
+__all__ = ["HARDWARE", "Hardware", "get_hardware", "MODELS", "ModelSpec", "get_model", "models_by_hf_id"]

@@ -136,6 +136,11 @@ MODELS: dict[str, ModelSpec] = {
 _ALIASES = {alias: m.key for m in MODELS.values() for alias in (m.key, *m.aliases)}
 
 
+def models_by_hf_id() -> dict[str, ModelSpec]:
+    """Catalogue models by the Hugging Face repository their config.json values come from."""
+    return {m.hf_id: m for m in MODELS.values()}
+
+
 def get_model(name: str) -> ModelSpec:
     """The catalogue entry for ``name`` (key or alias, case-insensitive).
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InfeasibleConfig
-from ..plan import PRECISIONS, Plan
+from ..plan import PRECISIONS, Plan, layout_stages
 from ..ranks import max_span
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out")
@@ -182,6 +182,29 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
             add("error", "pipeline/even-split",
                 f"{model.num_layers} layers do not split evenly over PP={pp}" + (f"·VPP={vpp}" if vpp else "")
                 + f" ({per_stage:g} per stage)", "set pipeline_model_parallel_layout (see build_pipeline_layout)")
+    if plan.pipeline_model_parallel_layout is not None:
+        text = plan.pipeline_model_parallel_layout
+        try:
+            stages = layout_stages(text)
+        except InfeasibleConfig as exc:
+            add("error", "pipeline/layout", exc.message, exc.fix)
+            stages = None
+        if stages is not None and len(stages) != lay.num_pipeline_stages:
+            fits = [p for p in range(1, len(stages) + 1) if len(stages) % p == 0 and world % p == 0]
+            add("error", "pipeline/layout-stages",
+                f"pipeline_model_parallel_layout '{text}' has {len(stages)} stages but PP={pp} x VPP={vpp or 1} = "
+                f"{lay.num_pipeline_stages}", f"keep PP·VPP = {len(stages)} (PP in {fits}, VPP = {len(stages)}/PP), or "
+                "set model.pipeline_model_parallel_layout=null to have the layout re-derived for the new PP·VPP")
+        elif stages is not None:
+            decoders, mtps = sum(s.count("t") for s in stages), sum(s.count("m") for s in stages)
+            if decoders != model.num_layers or mtps != plan.mtp_num_layers:
+                add("error", "pipeline/layout-layers",
+                    f"pipeline_model_parallel_layout '{text}' places {decoders} decoder and {mtps} MTP layers; the model "
+                    f"has {model.num_layers} and {plan.mtp_num_layers}", "give a layout with every layer once, or "
+                    "model.pipeline_model_parallel_layout=null")
+
+    # --- positions (RoPE / YaRN) --------------------------------------------------------------------
+    findings.extend(position_findings(plan))
 
     # --- dispatcher ---------------------------------------------------------------------------------
     backend = plan.moe_flex_dispatcher_backend
@@ -287,3 +310,38 @@ def raise_for_errors(findings: list[Finding], what: str = "plan") -> None:
     if errors:
         more = f" (and {len(errors) - 1} more: {'; '.join(e.rule for e in errors[1:])})" if len(errors) > 1 else ""
         raise InfeasibleConfig(f"{what}: {errors[0].message}{more}", errors[0].fix, findings)
+
+
+_YARN_FIELDS = (("factor", "rotary_scaling_factor"), ("original_max_position_embeddings", "original_max_position_embeddings"),
+                ("beta_fast", "beta_fast"), ("beta_slow", "beta_slow"), ("mscale", "mscale"),
+                ("mscale_all_dim", "mscale_all_dim"))
+
+
+def position_findings(plan: Plan) -> list[Finding]:
+    """RoPE covers seq_length, and a YaRN setting is complete (megatron-core's YaRN code computes its correction
+    range from every one of its fields: a None among them is a TypeError when the model is built)."""
+    from ..rules.positions import choose_positions, coverage
+
+    p, spec = plan.positions, plan.model_spec
+    if p is None:
+        return []
+    prefix = "model." if spec.multi_latent_attention else "model.yarn_"
+    if p.scaling == "yarn":
+        missing = [name for attr, name in _YARN_FIELDS if getattr(p, attr) is None]
+        if missing:
+            full, _ = choose_positions(spec, plan.seq_length, "yarn")
+            values = {name: getattr(full, attr) for attr, name in _YARN_FIELDS}
+            return [Finding("error", "positions/yarn-incomplete",
+                            f"YaRN is on but {', '.join(prefix + m for m in missing)} "
+                            f"{'is' if len(missing) == 1 else 'are'} unset: megatron-core fails building the model",
+                            "set all of them, e.g. " + " ".join(f"{prefix}{k}={v:g}" for k, v in values.items())
+                            + " (or launch --rope yarn, which writes a complete setting)")]
+    covered = coverage(spec, p)
+    if plan.seq_length <= covered:
+        return []
+    yarn, _ = choose_positions(spec, plan.seq_length, "yarn")
+    return [Finding("error", "positions/not-covered",
+                    f"seq_length {plan.seq_length:,} exceeds the positions RoPE covers ({p.describe()}: {covered:,})",
+                    f"YaRN factor {yarn.factor:g} over {yarn.original_max_position_embeddings:,} covers it: launch "
+                    f"--rope yarn (or auto), or set {prefix}rotary_scaling_factor={yarn.factor:g} with the other YaRN "
+                    "fields")]

@@ -37,7 +37,7 @@ from functools import lru_cache
 
 from ..catalog import get_hardware
 from ..layout import ParallelLayout
-from ..plan import Plan, pipeline_stage_layers
+from ..plan import Plan, stage_decoder_layers
 from ..ranks import dense_groups, expert_groups, max_span
 from .shapes import shapes
 
@@ -158,11 +158,10 @@ def data_parallel_transfers(plan: Plan, dense_params: float, expert_params: floa
 
 def rank_layers(plan: Plan, pp_rank: int) -> tuple[int, ...]:
     """Decoder layers held by pipeline rank ``pp_rank`` (all its chunks)."""
-    return _rank_layers(plan.model_spec.num_layers, plan.layout.pp, plan.layout.vpp or 1, plan.mtp_num_layers, pp_rank)
+    return _rank_layers(tuple(stage_decoder_layers(plan)), plan.layout.pp, plan.layout.vpp or 1, pp_rank)
 
 
 @lru_cache(maxsize=4096)
-def _rank_layers(num_layers: int, pp: int, vpp: int, mtp: int, pp_rank: int) -> tuple[int, ...]:
-    stages = pipeline_stage_layers(num_layers, pp * vpp, mtp)
+def _rank_layers(stages: tuple[int, ...], pp: int, vpp: int, pp_rank: int) -> tuple[int, ...]:
     starts = [sum(stages[:i]) for i in range(len(stages))]
     return tuple(i for v in range(vpp) for i in range(starts[pp_rank + v * pp], starts[pp_rank + v * pp] + stages[pp_rank + v * pp]))

@@ -4,7 +4,8 @@ What is counted, for every PP rank (the largest total is reported):
 
 * **parameters** -- bf16 (2 bytes). Dense parts (attention, norms, router, shared / dense MLP, embedding on the
   first stage, output layer on the last, MTP layers on the last) are split by TP; routed experts by EP·ETP.
-  Layers per rank come from the pipeline split (:func:`lcmoe_recipes.plan.pipeline_stage_layers`).
+  Layers per rank come from the pipeline split (:func:`lcmoe_recipes.plan.stage_decoder_layers`: the layout
+  string's, else an even split).
 * **gradients** -- one main-gradient buffer per parameter, fp32 (``grad_reduce_in_fp32``) or bf16. The
   distributed optimizer does not shard it.
 * **optimizer state** -- fp32 master weights plus two Adam moments (fp32, or bf16 with the precision-aware
@@ -34,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..plan import Plan, pipeline_stage_layers
+from ..plan import Plan, stage_decoder_layers
 from .shapes import LayerShapes, shapes
 
 BF16, FP32 = 2, 4
@@ -190,11 +191,10 @@ class _RankStatic:
 
 
 @lru_cache(maxsize=4096)
-def _rank_static(model_key: str, pp: int, vpp: int, mtp: int, pp_rank: int) -> _RankStatic:
+def _rank_static(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp: int, pp_rank: int) -> _RankStatic:
     from ..catalog import get_model
 
     s = shapes(get_model(model_key))
-    stages = pipeline_stage_layers(s.num_layers, pp * vpp, mtp) if pp * vpp > 1 else [s.num_layers]
     starts = [sum(stages[:i]) for i in range(len(stages))]
     chunks = [pp_rank + v * pp for v in range(vpp)]
     layers = [list(range(starts[c], starts[c] + stages[c])) for c in chunks]
@@ -230,7 +230,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     spec = plan.model_spec
     s = shapes(spec)
     lay = plan.layout
-    static = _rank_static(spec.key, lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
+    static = _rank_static(spec.key, tuple(stage_decoder_layers(plan)), lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
     last = static.last
     dense = static.dense / lay.tp
     experts = static.experts / (lay.ep * lay.etp)

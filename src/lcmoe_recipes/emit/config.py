@@ -1,35 +1,56 @@
 """Plan -> megatron-bridge ``ConfigContainer``, ConfigContainer -> Plan, and validation for the target.
 
-The ConfigContainer starts from megatron-bridge's own pre-training template (``recipes.common._pretrain_common``,
-shared with every upstream recipe), gets its model provider from ``AutoBridge.from_hf_config`` on the offline
-catalogue (no hub), and then every field the Plan decides. Field names are Megatron's.
+A ConfigContainer starts from megatron-bridge's own recipe for the model and GPU (``plan.base_recipe``, built offline
+by :mod:`.upstream`: its kernels, fusions, optimizer settings and process environment), or, for an architecture with
+no upstream recipe, from megatron-bridge's generic pre-training template (``recipes.common._pretrain_common``) with
+the model provider from ``AutoBridge.from_hf_config``. Then :mod:`.settings` writes what the Plan decides, each
+group with its reason. Field names are Megatron's.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+from types import SimpleNamespace
 from typing import Any
 
 from ..catalog import MODELS, Hardware, get_hardware
 from ..checks import Finding, check_plan, raise_for_errors
 from ..errors import InfeasibleConfig, UnknownName
 from ..layout import ParallelLayout
-from ..plan import PRECISIONS, Plan, mixed_precision_name
+from ..plan import PRECISIONS, Plan, Positions, Schedule
+from .settings import apply_settings
 from .stack import load_bridge, quiet_upstream
 from .target import target_environment
 from .yaml_io import TARGET_ATTR, target_meta
 
-# Environment the dispatcher needs on the target (values as in megatron-bridge's perf recipes for these systems).
-_DISPATCH_ENV = {
-    8: {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NVLINK_DOMAIN_SIZE": "8", "USE_MNNVL": "0"},
-    72: {"CUDA_DEVICE_MAX_CONNECTIONS": "32", "NVLINK_DOMAIN_SIZE": "72", "USE_MNNVL": "1"},
-}
 _LAYOUT_CHARS = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
 
 
+def base_config(plan: Plan):
+    """The ConfigContainer ``plan`` starts from: upstream's recipe ``plan.base_recipe`` built offline with the plan's
+    model, or megatron-bridge's pre-training template with the model's provider; the two provider fields
+    megatron-bridge fills by probing the *building* machine are answered for the target."""
+    spec = plan.model_spec
+    if plan.base_recipe:
+        from .upstream import upstream_config
+
+        cfg = upstream_config(plan.base_recipe, spec)
+    else:
+        from megatron.bridge import AutoBridge
+        from megatron.bridge.recipes.common import _pretrain_common
+
+        cfg = _pretrain_common()
+        with quiet_upstream():  # transformers' "torch_dtype is deprecated", Bridge's local-fusion notices
+            cfg.model = AutoBridge.from_hf_config(spec.hf_config()).to_megatron_provider(load_weights=False)
+        cfg.model.moe_grouped_gemm = cfg.model.moe_permute_fusion = True
+    _answer_local_probes_for_target(cfg.model)
+    return cfg
+
+
 def build_config(plan: Plan, validate: bool = True, quiet: bool = False):
-    """The megatron-bridge ``ConfigContainer`` for ``plan``.
+    """The megatron-bridge ``ConfigContainer`` for ``plan``: :func:`base_config`, then every setting of
+    :mod:`lcmoe_recipes.emit.settings`.
 
     Args:
         plan: a Plan (from a named recipe or the planner).
@@ -44,95 +65,10 @@ def build_config(plan: Plan, validate: bool = True, quiet: bool = False):
     """
     raise_for_errors(check_plan(plan), f"plan {plan.name}")
     load_bridge(quiet=quiet)
-    import torch
-    from megatron.bridge import AutoBridge
-    from megatron.bridge.recipes.common import _pretrain_common
-    from megatron.bridge.training.comm_overlap import CommOverlapConfig
-
-    spec, hw, lay = plan.model_spec, plan.hardware_spec, plan.layout
-    cfg = _pretrain_common()
-    with quiet_upstream():  # transformers' "torch_dtype is deprecated", Bridge's local-fusion notices
-        cfg.model = AutoBridge.from_hf_config(spec.hf_config()).to_megatron_provider(load_weights=False)
-    m = cfg.model
-    _answer_local_probes_for_target(m)
-
-    # Parallelism (DP and EDP are derived by Megatron from the world size).
-    m.tensor_model_parallel_size = lay.tp
-    m.pipeline_model_parallel_size = lay.pp
-    m.virtual_pipeline_model_parallel_size = lay.vpp
-    m.context_parallel_size = lay.cp
-    m.expert_model_parallel_size = lay.ep
-    m.expert_tensor_parallel_size = lay.etp
-    m.sequence_parallel = plan.sequence_parallel
-    m.pipeline_dtype = torch.bfloat16 if lay.pp > 1 else None
-    m.pipeline_model_parallel_layout = plan.pipeline_model_parallel_layout
-    m.account_for_embedding_in_pipeline_split = False
-    m.account_for_loss_in_pipeline_split = False
-    m.num_layers_in_first_pipeline_stage = None
-    m.num_layers_in_last_pipeline_stage = None
-
-    # Sequence length on both model and dataset (upstream validate() requires them equal).
-    m.seq_length = plan.seq_length
-    cfg.dataset.seq_length = plan.seq_length
-
-    m.mtp_num_layers = plan.mtp_num_layers or None
-    if plan.mtp_num_layers:
-        m.mtp_loss_scaling_factor = 0.1  # DeepSeek-V3 paper §4.2 (lambda = 0.1 for the first 10T tokens)
-
-    # MoE dispatcher; shared-expert overlap is incompatible with the flex dispatcher.
-    m.moe_token_dispatcher_type = plan.moe_token_dispatcher_type
-    m.moe_flex_dispatcher_backend = plan.moe_flex_dispatcher_backend
-    if plan.moe_token_dispatcher_type == "flex":
-        m.moe_shared_expert_overlap = False
-    m.moe_grouped_gemm = True
-    m.moe_permute_fusion = True
-
-    # Recompute.
-    m.recompute_granularity = plan.recompute_granularity
-    m.recompute_modules = list(plan.recompute_modules) if plan.recompute_granularity == "selective" else None
-    m.recompute_method = plan.recompute_method
-    m.recompute_num_layers = plan.recompute_num_layers
-
-    # CUDA graphs (megatron-core 0.19.2 names); graphs need TE's RNG tracker.
-    m.cuda_graph_impl = plan.cuda_graph_impl
-    m.cuda_graph_modules = list(plan.cuda_graph_modules)
-    if plan.cuda_graph_impl != "none":
-        m.use_te_rng_tracker = True
-        cfg.rng.te_rng_tracker = True
-
-    cfg.mixed_precision = mixed_precision_name(plan.precision)
-
-    # Optimizer: distributed (ZeRO-1 style sharding over DP/EDP), precision-aware, optional CPU offload.
-    opt = cfg.optimizer
-    opt.use_distributed_optimizer = plan.use_distributed_optimizer
-    cfg.ddp.use_distributed_optimizer = plan.use_distributed_optimizer
-    opt.use_precision_aware_optimizer = plan.use_precision_aware_optimizer
-    opt.optimizer_cpu_offload = plan.optimizer_cpu_offload
-    opt.optimizer_offload_fraction = plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0
-    opt.overlap_cpu_optimizer_d2h_h2d = plan.optimizer_cpu_offload
-
-    cfg.train.micro_batch_size = plan.micro_batch_size
-    cfg.train.global_batch_size = plan.global_batch_size
-    cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)
-
-    # Mock data and a NullTokenizer sized to the model: nothing is downloaded.
-    cfg.tokenizer.tokenizer_type = "NullTokenizer"
-    cfg.tokenizer.tokenizer_model = None
-    cfg.tokenizer.vocab_size = spec.vocab_size
-
-    # Paths relative to the launch directory, not the machine that built the config.
-    run_dir = f"nemo_experiments/{plan.name}"
-    cfg.checkpoint.save = f"{run_dir}/checkpoints"
-    cfg.checkpoint.load = None
-    cfg.logger.tensorboard_dir = f"{run_dir}/tb_logs"
-
-    env = dict(_DISPATCH_ENV.get(hw.nvlink_domain, {}))
-    if plan.moe_flex_dispatcher_backend == "hybridep":
-        env["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] = str(lay.ep * lay.etp)
-    cfg.env_vars = {**cfg.env_vars, **env}
-
+    cfg = base_config(plan)
+    apply_settings(cfg, plan)
     if validate:
-        validate_config(cfg, hw, lay.world)
+        validate_config(cfg, plan.hardware_spec, plan.layout.world)
     setattr(cfg, TARGET_ATTR, target_meta(plan))  # read by launch.submit; not a dataclass field, so not in the YAML
     return cfg
 
@@ -197,15 +133,26 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         raise UnknownName(f"the config's model (num_layers={m.num_layers}, num_moe_experts={m.num_moe_experts}, "
                           f"hidden_size={m.hidden_size}) is not in the catalogue",
                           f"supported: {', '.join(s.display for s in MODELS.values())}")
-    etp = m.expert_tensor_parallel_size
+    from megatron.bridge.models.transformer_config import _set_moe_expert_tensor_parallel_default
+
+    # ETP as the run will have it: megatron-bridge's own default (1 when EP > 1 and ETP is unset), then
+    # megatron-core's (ETP = TP when still unset).
+    degrees = SimpleNamespace(expert_tensor_parallel_size=m.expert_tensor_parallel_size,
+                              expert_model_parallel_size=m.expert_model_parallel_size)
+    _set_moe_expert_tensor_parallel_default(degrees)
+    etp = degrees.expert_tensor_parallel_size
     layout = ParallelLayout(world=world_size, tp=m.tensor_model_parallel_size, pp=m.pipeline_model_parallel_size,
                             cp=m.context_parallel_size, ep=m.expert_model_parallel_size,
                             etp=etp if etp is not None else m.tensor_model_parallel_size,
                             vpp=m.virtual_pipeline_model_parallel_size)
     modules = m.recompute_modules
-    graphs = m.cuda_graph_modules
+    graphs = m.cuda_graph_modules if m.cuda_graph_scope is None else m.cuda_graph_scope
     if isinstance(graphs, str):  # deprecated spelling: "full" means the whole layer, i.e. []
         graphs = [] if graphs == "full" else [graphs]
+    graphs = [getattr(g, "name", g) for g in graphs or ()]
+    opt = cfg.optimizer
+    precision_aware = bool(opt.use_precision_aware_optimizer)
+    hcp = m.hierarchical_context_parallel_sizes
     return Plan(
         name=name, model=model_key, hardware=hw.key, seq_length=m.seq_length, layout=layout,
         pipeline_model_parallel_layout=_layout_to_str(m.pipeline_model_parallel_layout),
@@ -215,14 +162,57 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         recompute_granularity=m.recompute_granularity,
         recompute_modules=tuple(modules) if modules is not None else (("core_attn",) if m.recompute_granularity == "selective" else ()),
         recompute_method=m.recompute_method, recompute_num_layers=m.recompute_num_layers,
-        optimizer_cpu_offload=bool(cfg.optimizer.optimizer_cpu_offload),
-        optimizer_offload_fraction=float(cfg.optimizer.optimizer_offload_fraction or 0.0),
-        use_distributed_optimizer=bool(cfg.optimizer.use_distributed_optimizer or cfg.ddp.use_distributed_optimizer),
-        use_precision_aware_optimizer=bool(cfg.optimizer.use_precision_aware_optimizer),
-        cuda_graph_impl=m.cuda_graph_impl or "none", cuda_graph_modules=tuple(graphs or ()),
+        optimizer_cpu_offload=bool(opt.optimizer_cpu_offload),
+        optimizer_offload_fraction=float(opt.optimizer_offload_fraction or 0.0),
+        use_distributed_optimizer=bool(opt.use_distributed_optimizer or cfg.ddp.use_distributed_optimizer),
+        use_precision_aware_optimizer=precision_aware,
+        cuda_graph_impl=m.cuda_graph_impl or "none", cuda_graph_modules=tuple(graphs),
         sequence_parallel=bool(m.sequence_parallel), mtp_num_layers=m.mtp_num_layers or 0,
-        variable_length=_variable_length(cfg), etp_unset=etp is None,
+        variable_length=_variable_length(cfg), etp_unset=m.expert_tensor_parallel_size is None,
+        grad_dtype="fp32" if _grad_reduce_in_fp32(cfg) else "bf16",
+        moment_dtype=("bf16" if precision_aware and str(opt.exp_avg_dtype).endswith("bfloat16") else "fp32"),
+        positions=_positions_of(m), cp_comm_type=m.cp_comm_type if isinstance(m.cp_comm_type, str) else None,
+        hierarchical_cp_sizes=tuple(hcp) if hcp else None, schedule=_schedule_of(cfg),
+        pretrained_checkpoint=cfg.checkpoint.pretrained_checkpoint,
+        create_attention_mask=bool(getattr(cfg.dataset, "create_attention_mask", False)),
     )
+
+
+def _grad_reduce_in_fp32(cfg) -> bool:
+    """Whether gradients are reduced in fp32 at run time: a mixed-precision config overwrites the DDP field of the
+    same name (megatron-bridge 0.6.2 ``MixedPrecisionConfig.setup``)."""
+    mixed = cfg.mixed_precision
+    if isinstance(mixed, str):
+        from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+        mixed = get_mixed_precision_config(mixed)
+    value = getattr(mixed, "grad_reduce_in_fp32", None)
+    return bool(cfg.ddp.grad_reduce_in_fp32 if value is None else value)
+
+
+def _positions_of(m) -> Positions:
+    """The RoPE setup a model provider describes (MLA: megatron-core's MLA fields; GPT: megatron-bridge's yarn_*)."""
+    base = float(m.rotary_base)
+    if getattr(m, "multi_latent_attention", False):
+        if getattr(m, "rope_type", "rope") == "yarn" and (m.rotary_scaling_factor or 1) > 1:
+            return Positions(rotary_base=base, scaling="yarn", factor=float(m.rotary_scaling_factor),
+                             original_max_position_embeddings=m.original_max_position_embeddings,
+                             beta_fast=m.beta_fast, beta_slow=m.beta_slow, mscale=m.mscale, mscale_all_dim=m.mscale_all_dim)
+        return Positions(rotary_base=base)
+    if m.position_embedding_type == "yarn":
+        return Positions(rotary_base=base, scaling="yarn", factor=m.yarn_rotary_scaling_factor,
+                         original_max_position_embeddings=m.yarn_original_max_position_embeddings,
+                         beta_fast=m.yarn_beta_fast, beta_slow=m.yarn_beta_slow, mscale=m.yarn_mscale,
+                         mscale_all_dim=m.yarn_mscale_all_dim)
+    return Positions(rotary_base=base)
+
+
+def _schedule_of(cfg) -> Schedule | None:
+    """The optimizer schedule of an iteration-based config (None for a sample-based one)."""
+    if not cfg.train.train_iters:
+        return None
+    return Schedule(train_iters=cfg.train.train_iters, lr=cfg.optimizer.lr, min_lr=cfg.optimizer.min_lr,
+                    lr_warmup_iters=cfg.scheduler.lr_warmup_iters or 0, lr_decay_style=cfg.scheduler.lr_decay_style)
 
 
 def _variable_length(cfg) -> bool:

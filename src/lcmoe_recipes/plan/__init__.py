@@ -7,7 +7,9 @@ neither torch nor megatron.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from ..catalog import Hardware, ModelSpec, get_hardware, get_model
 from ..errors import InfeasibleConfig, UnknownName
@@ -45,6 +47,56 @@ class Reason:
 
 
 @dataclass(frozen=True)
+class Positions:
+    """Rotary position embedding (RoPE) of a run, in Megatron's terms.
+
+    Attributes:
+        rotary_base: RoPE base (config.json ``rope_theta``; raised by ABF).
+        scaling: "none" (plain RoPE) or "yarn".
+        factor: YaRN scaling factor s (1.0 without scaling).
+        original_max_position_embeddings: YaRN's original context length L (positions covered: s x L).
+        beta_fast, beta_slow: YaRN's correction range (arXiv 2309.00071 uses 32 and 1).
+        mscale, mscale_all_dim: YaRN attention-temperature terms (megatron-core: scale
+            = yarn_get_mscale(s, mscale) / yarn_get_mscale(s, mscale_all_dim); 1.0 and 0.0 give the paper's 0.1 ln s + 1).
+    """
+
+    rotary_base: float
+    scaling: str = "none"
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+
+    def describe(self) -> str:
+        """e.g. 'YaRN factor 64 over 4,096 positions (base 10000)' or 'RoPE base 1e+06'."""
+        if self.scaling == "yarn":
+            return (f"YaRN factor {self.factor:g} over {self.original_max_position_embeddings:,} positions "
+                    f"(base {self.rotary_base:g}, beta {self.beta_fast:g}/{self.beta_slow:g}, "
+                    f"mscale {self.mscale:g}/{self.mscale_all_dim:g})")
+        return f"RoPE base {self.rotary_base:g}, no scaling"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Optimizer schedule of one training phase (megatron-bridge ``optimizer`` / ``scheduler`` / ``train`` fields).
+
+    Attributes:
+        train_iters: optimizer steps of the phase.
+        lr, min_lr: peak and final learning rate.
+        lr_warmup_iters: linear warm-up steps.
+        lr_decay_style: "constant" or "cosine" (megatron-core's names).
+    """
+
+    train_iters: int
+    lr: float
+    min_lr: float
+    lr_warmup_iters: int
+    lr_decay_style: str = "constant"
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything needed to emit one ConfigContainer. Field names follow Megatron's where one exists.
 
@@ -71,6 +123,15 @@ class Plan:
         grad_dtype: main-gradient buffer dtype, "fp32" (``grad_reduce_in_fp32``) or "bf16".
         moment_dtype: Adam moment dtype ("fp32", or "bf16" with the precision-aware optimizer).
         moe_ep_overlap: ``overlap_moe_expert_parallel_comm`` (EP all-to-all hidden behind compute).
+        base_recipe: the megatron-bridge recipe this run starts from ("module:function"; None: its generic
+            pre-training template), see :mod:`lcmoe_recipes.catalog.upstream`.
+        positions: RoPE setup (None: as the base model was trained, left as megatron-bridge builds it).
+        cp_comm_type: Megatron's context-parallel communication ("p2p" ring, or hierarchical "a2a+p2p" with
+            ``hierarchical_context_parallel_sizes`` = (a2a size, p2p size)); None leaves megatron-core's default (p2p).
+        hierarchical_cp_sizes: the (a2a, p2p) split of CP for "a2a+p2p".
+        schedule: optimizer schedule (None: the base recipe's).
+        pretrained_checkpoint: Megatron checkpoint whose model weights the run starts from (optimizer fresh).
+        create_attention_mask: the dataset builds a dense seq_length x seq_length mask per sample.
         reasons: knob name -> :class:`Reason`.
     """
 
@@ -102,6 +163,13 @@ class Plan:
     grad_dtype: str = "fp32"
     moment_dtype: str = "fp32"
     moe_ep_overlap: bool = False
+    base_recipe: str | None = field(default=None, compare=False)  # provenance: a config does not record it
+    positions: Positions | None = None
+    cp_comm_type: str | None = None
+    hierarchical_cp_sizes: tuple[int, ...] | None = None
+    schedule: Schedule | None = None
+    pretrained_checkpoint: str | None = None
+    create_attention_mask: bool = False
     reasons: dict[str, Reason] = field(default_factory=dict, compare=False)
 
     @property
@@ -138,6 +206,10 @@ REASON_FIELDS: dict[str, tuple[str, ...]] = {
     "cuda_graphs": ("cuda_graph_impl", "cuda_graph_modules"),
     "global_batch_size": ("global_batch_size", "micro_batch_size", "seq_length", "layout"),
     "sequence_parallel": ("sequence_parallel", "layout"),
+    "positions": ("positions", "seq_length"),
+    "cp_comm_type": ("cp_comm_type", "hierarchical_cp_sizes", "layout"),
+    "schedule": ("schedule",),
+    "pretrained_checkpoint": ("pretrained_checkpoint",),
 }
 
 
@@ -172,6 +244,39 @@ def pipeline_stage_layers(num_layers: int, num_stages: int, mtp_num_layers: int 
             f"use PP·VPP <= {max(1, (num_layers + fixed_first + fixed_last) // 2)}",
         )
     return decoders
+
+
+_REPEATS = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
+
+
+@lru_cache(maxsize=1024)
+def layout_stages(layout: str) -> tuple[str, ...]:
+    """The stages of a Megatron pipeline layout string, unrolled: ``"Et|(tt|)*2mL"`` -> ``["Et", "tt", "tt", "mL"]``.
+
+    A pure-Python twin of megatron-core 0.19.2 ``PipelineParallelLayerLayout.parse_str_to_list`` (commas are
+    cosmetic, ``(..)*n`` then ``x*n`` unroll, ``|`` splits stages), so planning needs no megatron import;
+    tests/test_plans.py compares the two on many strings.
+
+    Raises:
+        InfeasibleConfig: a character other than E, t, m, L, |.
+    """
+    text = layout.replace(",", "")
+    for pattern in _REPEATS:
+        text = pattern.sub(lambda match: match.group(1) * int(match.group(2)), text)
+    stages = text.split("|")
+    bad = sorted({c for c in text if c not in "Etm L|".replace(" ", "")})
+    if bad:
+        raise InfeasibleConfig(f"pipeline layout '{layout}' has unknown layer character(s) {bad}",
+                               "use E (embedding), t (decoder), m (MTP), L (loss) and | between stages")
+    return tuple(stages)
+
+
+def stage_decoder_layers(plan: "Plan") -> list[int]:
+    """Decoder layers in each of the plan's PP·VPP chunks: its layout string's, else the even split of
+    :func:`pipeline_stage_layers`."""
+    if plan.pipeline_model_parallel_layout:
+        return [stage.count("t") for stage in layout_stages(plan.pipeline_model_parallel_layout)]
+    return pipeline_stage_layers(plan.model_spec.num_layers, plan.layout.num_pipeline_stages, plan.mtp_num_layers)
 
 
 def build_pipeline_layout(num_layers: int, num_stages: int, mtp_num_layers: int = 0) -> str | None:

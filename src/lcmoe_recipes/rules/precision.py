@@ -1,17 +1,28 @@
-"""Precision: FP8 blockwise class on Hopper, BF16 by default on Blackwell (MXFP8 on request)."""
+"""Precision: an extension keeps the base model's training precision where the GPU has it."""
 
 from __future__ import annotations
 
-from ..catalog import Hardware
+from ..catalog import Hardware, ModelSpec
+from ..catalog.history import history_of
 from ..plan import Reason
 
-SOURCE = "moe-long-context skill config families (DSV3 H100: FP8-class; Qwen3 GB200: BF16 or MXFP8)"
+TE_SOURCE = ("NVIDIA Transformer Engine docs, 'Using FP8 with Transformer Engine' (FP8 block scaling: Hopper; MXFP8: "
+             "Blackwell)")
 
 
-def choose_precision(hw: Hardware, wish: str | None) -> tuple[str, Reason]:
+def choose_precision(spec: ModelSpec, hw: Hardware, wish: str | None) -> tuple[str, Reason]:
+    """(precision key, reason): the request's, else the precision the base model was trained in (published in
+    :mod:`lcmoe_recipes.catalog.history`; BF16 when none is published), mapped to the GPU's form of it."""
     if wish:
         return wish, Reason(f"{wish}, as requested", "your request")
-    if hw.compute_capability[0] == 9:
-        return "fp8_blockwise", Reason("FP8 blockwise on Hopper: the FP8 class of the published long-context H100 runs",
-                                       SOURCE)
-    return "bf16", Reason("BF16 on Blackwell by default; MXFP8 on request (--precision mxfp8)", SOURCE)
+    history = history_of(spec.hf_id)
+    trained = history.precision
+    if trained is None:
+        return "bf16", Reason(f"BF16: {spec.display} publishes no low-precision training, so an extension keeps BF16 "
+                              "(--precision fp8_blockwise|fp8_cs|mxfp8 to change it)", f"{spec.display} model card")
+    if trained == "fp8_blockwise" and hw.compute_capability[0] >= 10:
+        return "mxfp8", Reason(f"MXFP8: {spec.display} was trained in block-scaled FP8; on Blackwell ({hw.display}) "
+                               "that is MXFP8 (1x32 blocks)", f"{history.source}; {TE_SOURCE}")
+    if trained.startswith("fp8") and hw.compute_capability < (8, 9):
+        return "bf16", Reason(f"BF16: {spec.display} was trained in FP8, which {hw.display} lacks", TE_SOURCE)
+    return trained, Reason(f"{trained}: the precision {spec.display} was trained in", history.source)

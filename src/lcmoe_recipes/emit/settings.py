@@ -1,0 +1,365 @@
+"""What we change on megatron-bridge's recipe, and why: the settings a Plan writes onto its upstream base.
+
+Every config of ours starts from megatron-bridge's own recipe for the model and GPU (:mod:`.upstream`). Each
+:class:`Setting` below owns a set of ConfigContainer fields (glob patterns over the dotted paths of
+``ConfigContainer.to_dict()``), writes them from the Plan, and gives the reason. :func:`parity` applies them one by
+one onto the base and attributes every changed field to the setting that changed it; a setting that changes a field
+it does not own is an error, so no difference from upstream can appear without a reason (tests/test_parity.py;
+docs/parity.md is generated from it by ``scripts/parity_report.py``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..plan import Plan, Reason, mixed_precision_name
+
+# Process environment by NVLink domain (megatron-bridge 0.6.2 perf recipes: CUDA_DEVICE_MAX_CONNECTIONS 1 on HGX
+# with DeepEP-class dispatch, 32 on NVL72; HybridEP's NVLINK_DOMAIN_SIZE / USE_MNNVL for the system).
+HARDWARE_ENV = {
+    8: {"CUDA_DEVICE_MAX_CONNECTIONS": 1, "NVLINK_DOMAIN_SIZE": 8, "USE_MNNVL": 0},
+    72: {"CUDA_DEVICE_MAX_CONNECTIONS": 32, "NVLINK_DOMAIN_SIZE": 72, "USE_MNNVL": 1},
+}
+# HybridEP's tuning variables: inert for any other backend; megatron-bridge's perf recipes drop them there
+# (perf_recipes/environment.py HYBRID_EP_ENV_NAMES).
+HYBRID_EP_ENV = ("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API", "NVLINK_DOMAIN_SIZE",
+                 "USE_MNNVL")
+UPSTREAM = "megatron-bridge 0.6.2"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One group of fields we set, with its reason.
+
+    Attributes:
+        key: the Plan's reason key (``plan.reasons[key]``), or a fixed name.
+        fields: glob patterns over ``ConfigContainer.to_dict()`` paths (``model.recompute_*``).
+        apply: writes the fields: ``apply(cfg, plan, base_recipe_record_or_None)``.
+        reason: the reason when the Plan has none under ``key``.
+    """
+
+    key: str
+    fields: tuple[str, ...]
+    apply: Callable[[Any, Plan], None]
+    reason: Callable[[Plan], Reason] | None = None
+
+    def why(self, plan: Plan) -> Reason:
+        if self.key in plan.reasons:
+            return plan.reasons[self.key]
+        if self.reason is not None:
+            return self.reason(plan)
+        return Reason(f"set from the plan ({self.key})", "lcmoe_recipes plan")
+
+    def owns(self, path: str) -> bool:
+        return any(fnmatch.fnmatchcase(path, pattern) for pattern in self.fields)
+
+
+def _layout(cfg, plan: Plan) -> None:
+    import torch
+
+    m, lay = cfg.model, plan.layout
+    m.tensor_model_parallel_size, m.pipeline_model_parallel_size = lay.tp, lay.pp
+    m.virtual_pipeline_model_parallel_size, m.context_parallel_size = lay.vpp, lay.cp
+    m.expert_model_parallel_size, m.expert_tensor_parallel_size = lay.ep, lay.etp
+    m.pipeline_dtype = torch.bfloat16 if lay.pp > 1 else None
+
+
+def _sequence_parallel(cfg, plan: Plan) -> None:
+    cfg.model.sequence_parallel = plan.sequence_parallel
+
+
+def _pipeline(cfg, plan: Plan) -> None:
+    m = cfg.model
+    m.pipeline_model_parallel_layout = plan.pipeline_model_parallel_layout
+    if plan.pipeline_model_parallel_layout is not None:  # a layout string excludes the other split knobs
+        m.account_for_embedding_in_pipeline_split = m.account_for_loss_in_pipeline_split = False
+        m.num_layers_in_first_pipeline_stage = m.num_layers_in_last_pipeline_stage = None
+
+
+def _seq_length(cfg, plan: Plan) -> None:
+    cfg.model.seq_length = cfg.dataset.seq_length = plan.seq_length
+
+
+def _positions(cfg, plan: Plan) -> None:
+    p, m = plan.positions, cfg.model
+    if p is None:
+        return
+    m.rotary_base = p.rotary_base
+    yarn = p.scaling == "yarn"
+    if plan.model_spec.multi_latent_attention:  # MLA providers: megatron-core MLATransformerConfig fields
+        m.rope_type = "yarn"  # factor 1 = plain RoPE; MLA's rope fusion needs the yarn path (mcore 0.19.2)
+        m.rotary_scaling_factor = p.factor if yarn else 1.0
+        if yarn:
+            m.original_max_position_embeddings = p.original_max_position_embeddings
+            m.beta_fast, m.beta_slow, m.mscale, m.mscale_all_dim = p.beta_fast, p.beta_slow, p.mscale, p.mscale_all_dim
+        return
+    m.position_embedding_type = "yarn" if yarn else "rope"  # GPT providers: megatron-bridge's yarn_* fields
+    values = ((p.factor, p.original_max_position_embeddings, p.beta_fast, p.beta_slow, p.mscale, p.mscale_all_dim, True)
+              if yarn else (None,) * 7)
+    (m.yarn_rotary_scaling_factor, m.yarn_original_max_position_embeddings, m.yarn_beta_fast, m.yarn_beta_slow,
+     m.yarn_mscale, m.yarn_mscale_all_dim, m.yarn_correction_range_round_to_int) = values
+
+
+def _cp_comm(cfg, plan: Plan) -> None:
+    cfg.model.cp_comm_type = plan.cp_comm_type
+    cfg.model.hierarchical_context_parallel_sizes = list(plan.hierarchical_cp_sizes) if plan.hierarchical_cp_sizes else None
+
+
+def _mtp(cfg, plan: Plan) -> None:
+    cfg.model.mtp_num_layers = plan.mtp_num_layers or None
+
+
+def _dispatcher(cfg, plan: Plan) -> None:
+    m = cfg.model
+    m.moe_token_dispatcher_type = plan.moe_token_dispatcher_type
+    m.moe_flex_dispatcher_backend = plan.moe_flex_dispatcher_backend
+    if plan.moe_token_dispatcher_type == "flex":
+        m.moe_shared_expert_overlap = False  # megatron-core: shared-expert overlap is incompatible with flex
+    env = dict(cfg.env_vars or {})
+    if plan.moe_flex_dispatcher_backend == "hybridep" and plan.moe_token_dispatcher_type == "flex":
+        env["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] = plan.layout.ep * plan.layout.etp
+    else:
+        for name in HYBRID_EP_ENV:
+            env.pop(name, None)
+    cfg.env_vars = env
+
+
+def _hardware_env(cfg, plan: Plan) -> None:
+    env = dict(cfg.env_vars or {})
+    hybridep = plan.moe_flex_dispatcher_backend == "hybridep" and plan.moe_token_dispatcher_type == "flex"
+    for name, value in HARDWARE_ENV.get(plan.hardware_spec.nvlink_domain, {}).items():
+        if name == "CUDA_DEVICE_MAX_CONNECTIONS" or hybridep:  # the other two are HybridEP's
+            env[name] = value
+    cfg.env_vars = env
+
+
+def _recompute(cfg, plan: Plan) -> None:
+    m = cfg.model
+    m.recompute_granularity = plan.recompute_granularity
+    m.recompute_modules = list(plan.recompute_modules) if plan.recompute_granularity == "selective" else None
+    m.recompute_method, m.recompute_num_layers = plan.recompute_method, plan.recompute_num_layers
+
+
+def _cuda_graphs(cfg, plan: Plan) -> None:
+    m = cfg.model
+    if plan.cuda_graph_impl == "none" and (m.cuda_graph_impl or "none") == "none":
+        return  # no graphs, as upstream: leave its (unused) module spelling alone
+    m.cuda_graph_impl = plan.cuda_graph_impl
+    m.cuda_graph_scope = None  # deprecated alias in megatron-core 0.19.2; cannot be set with cuda_graph_modules
+    m.cuda_graph_modules = list(plan.cuda_graph_modules)
+    if plan.cuda_graph_impl != "none":  # CUDA graphs need TE's RNG tracker (megatron-core)
+        m.use_te_rng_tracker = cfg.rng.te_rng_tracker = True
+
+
+def _precision(cfg, plan: Plan) -> None:
+    from .config import _precision_of
+
+    if _precision_of(cfg.mixed_precision) == plan.precision:
+        return  # upstream's own mixed-precision object for this precision (its tuned fields included)
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+    grad_fp32 = getattr(cfg.mixed_precision, "grad_reduce_in_fp32", None)
+    mixed = get_mixed_precision_config(mixed_precision_name(plan.precision))
+    if grad_fp32 is not None:
+        mixed.grad_reduce_in_fp32 = grad_fp32
+    cfg.mixed_precision = mixed
+
+
+def _optimizer(cfg, plan: Plan) -> None:
+    opt = cfg.optimizer
+    opt.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer = plan.use_distributed_optimizer
+    opt.use_precision_aware_optimizer = plan.use_precision_aware_optimizer
+    opt.optimizer_cpu_offload = plan.optimizer_cpu_offload
+    opt.optimizer_offload_fraction = plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0
+    opt.overlap_cpu_optimizer_d2h_h2d = plan.optimizer_cpu_offload
+
+
+def _batch(cfg, plan: Plan) -> None:
+    cfg.train.micro_batch_size, cfg.train.global_batch_size = plan.micro_batch_size, plan.global_batch_size
+
+
+def _schedule(cfg, plan: Plan) -> None:
+    s = plan.schedule
+    if s is None:
+        return
+    cfg.train.train_iters = s.train_iters
+    cfg.optimizer.lr, cfg.optimizer.min_lr = s.lr, s.min_lr
+    cfg.scheduler.lr_warmup_iters, cfg.scheduler.lr_decay_style = s.lr_warmup_iters, s.lr_decay_style
+    cfg.scheduler.lr_decay_iters = s.train_iters
+
+
+def _data(cfg, plan: Plan) -> None:
+    cfg.dataset.create_attention_mask = plan.create_attention_mask
+    tok = cfg.tokenizer
+    if getattr(cfg.dataset, "blend", None) is None:  # mock data: nothing to download
+        tok.tokenizer_type, tok.tokenizer_model, tok.vocab_size = "NullTokenizer", None, plan.model_spec.vocab_size
+
+
+def _checkpoint(cfg, plan: Plan) -> None:
+    run_dir = f"nemo_experiments/{plan.name}"
+    cfg.checkpoint.save = f"{run_dir}/checkpoints"
+    cfg.checkpoint.load = None
+    cfg.checkpoint.pretrained_checkpoint = plan.pretrained_checkpoint
+    if plan.schedule is not None:  # at least four checkpoints per phase, never fewer than upstream's cadence
+        cfg.checkpoint.save_interval = max(1, min(cfg.checkpoint.save_interval or plan.schedule.train_iters,
+                                                  plan.schedule.train_iters // 4))
+    cfg.logger.tensorboard_dir = f"{run_dir}/tb_logs"
+
+
+def _real_training(cfg, plan: Plan) -> None:
+    """Undo what megatron-bridge's perf recipes set for benchmarking only."""
+    cfg.model.moe_router_force_load_balancing = False
+    cfg.ddp.check_for_nan_in_grad = True
+    cfg.rerun_state_machine.check_for_nan_in_loss = plan.cuda_graph_impl != "full_iteration"
+    cfg.validation.eval_iters = max(cfg.validation.eval_iters or 0, 32)
+
+
+def _numerics(cfg, plan: Plan) -> None:
+    m = cfg.model
+    if m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl == "te":
+        m.cross_entropy_fusion_impl = "native"
+    if (m.num_moe_experts or 0) >= 32 and not m.moe_router_dtype:
+        m.moe_router_dtype = "fp32"
+
+
+def _tp_overlap(cfg, plan: Plan) -> None:
+    if cfg.comm_overlap is not None and plan.layout.tp > 1:
+        cfg.comm_overlap.tp_comm_overlap = False
+
+
+def _answer(text: str, source: str) -> Callable[[Plan], Reason]:
+    return lambda plan: Reason(text, source)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("layout", ("model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+                       "model.virtual_pipeline_model_parallel_size", "model.context_parallel_size",
+                       "model.expert_model_parallel_size", "model.expert_tensor_parallel_size", "model.pipeline_dtype"),
+            _layout),
+    Setting("sequence_parallel", ("model.sequence_parallel",), _sequence_parallel),
+    Setting("pipeline_model_parallel_layout", ("model.pipeline_model_parallel_layout*", "model.account_for_*",
+                                               "model.num_layers_in_*_pipeline_stage"), _pipeline),
+    Setting("seq_length", ("model.seq_length", "dataset.seq_length"), _seq_length,
+            lambda plan: Reason(f"seq_length {plan.seq_length:,}: the length this run trains at (model and dataset, "
+                                "which megatron-bridge requires equal)", "your request")),
+    Setting("positions", ("model.rotary_base", "model.position_embedding_type", "model.yarn_*", "model.rope_type",
+                          "model.rotary_scaling_factor", "model.original_max_position_embeddings", "model.beta_*",
+                          "model.mscale*"), _positions),
+    Setting("cp_comm_type", ("model.cp_comm_type", "model.hierarchical_context_parallel_sizes*"), _cp_comm),
+    Setting("mtp", ("model.mtp_num_layers",), _mtp,
+            _answer("multi-token prediction as the model was trained", "the model's config.json / model card")),
+    Setting("dispatcher", ("model.moe_token_dispatcher_type", "model.moe_flex_dispatcher_backend",
+                           "model.moe_shared_expert_overlap", *(f"env_vars.{n}" for n in HYBRID_EP_ENV)), _dispatcher),
+    Setting("hardware_env", tuple(f"env_vars.{n}" for n in HARDWARE_ENV[8]), _hardware_env,
+            _answer("process environment of the target system (values of megatron-bridge's perf recipes for HGX "
+                    "(NVLink domain 8) and NVL72 (72) systems)", f"{UPSTREAM} perf_recipes/<model>/<gpu>/*.py env_vars")),
+    Setting("recompute", ("model.recompute_granularity", "model.recompute_modules*", "model.recompute_method",
+                          "model.recompute_num_layers"), _recompute),
+    Setting("cuda_graphs", ("model.cuda_graph_impl", "model.cuda_graph_scope*", "model.cuda_graph_modules*",
+                            "model.use_te_rng_tracker", "rng.te_rng_tracker"), _cuda_graphs),
+    Setting("precision", ("mixed_precision", "mixed_precision.*"), _precision),
+    Setting("optimizer_cpu_offload", ("optimizer.use_distributed_optimizer", "ddp.use_distributed_optimizer",
+                                      "optimizer.use_precision_aware_optimizer", "optimizer.optimizer_cpu_offload",
+                                      "optimizer.optimizer_offload_fraction", "optimizer.overlap_cpu_optimizer_d2h_h2d"),
+            _optimizer),
+    Setting("global_batch_size", ("train.global_batch_size", "train.micro_batch_size"), _batch),
+    Setting("schedule", ("train.train_iters", "optimizer.lr", "optimizer.min_lr", "scheduler.lr_warmup_iters",
+                         "scheduler.lr_decay_style", "scheduler.lr_decay_iters"), _schedule),
+    Setting("data", ("dataset.create_attention_mask", "tokenizer.tokenizer_type", "tokenizer.tokenizer_model",
+                     "tokenizer.vocab_size"), _data,
+            _answer("mock data with a NullTokenizer sized to the model's vocabulary until --data-path/--tokenizer give "
+                    "real ones (nothing is downloaded); no dense seq_length x seq_length attention mask per sample "
+                    "(megatron-core's GPT dataset builds one when create_attention_mask is true; flash attention never "
+                    "reads it; megatron-bridge's gpt_oss perf recipe also sets it false)",
+                    "megatron-core 0.19.2 datasets/gpt_dataset.py; megatron-bridge 0.6.2 perf_recipes/gpt_oss/common.py")),
+    Setting("checkpoint", ("checkpoint.save", "checkpoint.load", "checkpoint.pretrained_checkpoint",
+                           "checkpoint.save_interval", "logger.tensorboard_dir"), _checkpoint,
+            _answer("a real run saves: checkpoints and TensorBoard under nemo_experiments/<recipe>/ of the launch folder "
+                    "(launch --save-dir moves them), at least four saves per phase; weights from "
+                    "checkpoint.pretrained_checkpoint when the run extends a pretrained model",
+                    f"{UPSTREAM} perf_recipes/_common.py _benchmark_common turns saving off for benchmarks")),
+    Setting("real_training", ("model.moe_router_force_load_balancing", "ddp.check_for_nan_in_grad",
+                              "rerun_state_machine.check_for_nan_in_loss", "validation.eval_iters"), _real_training,
+            _answer("real training, not a benchmark: routing follows the learned router (forced load balancing is a "
+                    "benchmark-only setting), NaN checks on gradients and loss stay on, validation runs",
+                    f"{UPSTREAM} perf_recipes/_common.py _benchmark_common and the model's perf common.py "
+                    "(moe_router_force_load_balancing); recipes/common.py _pretrain_common for the training values")),
+    Setting("numerics", ("model.cross_entropy_fusion_impl", "model.moe_router_dtype"), _numerics,
+            _answer("native cross-entropy fusion (megatron-core warns that Transformer Engine's has known stability "
+                    "issues and Megatron-LM's argument validation rejects it); fp32 routing for 32+ experts "
+                    "(megatron-core warns without it)",
+                    "megatron-core 0.19.2 model_parallel_config.py and transformer/transformer_config.py __post_init__ "
+                    "warnings")),
+    Setting("tp_comm_overlap", ("comm_overlap.tp_comm_overlap",), _tp_overlap,
+            _answer("TP communication overlap off: upstream's recipe asks for it at TP=1, where CommOverlapConfig.setup "
+                    "turns it off; at TP>1 it would start userbuffer overlap that no upstream recipe of this model runs "
+                    "and our step model does not price", f"{UPSTREAM} training/comm_overlap.py CommOverlapConfig.setup")),
+)
+
+
+def apply_settings(cfg, plan: Plan) -> None:
+    """Write every :data:`SETTINGS` group of ``plan`` onto ``cfg`` (the upstream base), in order."""
+    for setting in SETTINGS:
+        setting.apply(cfg, plan)
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out if out or not prefix else {prefix: {}}
+    return {prefix: tree}
+
+
+def flat_fields(cfg) -> dict[str, Any]:
+    """``cfg.to_dict()`` as dotted path -> value (lists and scalars are leaves)."""
+    return _flatten(cfg.to_dict())
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One field whose value differs from upstream's recipe."""
+
+    path: str
+    upstream: Any
+    ours: Any
+    setting: str
+    reason: Reason
+
+
+def parity(base, plan: Plan, settings: tuple[Setting, ...] = SETTINGS) -> list[Difference]:
+    """Apply ``settings`` (default :data:`SETTINGS`) to ``base`` (changed in place) one at a time and attribute
+    every changed field.
+
+    Raises:
+        AssertionError: a setting changed a field it does not own (a difference without a reason).
+    """
+    before = flat_fields(base)
+    upstream = dict(before)
+    out: list[Difference] = []
+    for setting in settings:
+        setting.apply(base, plan)
+        after = flat_fields(base)
+        for path in sorted(set(before) | set(after)):
+            if before.get(path, _ABSENT) == after.get(path, _ABSENT):
+                continue
+            if not setting.owns(path):
+                raise AssertionError(f"setting '{setting.key}' changed {path}, which it does not own: add it to its "
+                                     "fields (with a reason that covers it) or stop changing it")
+            out = [d for d in out if d.path != path]
+            if upstream.get(path, _ABSENT) != after.get(path, _ABSENT):
+                out.append(Difference(path, upstream.get(path, _ABSENT), after.get(path, _ABSENT), setting.key,
+                                      setting.why(plan)))
+        before = after
+    return out
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+_ABSENT = _Absent()

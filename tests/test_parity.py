@@ -1,0 +1,96 @@
+"""Our configs start from megatron-bridge's own recipe for the model and GPU; every field we change is owned by one
+setting with a reason (docs/parity.md, generated), and a change outside a setting's fields fails."""
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from lcmoe_recipes import recipe_plan
+from lcmoe_recipes.catalog import get_hardware, get_model
+from lcmoe_recipes.catalog.upstream import base_recipe, upstream_recipes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("model,hw,precision,gpus,expected,how", [
+    ("dsv3", "h100", "fp8_blockwise", 256, "deepseek_v3_pretrain_1024gpu_h100_fp8sc_config", "the same model, H100"),
+    ("qwen3_next", "gb200", "bf16", 32, "qwen3_next_80b_a3b_pretrain_64gpu_gb200_bf16_config", "the same model, GB200"),
+    # upstream's Qwen3-235B MXFP8 recipes are full-iteration-graph or dev variants: the BF16 recipe is the base
+    ("qwen3_235b", "gb200", "mxfp8", 128, "qwen3_235b_a22b_pretrain_256gpu_gb200_bf16_config",
+     "upstream's mxfp8 recipes are full-iteration-graph or development variants"),
+    ("qwen3_30b", "h200", "bf16", 64, "qwen3_30b_a3b_pretrain_64gpu_h100_bf16_config", "H100 (no H200 recipe)"),
+    ("course_moe", "h100", "bf16", 64, "qwen3_30b_a3b_pretrain_64gpu_h100_bf16_config",
+     "the closest family recipe (Qwen3-30B-A3B, same qwen3_moe architecture)"),
+    ("moonlight", "h100", "bf16", 64, "moonlight_16b_pretrain_16gpu_h100_bf16_config", "library recipe"),
+])
+def test_base_recipe_choice(model, hw, precision, gpus, expected, how):
+    recipe, why = base_recipe(get_model(model), get_hardware(hw), precision, gpus)
+    assert recipe.name == expected and how in why
+
+
+def test_catalogue_records_upstream_settings():
+    (fp8sc,) = [r for r in upstream_recipes() if r.name == "deepseek_v3_pretrain_1024gpu_h100_fp8sc_config"]
+    # megatron-bridge 0.6.2 DSV3: precision-aware optimizer with bf16 moments, bf16 gradient reduction, init 0.006
+    assert (fp8sc.use_precision_aware_optimizer, fp8sc.moment_dtype, fp8sc.grad_dtype) == (True, "bf16", "bf16")
+    assert fp8sc.init_method_std == 0.006 and fp8sc.pp == 8 and fp8sc.vpp == 2
+    (nxt,) = [r for r in upstream_recipes() if r.name == "qwen3_next_80b_a3b_pretrain_64gpu_gb200_bf16_config"]
+    assert nxt.layout_for(2, 4) == "Et*4|(t*7|)*5t*8|tmL" and nxt.layout_for(4, 2) is None
+
+
+@pytest.mark.slow
+def test_upstream_catalogue_is_current():
+    module = _script("regen_upstream")
+    assert module.generate() == module.TARGET.read_text(), "run python scripts/regen_upstream.py"
+
+
+@pytest.mark.slow
+def test_parity_report_is_current():
+    module = _script("parity_report")
+    assert module.generate() == module.TARGET.read_text(), "run python scripts/parity_report.py"
+
+
+@pytest.mark.slow
+def test_a_change_without_a_reason_fails(configs):
+    from lcmoe_recipes.emit.config import base_config
+    from lcmoe_recipes.emit.settings import SETTINGS, Setting, parity
+
+    plan = recipe_plan("qwen3_next_8k_gb200")
+
+    def sneaky(cfg, plan):
+        cfg.model.init_method_std = 0.5
+
+    rogue = SETTINGS + (Setting("numerics", ("model.cross_entropy_fusion_impl",), sneaky),)
+    with pytest.raises(AssertionError, match="setting 'numerics' changed model.init_method_std, which it does not own"):
+        parity(base_config(plan), plan, rogue)
+    diffs = {d.path: d for d in parity(base_config(plan), plan)}
+    assert diffs["dataset.create_attention_mask"].upstream is True and diffs["dataset.create_attention_mask"].ours is False
+    assert diffs["model.moe_router_force_load_balancing"].setting == "real_training"
+    assert "model.init_method_std" not in diffs  # upstream's value stays
+
+
+@pytest.mark.slow
+def test_named_recipe_yaml_keeps_upstream_settings():
+    """The issue's findings, fixed through the upstream base: no s x s mask, DSV3's own init, upstream's environment
+    and kernels, real training (no forced load balancing)."""
+    import yaml
+
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        cfg = yaml.safe_load(path.read_text().split("\n", 1)[1])
+        assert cfg["dataset"]["create_attention_mask"] is False, path.name
+        assert cfg["model"]["moe_router_force_load_balancing"] is False, path.name
+        assert cfg["model"]["cross_entropy_fusion_impl"] == "native", path.name
+        assert cfg["env_vars"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True", path.name
+        assert cfg["env_vars"]["TORCH_NCCL_HIGH_PRIORITY"] == 1 and cfg["env_vars"]["NCCL_NVLS_ENABLE"] == 0
+        assert cfg["dist"]["enable_megatron_core_experimental"] is path.name.startswith("dsv3"), path.name
+        assert cfg["model"]["moe_router_fusion"] is True and cfg["model"]["apply_rope_fusion"] is True
+        if path.name.startswith("dsv3"):
+            assert cfg["model"]["init_method_std"] == 0.006  # megatron-bridge's DSV3 recipe (DeepSeek-V3's value)
