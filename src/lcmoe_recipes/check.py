@@ -86,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="examples:\n  python -m lcmoe_recipes.check out/dsv3_128k_h100.yaml\n"
                                             "  python -m lcmoe_recipes.check my.yaml --gpus 256 --hardware h100\n"
-                                            "  python -m lcmoe_recipes.check qwen3_235b_128k_gb200")
+                                            "  python -m lcmoe_recipes.check qwen3_235b_128k_gb200\n"
+                                            "  python -m lcmoe_recipes.check out/dsv3_128k_h100.yaml --container-image "
+                                            "nvcr.io/nvidia/nemo:26.06\n"
+                                            "  python -m lcmoe_recipes.check --known-issues")
     parser.add_argument("config", nargs="?", help=f"ConfigContainer YAML file, or a named recipe "
                         f"({', '.join(NAMED_RECIPES)})")
     parser.add_argument("--gpus", type=int, help="target world size (default: the YAML header's or the recipe's)")
@@ -115,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.container_image:
                 raise LcmoeError(f"--container-image needs the ConfigContainer, not the named recipe "
                                  f"'{args.config}' (known upstream bugs are judged on its fields)",
-                                 f"write it with python -m lcmoe_recipes.launch {args.config} --dry-run, then check "
-                                 f"out/{args.config}.yaml --container-image {args.container_image}")
+                                 f"write it with python -m lcmoe_recipes.launch {args.config} --dry-run, then run "
+                                 f"python -m lcmoe_recipes.check out/{args.config}.yaml --container-image "
+                                 f"{args.container_image}")
             findings = all_findings(plan)
             scope = ("plan checks and the cost model (upstream validate() and the known upstream bugs run on YAML "
                      "files and in launch)")
