@@ -3,7 +3,9 @@
 CONFIG is a ConfigContainer YAML (ours, upstream's or a user's) or a named recipe. For a YAML the target defaults to
 the one recorded in its ``# lcmoe_recipes:`` header. Prints the layout, where each parallel group sits (nodes,
 NVLink blocks), the predicted memory per GPU and step time with their breakdowns, and every finding (severity,
-rule, message, fix) -- including a layout predicted not to fit in HBM.
+rule, message, fix) -- including a layout predicted not to fit in HBM and, for a YAML, the known upstream bugs
+that apply to it for the versions it will run with (the installed ones, or ``--container-image``'s).
+``--known-issues`` lists that catalogue (docs/known_issues.md).
 
 Exit codes: 0 no errors (warnings allowed) · 1 errors found · 2 bad input (missing file, unknown hardware).
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from .catalog import HARDWARE, get_hardware
 from .checks import Finding
+from .checks.known_issues import catalogue_rows, stack_versions
 from .errors import LcmoeError
 from .explain import all_findings
 from .plan import Plan
@@ -62,18 +65,47 @@ def format_findings(plan: Plan, findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
+def list_known_issues(container_image: str | None = None) -> int:
+    """Print the known-issue catalogue with whether the installed (or the container's) versions are affected."""
+    versions, notes = stack_versions(container_image)
+    rows = catalogue_rows(versions)
+    print(f"{len(rows)} known upstream bugs (docs/known_issues.md); 'these versions' = {versions.describe()}")
+    for note in notes:
+        print(f"{note.severity} {note.rule}: {note.message}\n        fix: {note.fix}")
+    for issue_id, severity, affected, applies, title, urls in rows:
+        print(f"\n{severity:<7} {issue_id}: {affected}; these versions affected: {applies}")
+        print(f"        {title}")
+        print(f"        {'  '.join(urls)}")
+    print("\nA config gets a finding only when its fields also match the entry's trigger: "
+          "python -m lcmoe_recipes.check CONFIG.yaml [--container-image IMAGE]")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lcmoe_recipes.check", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="examples:\n  python -m lcmoe_recipes.check out/dsv3_128k_h100.yaml\n"
                                             "  python -m lcmoe_recipes.check my.yaml --gpus 256 --hardware h100\n"
-                                            "  python -m lcmoe_recipes.check qwen3_235b_128k_gb200")
-    parser.add_argument("config", help=f"ConfigContainer YAML file, or a named recipe ({', '.join(NAMED_RECIPES)})")
+                                            "  python -m lcmoe_recipes.check qwen3_235b_128k_gb200\n"
+                                            "  python -m lcmoe_recipes.check out/dsv3_128k_h100.yaml --container-image "
+                                            "nvcr.io/nvidia/nemo:26.06\n"
+                                            "  python -m lcmoe_recipes.check --known-issues")
+    parser.add_argument("config", nargs="?", help=f"ConfigContainer YAML file, or a named recipe "
+                        f"({', '.join(NAMED_RECIPES)})")
     parser.add_argument("--gpus", type=int, help="target world size (default: the YAML header's or the recipe's)")
     parser.add_argument("--hardware", help=f"target GPU: {', '.join(HARDWARE)} (default: the YAML header's or the "
                         "recipe's)")
+    parser.add_argument("--container-image", metavar="IMAGE", help="judge known upstream bugs for the versions in "
+                        "this container (listed NGC NeMo images; default: the installed versions)")
+    parser.add_argument("--known-issues", action="store_true", help="list the known upstream bugs (id, severity, "
+                        "affected versions, whether the installed or --container-image versions are affected, "
+                        "source) and exit")
     args = parser.parse_args(argv)
+    if args.known_issues:
+        return list_known_issues(args.container_image)
     try:
+        if args.config is None:
+            raise LcmoeError("no CONFIG given", "give a ConfigContainer YAML or a named recipe, or --known-issues")
         for flag, value in (("--gpus", args.gpus),):
             if value is not None and value < 1:
                 raise LcmoeError(f"{flag} {value} is not a positive GPU count", "e.g. --gpus 256")
@@ -83,8 +115,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.gpus or hw_arg:  # the same recipe on another target
                 plan = plan.with_changes(layout=dataclasses.replace(plan.layout, world=args.gpus or plan.layout.world),
                                          hardware=(hw_arg or plan.hardware_spec).key)
+            if args.container_image:
+                raise LcmoeError(f"--container-image needs the ConfigContainer, not the named recipe "
+                                 f"'{args.config}' (known upstream bugs are judged on its fields)",
+                                 f"write it with python -m lcmoe_recipes.launch {args.config} --dry-run, then run "
+                                 f"python -m lcmoe_recipes.check out/{args.config}.yaml --container-image "
+                                 f"{args.container_image}")
             findings = all_findings(plan)
-            scope = "plan checks and the cost model (upstream validate() runs on YAML files and in launch)"
+            scope = ("plan checks and the cost model (upstream validate() and the known upstream bugs run on YAML "
+                     "files and in launch)")
         else:
             if not Path(args.config).is_file():
                 raise LcmoeError(f"'{args.config}' is neither a file nor a named recipe",
@@ -102,14 +141,16 @@ def main(argv: list[str] | None = None) -> int:
             cfg, _ = emit.read_yaml(args.config)
             name = meta.get("recipe") or Path(args.config).stem
             plan = emit.plan_from_config(cfg, hw, gpus, name)
-            findings = emit.config_findings(cfg, hw, gpus, name)
+            versions, findings = stack_versions(args.container_image)  # an unlisted image: a warning
+            findings = emit.config_findings(cfg, hw, gpus, name, versions) + findings
             if meta and (gpus, hw.key) != (meta.get("world_size"), meta.get("hardware")):
                 findings.append(Finding(
                     "warning", "target/differs-from-header",
                     f"checking for {gpus} x {hw.key}, but the YAML was written for {meta.get('world_size')} x "
                     f"{meta.get('hardware')}: lcmoe_recipes.train refuses to start on a target other than the header's",
                     f"rewrite it for this target: python -m lcmoe_recipes.launch ... --gpus {gpus} --hardware {hw.key} --dry-run"))
-            scope = "our checks, the cost model and megatron-bridge validate() for the target"
+            scope = (f"our checks, the cost model, megatron-bridge validate() for the target and the known upstream "
+                     f"bugs for {versions.describe()}")
     except LcmoeError as exc:
         return exc.report()
     print(f"checked with {scope}")

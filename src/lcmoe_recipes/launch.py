@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from .catalog import HARDWARE, MODELS, get_hardware
+from .checks.known_issues import stack_versions
 from .errors import LcmoeError, UnknownName
 from .executors import (EXECUTORS, LaunchResult, SlurmSettings, check_settings, nodes_for, run_local, run_slurm,
                         train_arguments)
@@ -185,20 +186,21 @@ def _target(found: dict, world_size: int | None, hardware: str | None, where: st
     return meta
 
 
-def _materialize(cfg, meta: dict, output: str | Path | None):
-    """(YAML path, env_vars) for ``cfg`` after validating it for its target ``meta``; writes the YAML when ``cfg`` is
-    a ConfigContainer or a YAML without our header."""
+def _materialize(cfg, meta: dict, output: str | Path | None, versions=None):
+    """(YAML path, env_vars) for ``cfg`` after validating it for its target ``meta`` (known upstream bugs judged for
+    ``versions``, default the installed ones); writes the YAML when ``cfg`` is a ConfigContainer or a YAML without our
+    header."""
     from . import emit
 
     if isinstance(cfg, (str, os.PathLike)):
         path = Path(cfg)
         loaded, found = emit.read_yaml(path)
-        emit.validate_config(loaded, meta["hardware"], meta["world_size"], meta["recipe"])
+        emit.validate_config(loaded, meta["hardware"], meta["world_size"], meta["recipe"], versions)
         if found.get("world_size") and found.get("hardware") and output is None:
             return path, dict(loaded.env_vars or {})
         target = Path(output or f"out/{path.stem}.{meta['hardware']}x{meta['world_size']}.yaml")
         return emit.write_yaml(loaded, target, meta), dict(loaded.env_vars or {})
-    emit.validate_config(cfg, meta["hardware"], meta["world_size"], meta["recipe"])
+    emit.validate_config(cfg, meta["hardware"], meta["world_size"], meta["recipe"], versions)
     if output is None:
         staged = emit.write_yaml(cfg, Path("out") / f".{meta['recipe']}.staged.yaml", meta)
         digest = hashlib.sha1(staged.read_bytes()).hexdigest()[:8]
@@ -254,7 +256,8 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
     else:
         meta = _target(emit.target_of(cfg), world_size, hardware, "this ConfigContainer")
     nodes_for(meta["world_size"], get_hardware(meta["hardware"]).gpus_per_node)
-    yaml, env_vars = _materialize(cfg, meta, output)
+    image = settings.container_image if settings is not None else getattr(executor, "container_image", None)
+    yaml, env_vars = _materialize(cfg, meta, output, stack_versions(image)[0])  # the container's versions if listed
     args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer)
     if executor == "local":
         return run_local(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, nproc_per_node=nproc_per_node,
@@ -293,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = _settings_from_args(args) if args.executor == "slurm" else None
         if settings is not None:
             check_settings(settings)  # before the 15-40 s build, and before anything is written
+        # Known upstream bugs are judged for the versions the job runs: the listed container's, else the installed.
+        versions, version_notes = stack_versions(args.container_image)
         from . import emit  # heavy part starts here
 
         overrides = list(args.overrides) + emit.data_overrides(args.data_path, args.tokenizer)
@@ -313,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             emit.apply_overrides(cfg, overrides)
             shown = emit.plan_from_config(cfg, hw, plan.layout.world, plan.name)
             shown = shown.with_changes(reasons=carry_reasons(plan, shown))
-        warnings = emit.validate_config(cfg, hw, plan.layout.world, plan.name)
+        warnings = emit.validate_config(cfg, hw, plan.layout.world, plan.name, versions) + version_notes
         meta = emit.target_meta(shown, overrides)
         emit.write_yaml(cfg, output, meta)
     except LcmoeError as exc:

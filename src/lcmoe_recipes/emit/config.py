@@ -16,6 +16,7 @@ from typing import Any
 
 from ..catalog import MODELS, Hardware, get_hardware
 from ..checks import Finding, check_plan, raise_for_errors
+from ..checks.known_issues import StackVersions, config_view, known_issue_findings
 from ..errors import InfeasibleConfig, UnknownName
 from ..layout import ParallelLayout
 from ..plan import PRECISIONS, Plan, Positions, Schedule
@@ -257,7 +258,8 @@ def _check_pipeline_layout(cfg, name: str) -> None:
                                "give a layout with every decoder layer once, MTP after the decoders, loss last") from None
 
 
-def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = "config") -> list:
+def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = "config",
+                    versions: StackVersions | None = None) -> list:
     """Every finding for a ConfigContainer on ``world_size`` GPUs of ``hardware``, errors first.
 
     1. model and dataset ``seq_length`` must agree (rule ``config/seq-length``);
@@ -269,12 +271,22 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     4. if those pass: megatron-bridge's ``runtime_config_update`` (mixed-precision resolution, DP size, comm-overlap
        setup, ``validate()`` with every megatron-core post-init check) on a deep copy, inside
        :func:`lcmoe_recipes.emit.target.target_environment` so the world size, GPU and TE probes answer for the
-       target (rule ``upstream/validate``). The copy is thrown away: ``cfg`` is never changed.
+       target (rule ``upstream/validate``). The copy is thrown away: ``cfg`` is never changed;
+    5. always: the known upstream bugs whose trigger holds for ``cfg`` and whose affected versions include
+       ``versions`` (default: the installed ones; rules ``known-issue/<id>``, see docs/known_issues.md).
 
     Returns:
         list of :class:`lcmoe_recipes.checks.Finding`.
     """
     hw = hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
+    findings = _rule_and_upstream_findings(cfg, hw, world_size, name)
+    # 5. Known upstream bugs for the versions the config will run with (catalog/known_issues.yaml).
+    findings += known_issue_findings(config_view(cfg, hw, world_size), versions)
+    return sorted(findings, key=lambda f: f.severity != "error")
+
+
+def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str) -> list:
+    """Steps 1-4 of :func:`config_findings`."""
     load_bridge(quiet=True)
     model_seq, data_seq = cfg.model.seq_length, getattr(cfg.dataset, "seq_length", cfg.model.seq_length)
     if model_seq != data_seq:
@@ -304,8 +316,10 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     return findings
 
 
-def validate_config(cfg, hardware: str | Hardware, world_size: int, name: str = "config") -> list:
-    """:func:`config_findings`, raising on the first error.
+def validate_config(cfg, hardware: str | Hardware, world_size: int, name: str = "config",
+                    versions: StackVersions | None = None) -> list:
+    """:func:`config_findings` (known upstream bugs judged for ``versions``, default the installed ones), raising on
+    the first error.
 
     Returns:
         the warnings (list of :class:`lcmoe_recipes.checks.Finding`).
@@ -313,6 +327,6 @@ def validate_config(cfg, hardware: str | Hardware, world_size: int, name: str = 
     Raises:
         InfeasibleConfig: the first error, with its fix (all findings attached).
     """
-    findings = config_findings(cfg, hardware, world_size, name)
+    findings = config_findings(cfg, hardware, world_size, name, versions)
     raise_for_errors(findings, name)
     return findings

@@ -1,0 +1,161 @@
+"""The catalogue of known upstream bugs (``known_issues.yaml``) and of NGC containers' versions (``containers.yaml``).
+
+Both files ship inside the package; their headers describe every field. Loading validates the structure (unique
+ids, severities, PEP 440 specifiers and versions, sources); the trigger conditions are checked by
+:mod:`lcmoe_recipes.checks.known_issues`, which owns their language.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import yaml
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+COMPONENTS = ("megatron-core", "megatron-bridge", "transformer-engine")  # PyPI distribution names
+
+
+@dataclass(frozen=True)
+class Source:
+    """A public GitHub issue or pull request."""
+
+    repository: str
+    kind: str  # "issue" or "pull"
+    number: int
+
+    @property
+    def url(self) -> str:
+        return f"https://github.com/{self.repository}/{'pull' if self.kind == 'pull' else 'issues'}/{self.number}"
+
+    @property
+    def short(self) -> str:
+        """``Megatron-LM #5100`` / ``Megatron-LM PR #5271``."""
+        return f"{self.repository.split('/')[-1]} {'PR ' if self.kind == 'pull' else ''}#{self.number}"
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    """One upstream bug (see the header of ``known_issues.yaml`` for the meaning of each field).
+
+    Attributes:
+        affected: component (one of :data:`COMPONENTS`) -> PEP 440 specifier string.
+        trigger: the condition (mapping) over the config's fields.
+    """
+
+    id: str
+    title: str
+    severity: str
+    trigger: dict[str, Any]
+    affected: dict[str, str]
+    status: str
+    symptom: str
+    fix: str
+    sources: tuple[Source, ...]
+
+    def affects(self, versions: dict[str, str | None]) -> bool | None:
+        """True when every component in :attr:`affected` has a version in its range, False when one is outside,
+        None when a listed component's version is unknown (``versions[c]`` is None)."""
+        for component, spec in self.affected.items():
+            version = versions.get(component)
+            if version is None:
+                return None
+            if not SpecifierSet(spec).contains(Version(version), prereleases=True):
+                return False
+        return True
+
+    def fixed_in(self) -> str:
+        """``fixed in megatron-core 0.18.0`` (the upper bounds of :attr:`affected`), or ``no fixed release known``."""
+        fixed = [f"{c} {spec.version}" for c, specs in self.affected.items() for spec in SpecifierSet(specs)
+                 if spec.operator == "<"]
+        return f"fixed in {' and '.join(fixed)}" if fixed else "no fixed release known"
+
+    def affected_text(self) -> str:
+        """``megatron-core >=0.14.0,<0.18.0``; several components joined with ``and``."""
+        return " and ".join(f"{c} {spec or '(every version)'}" for c, spec in self.affected.items())
+
+
+@dataclass(frozen=True)
+class Container:
+    """A container image and the versions inside it (component -> version), with the release it belongs to."""
+
+    image: str
+    release: str
+    versions: dict[str, str]
+    note: str = ""
+
+
+def _read(name: str) -> dict[str, Any]:
+    return yaml.safe_load(resources.files(__package__).joinpath(name).read_text(encoding="utf-8"))
+
+
+def _source(raw: dict[str, Any], where: str) -> Source:
+    kinds = [k for k in ("issue", "pull") if k in raw]
+    if set(raw) != {"repository", *kinds} or len(kinds) != 1 or not isinstance(raw[kinds[0]], int):
+        raise ValueError(f"{where}: a source is {{repository: OWNER/NAME, issue: N}} or {{..., pull: N}}, not {raw}")
+    if raw["repository"].count("/") != 1:
+        raise ValueError(f"{where}: repository must be OWNER/NAME, not {raw['repository']!r}")
+    return Source(raw["repository"], kinds[0], raw[kinds[0]])
+
+
+def _issue(raw: dict[str, Any]) -> KnownIssue:
+    where = f"known_issues.yaml, {raw.get('id', '?')}"
+    fields = {"id", "title", "severity", "trigger", "affected", "status", "symptom", "fix", "sources"}
+    if set(raw) != fields:
+        raise ValueError(f"{where}: fields {sorted(fields)} expected, got {sorted(raw)}")
+    if raw["severity"] not in ("error", "warning"):
+        raise ValueError(f"{where}: severity must be error or warning, not {raw['severity']!r}")
+    for component, spec in raw["affected"].items():
+        if component not in COMPONENTS:
+            raise ValueError(f"{where}: unknown component {component!r} (one of {', '.join(COMPONENTS)})")
+        SpecifierSet(spec)  # raises InvalidSpecifier for a bad range
+    if not raw["affected"] or not raw["sources"]:
+        raise ValueError(f"{where}: needs at least one affected component and one source")
+    sources = tuple(_source(s, where) for s in raw["sources"])
+    text = {k: " ".join(str(raw[k]).split()) for k in ("title", "status", "symptom", "fix")}
+    return KnownIssue(id=raw["id"], severity=raw["severity"], trigger=raw["trigger"], affected=dict(raw["affected"]),
+                      sources=sources, **text)
+
+
+@functools.cache
+def known_issues() -> tuple[tuple[KnownIssue, ...], dict[str, Any]]:
+    """(entries, named conditions) of ``known_issues.yaml``, in file order.
+
+    Raises:
+        ValueError: a malformed entry (a test loads the catalogue, so this never reaches a user).
+    """
+    raw = _read("known_issues.yaml")
+    issues = tuple(_issue(entry) for entry in raw["issues"])
+    ids = [i.id for i in issues]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"known_issues.yaml: duplicate ids in {ids}")
+    return issues, dict(raw["conditions"])
+
+
+@functools.cache
+def containers() -> tuple[tuple[Container, ...], str]:
+    """(listed containers, the source URL of their versions) from ``containers.yaml``."""
+    raw = _read("containers.yaml")
+    out = []
+    for entry in raw["containers"]:
+        versions = {c: str(entry[c]) for c in COMPONENTS}
+        for version in versions.values():
+            Version(version)  # raises InvalidVersion
+        out.append(Container(entry["image"], entry["release"], versions, entry.get("note", "")))
+    return tuple(out), raw["source"]
+
+
+def normalise_image(image: str) -> str:
+    """One spelling per image: ``docker://``, enroot's ``nvcr.io#nvidia/...`` and a missing ``nvcr.io/`` in front of
+    ``nvidia/...`` are all read as ``nvcr.io/nvidia/...``; case is ignored."""
+    text = image.strip().lower().removeprefix("docker://").replace("#", "/", 1)
+    return f"nvcr.io/{text}" if text.startswith("nvidia/") else text
+
+
+def find_container(image: str) -> Container | None:
+    """The listed container for ``image`` (any spelling :func:`normalise_image` accepts), else None."""
+    wanted = normalise_image(image)
+    return next((c for c in containers()[0] if normalise_image(c.image) == wanted), None)

@@ -1,0 +1,152 @@
+"""Known upstream bugs that apply to a config and the versions it will run with.
+
+The bugs are data (``catalog/known_issues.yaml``: trigger over the config's fields, affected megatron-core /
+megatron-bridge / Transformer Engine ranges, severity, symptom, fix, public sources); this module only evaluates
+them. The versions are, by default, the installed ones (package metadata; Transformer Engine, absent in the light
+environment, is the target's :data:`lcmoe_recipes.emit.target.TARGET_TE_VERSION`), or those of a listed container
+image (``catalog/containers.yaml``). See docs/known_issues.md.
+
+Used by ``lcmoe_recipes.emit.config_findings`` (so ``check`` on a YAML, ``launch`` and the entry script on every rank
+report them) and by ``python -m lcmoe_recipes.check --known-issues``. Imports neither torch nor megatron.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from ..catalog import Hardware
+from ..catalog.known_issues import COMPONENTS, KnownIssue, containers, find_container, known_issues
+from .conditions import ConfigView, holds, problems
+from .feasibility import Finding
+
+
+@dataclass(frozen=True)
+class StackVersions:
+    """The versions a config will run with.
+
+    Attributes:
+        versions: component (``megatron-core``, ``megatron-bridge``, ``transformer-engine``) -> version, or None
+            when unknown.
+        origin: where they come from, e.g. ``installed`` or ``container nvcr.io/nvidia/nemo:26.06, NeMo Framework
+            26.06``.
+        notes: component -> a remark on its version (e.g. Transformer Engine assumed from the target).
+    """
+
+    versions: dict[str, str | None]
+    origin: str
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def describe(self, components: tuple[str, ...] = COMPONENTS) -> str:
+        """``megatron-core 0.19.2, transformer-engine 2.20.2 [the target's; not installed here] (installed)``."""
+        shown = ", ".join(f"{c} {self.versions.get(c) or 'unknown'}" + (f" [{self.notes[c]}]" if c in self.notes else "")
+                          for c in components)
+        return f"{shown} ({self.origin})"
+
+
+def installed_versions() -> StackVersions:
+    """megatron-core, megatron-bridge and Transformer Engine as installed here (package metadata, no import).
+
+    Transformer Engine is absent in the light environment: then the target's version
+    (:data:`lcmoe_recipes.emit.target.TARGET_TE_VERSION`, the cluster container's) is used, with a note saying so.
+    """
+    found: dict[str, str | None] = {}
+    for component in COMPONENTS:
+        try:
+            found[component] = version(component)
+        except PackageNotFoundError:
+            found[component] = None
+    notes = {}
+    if found["transformer-engine"] is None:
+        from ..emit.target import TARGET_TE_VERSION  # light import: no torch, no megatron
+
+        found["transformer-engine"] = TARGET_TE_VERSION
+        notes["transformer-engine"] = "the target's; not installed here"
+    return StackVersions(found, "installed", notes)
+
+
+def stack_versions(container_image: str | None = None) -> tuple[StackVersions, list[Finding]]:
+    """The versions a job will run with: a listed container's, else the installed ones.
+
+    Returns:
+        (versions, findings): for an image that ``catalog/containers.yaml`` does not list, one warning
+        (``known-issue/unlisted-container``) saying that its versions are unknown and which are assumed.
+    """
+    if not container_image:
+        return installed_versions(), []
+    found = find_container(container_image)
+    if found is not None:
+        return StackVersions(dict(found.versions), f"container {found.image}, {found.release}"), []
+    assumed = installed_versions()
+    listed = ", ".join(c.image.rsplit(":", 1)[-1] for c in containers()[0])
+    return assumed, [Finding(
+        "warning", "known-issue/unlisted-container",
+        f"container image '{container_image}' is not in the version table (nvcr.io/nvidia/nemo: {listed}), so the "
+        f"megatron-core / megatron-bridge / Transformer Engine versions it runs are unknown; known upstream issues "
+        f"were checked for {assumed.describe()}",
+        "use a listed image, or run the check inside the container (python -m lcmoe_recipes.check CONFIG reads the "
+        "versions installed there; the entry script does so on every rank)")]
+
+
+def config_view(config: Any, hardware: Hardware | None = None, world_size: int | None = None) -> ConfigView:
+    """A :class:`ConfigView` of ``config`` (ConfigContainer, its ``to_dict()``, or a YAML's dict) with the target's
+    pseudo-fields ``target.hardware``, ``target.hbm_gb`` (datasheet GB) and ``target.gpus``."""
+    target: dict[str, Any] = {}
+    if hardware is not None:
+        target.update(hardware=hardware.key, hbm_gb=hardware.hbm_bytes / 1e9)
+    if world_size is not None:
+        target["gpus"] = world_size
+    return ConfigView(config, target)
+
+
+@functools.cache
+def catalogue() -> tuple[tuple[KnownIssue, ...], dict[str, Any]]:
+    """The known-issue entries and named conditions, every trigger checked.
+
+    Raises:
+        ValueError: a malformed trigger or named condition (a test loads the catalogue, so this never reaches a user).
+    """
+    issues, refs = known_issues()
+    found = [p for name, cond in refs.items() for p in problems(cond, refs, f"conditions.{name}")]
+    found += [p for issue in issues for p in problems(issue.trigger, refs, f"{issue.id}.trigger")]
+    if found:
+        raise ValueError("known_issues.yaml: " + "; ".join(found))
+    return issues, refs
+
+
+def _finding(issue: KnownIssue, versions: StackVersions) -> Finding:
+    sources = ", ".join(s.short for s in issue.sources)
+    return Finding(issue.severity, f"known-issue/{issue.id}",
+                   f"{issue.title} [{sources}]. {issue.symptom} Affects {issue.affected_text()} "
+                   f"({issue.fixed_in()}); this config runs {versions.describe(tuple(issue.affected))}",
+                   issue.fix)
+
+
+def known_issue_findings(view: ConfigView | Any, versions: StackVersions | None = None) -> list[Finding]:
+    """One finding (rule ``known-issue/<id>``) per catalogued bug whose versions match and whose trigger holds.
+
+    Args:
+        view: a :class:`ConfigView` (see :func:`config_view`), or a bare config (then ``target.*`` are absent).
+        versions: the versions the config will run with (default: :func:`installed_versions`). A component whose
+            version is unknown matches no range.
+
+    Returns:
+        Findings in catalogue order; severity, message (the bug, its sources, the affected and the matching versions,
+        the symptom) and fix come from the entry.
+    """
+    view = view if isinstance(view, ConfigView) else ConfigView(view)
+    versions = versions or installed_versions()
+    issues, refs = catalogue()
+    return [_finding(issue, versions) for issue in issues
+            if issue.affects(versions.versions) and holds(issue.trigger, view, refs)]
+
+
+def catalogue_rows(versions: StackVersions) -> list[tuple[str, str, str, str, str, tuple[str, ...]]]:
+    """(id, severity, affected versions, whether ``versions`` are affected: yes / no / unknown, title, source URLs)
+    for every entry: what ``python -m lcmoe_recipes.check --known-issues`` prints."""
+    answer = {True: "yes", False: "no", None: "unknown"}
+    return [(issue.id, issue.severity, f"{issue.affected_text()} ({issue.fixed_in()})",
+             answer[issue.affects(versions.versions)], issue.title, tuple(s.url for s in issue.sources))
+            for issue in catalogue()[0]]

@@ -1,0 +1,370 @@
+"""Known upstream bugs (catalog/known_issues.yaml): the trigger language, version matching, containers, every entry
+triggered and not triggered, the CLI, the generated page, and (slow) the named recipes' real ConfigContainers."""
+
+import enum
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from lcmoe_recipes.catalog import get_hardware
+from lcmoe_recipes.catalog.known_issues import find_container, normalise_image
+from lcmoe_recipes.check import main as check_main
+from lcmoe_recipes.checks.conditions import ABSENT, ConfigView, describe, holds, problems
+from lcmoe_recipes.checks.known_issues import (StackVersions, catalogue, config_view, installed_versions,
+                                               known_issue_findings, stack_versions)
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTALLED = {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.20.2"}
+
+
+def stack(**changed) -> StackVersions:
+    """The installed stack with some components changed: stack(core="0.17.1")."""
+    names = {"core": "megatron-core", "bridge": "megatron-bridge", "te": "transformer-engine"}
+    return StackVersions({**INSTALLED, **{names[k]: v for k, v in changed.items()}}, "test")
+
+
+def rules(config, versions, hardware=None) -> list[str]:
+    view = config_view(config, get_hardware(hardware) if hardware else None)
+    return [f.rule.removeprefix("known-issue/") for f in known_issue_findings(view, versions)]
+
+
+MTP_FULL = {"mtp_num_layers": 1, "recompute_granularity": "full", "recompute_method": "uniform"}
+QWEN_MXFP8_VPP = {"mixed_precision": "bf16_with_mxfp8_mixed",
+                  "model": {"virtual_pipeline_model_parallel_size": 12, "cuda_graph_impl": "transformer_engine",
+                            "cuda_graph_modules": ["attn", "moe_router", "moe_preprocess"], "num_moe_experts": 128,
+                            "expert_model_parallel_size": 32}}
+
+# id -> (config that triggers it, hardware, versions it is affected at,
+#        config outside the trigger, versions outside the affected range or None when no release fixes it)
+CASES = {
+    "pp-variable-seq-lengths": (
+        {"model": {"pipeline_model_parallel_size": 4, "variable_seq_lengths": True}}, None, stack(),
+        {"model": {"pipeline_model_parallel_size": 1, "variable_seq_lengths": True}}, None),
+    "mtp-packed-full-recompute-crash": (
+        {"model": MTP_FULL, "dataset": {"enable_offline_packing": True}, "mixed_precision": "bf16_mixed"}, None,
+        stack(core="0.17.1"),
+        {"model": {**MTP_FULL, "recompute_method": "block"}, "dataset": {"enable_offline_packing": True}},
+        stack(core="0.18.0")),
+    "mtp-fp8-full-recompute-grad-drop": (
+        {"model": MTP_FULL, "mixed_precision": "bf16_with_fp8_subchannel_scaling_mixed"}, None, stack(core="0.14.0"),
+        {"model": MTP_FULL, "mixed_precision": "bf16_mixed"}, stack(core="0.18.0")),
+    "mtp-full-recompute-padding-mask": (
+        {"model": {"mtp_num_layers": 1, "recompute_granularity": "full"}}, None, stack(core="0.18.2"),
+        {"model": {"mtp_num_layers": 1, "recompute_granularity": "selective"}}, stack(core="0.19.0")),
+    "optimizer-cpu-offload-checkpoint": (
+        {"optimizer": {"optimizer_cpu_offload": True}, "checkpoint": {"save": "ckpt", "save_optim": True}}, None,
+        stack(),
+        {"optimizer": {"optimizer_cpu_offload": True}, "checkpoint": {"save": "ckpt", "save_optim": False}}, None),
+    "mxfp8-vpp-te-cuda-graphs-nan": (
+        QWEN_MXFP8_VPP, "gb200", stack(bridge="0.3.0"),
+        {**QWEN_MXFP8_VPP, "model": {**QWEN_MXFP8_VPP["model"], "virtual_pipeline_model_parallel_size": None}},
+        stack(bridge="0.4.0")),
+    "full-iteration-cuda-graph-oom": (
+        {"model": {"cuda_graph_impl": "full_iteration"}}, "b200", stack(),
+        {"model": {"cuda_graph_impl": "transformer_engine"}}, None),
+    "cp-masked-loss-normalization": (
+        {"model": {"context_parallel_size": 8, "calculate_per_token_loss": False}}, None, stack(),
+        {"model": {"context_parallel_size": 8, "calculate_per_token_loss": True}}, None),
+    "mtp-loss-ignores-loss-mask": (
+        {"model": {"mtp_num_layers": 1, "overlap_moe_expert_parallel_comm": False}, "dataset": {"eod_mask_loss": True}},
+        None, stack(),
+        {"model": {"mtp_num_layers": 1, "overlap_moe_expert_parallel_comm": True}, "dataset": {"eod_mask_loss": True}},
+        None),
+}
+
+
+def test_every_entry_has_cases_and_the_required_kinds_are_catalogued():
+    ids = [issue.id for issue in catalogue()[0]]
+    assert sorted(ids) == sorted(CASES)
+    for required in ("pp-variable-seq-lengths", "mtp-packed-full-recompute-crash", "mtp-fp8-full-recompute-grad-drop",
+                     "optimizer-cpu-offload-checkpoint", "mxfp8-vpp-te-cuda-graphs-nan",
+                     "full-iteration-cuda-graph-oom", "cp-masked-loss-normalization"):
+        assert required in ids
+
+
+@pytest.mark.parametrize("issue_id", list(CASES))
+def test_entry_triggers(issue_id):
+    config, hardware, versions, _, _ = CASES[issue_id]
+    assert issue_id in rules(config, versions, hardware)
+
+
+@pytest.mark.parametrize("issue_id", list(CASES))
+def test_entry_does_not_trigger_outside_its_trigger_or_range(issue_id):
+    config, hardware, versions, outside, fixed = CASES[issue_id]
+    assert issue_id not in rules(outside, versions, hardware)
+    if fixed is not None:
+        assert issue_id not in rules(config, fixed, hardware)
+
+
+def test_trigger_variants():
+    in_batch = {"model": {"pipeline_model_parallel_size": 2}, "dataset": {"enable_in_batch_packing": True}}
+    assert "pp-variable-seq-lengths" in rules(in_batch, stack())  # megatron-bridge sets variable_seq_lengths
+    resume = {"optimizer": {"optimizer_cpu_offload": True}, "checkpoint": {"load": "ckpt", "load_optim": True}}
+    assert rules(resume, stack()) == ["optimizer-cpu-offload-checkpoint"]
+    sft = {"model": {"mtp_num_layers": 1}, "dataset": {"_target_": "megatron.bridge.data.builders.gpt_sft.GPTSFTDatasetConfig"}}
+    assert rules(sft, stack()) == ["mtp-loss-ignores-loss-mask"]
+    assert rules({"model": {"cuda_graph_scope": ["full_iteration"]}}, stack(), "h100") == ["full-iteration-cuda-graph-oom"]
+    assert rules({"model": {"cuda_graph_impl": "full_iteration"}}, stack(), "gb200") == []  # 186 GB: NVIDIA runs it
+    assert "mxfp8-vpp-te-cuda-graphs-nan" not in rules(QWEN_MXFP8_VPP, stack(bridge="0.3.0"), "b200")  # not reported
+    # MTP + packed + full recompute under FP8 is the silent variant, not the crash
+    fp8_packed = {"model": MTP_FULL, "dataset": {"enable_offline_packing": True},
+                  "mixed_precision": "bf16_with_fp8_current_scaling_mixed"}
+    assert rules(fp8_packed, stack(core="0.17.1")) == ["mtp-fp8-full-recompute-grad-drop",
+                                                       "mtp-loss-ignores-loss-mask"]  # packed batches are masked
+
+
+def test_finding_names_the_bug_versions_symptom_and_fix():
+    issue = next(i for i in catalogue()[0] if i.id == "mtp-full-recompute-padding-mask")
+    (finding,) = known_issue_findings({"model": {"mtp_num_layers": 1, "recompute_granularity": "full"}},
+                                      stack(core="0.18.2"))
+    assert finding.severity == "error" and finding.rule == "known-issue/mtp-full-recompute-padding-mask"
+    assert finding.message.startswith("MTP with full recompute on megatron-core 0.18: TypeError on padding_mask "
+                                      "[Megatron-LM #4933, Megatron-LM PR #6367]. MultiTokenPredictionLayer.forward")
+    assert ("Affects megatron-core >=0.18.0,<0.19.0 (fixed in megatron-core 0.19.0); this config runs "
+            "megatron-core 0.18.2 (test)") in finding.message
+    assert finding.fix == issue.fix == "Run megatron-core 0.19.0 or newer, or set model.recompute_granularity=selective."
+
+
+def test_unknown_version_matches_no_range():
+    config = {"model": {"context_parallel_size": 2}}
+    assert rules(config, StackVersions({"megatron-core": None}, "test")) == []
+    assert catalogue()[0][0].affects({"megatron-core": None}) is None
+
+
+# --- the trigger language ----------------------------------------------------------------------------------------
+
+class Impl(enum.Enum):
+    TE = "transformer_engine"
+
+
+@dataclass
+class Model:
+    context_parallel_size: int = 4
+    cuda_graph_impl: Impl = Impl.TE
+    cuda_graph_modules: tuple = (Impl.TE,)
+    recompute_modules: list | None = None
+
+
+def test_conditions_read_objects_and_dicts_alike():
+    obj = SimpleNamespace(model=Model(), mixed_precision="bf16_with_mxfp8_mixed", dataset=Model())
+    data = {"model": {"context_parallel_size": 4, "cuda_graph_impl": "transformer_engine",
+                      "cuda_graph_modules": ["transformer_engine"], "recompute_modules": None},
+            "mixed_precision": "bf16_with_mxfp8_mixed", "dataset": {"_target_": f"{__name__}.Model"}}
+    cases = [
+        ({"field": "model.context_parallel_size", "op": ">", "value": 1}, True),
+        ({"field": "model.context_parallel_size", "op": "<=", "value": 2}, False),
+        ({"field": "model.cuda_graph_impl", "op": "==", "value": "transformer_engine"}, True),  # enum by value
+        ({"field": "model.cuda_graph_impl", "op": "in", "value": ["local", "full_iteration"]}, False),
+        ({"field": "model.cuda_graph_impl", "op": "not in", "value": ["local"]}, True),
+        ({"field": "model.cuda_graph_modules", "op": "contains", "value": "transformer_engine"}, True),
+        ({"field": "mixed_precision", "op": "contains", "value": "mxfp8"}, True),
+        ({"field": "model.recompute_modules", "op": "falsy"}, True),
+        ({"field": "model.recompute_modules", "op": ">", "value": 0}, False),  # None is not ordered
+        ({"field": "model.no_such_field", "op": "falsy"}, True),  # absent: only falsy holds
+        ({"field": "model.no_such_field", "op": "!=", "value": 1}, False),
+        ({"field": "mixed_precision.fp8_recipe", "op": "truthy"}, False),  # a string has no fields
+        ({"field": "dataset._target_", "op": "==", "value": f"{__name__}.Model"}, True),  # class path of an object
+        ({"not": {"field": "model.context_parallel_size", "op": "==", "value": 4}}, False),
+        ({"any": [{"ref": "cp"}, {"field": "x", "op": "truthy"}]}, True),
+        ({"all": [{"ref": "cp"}, {"field": "x", "op": "truthy"}]}, False),
+    ]
+    refs = {"cp": {"field": "model.context_parallel_size", "op": ">=", "value": 4}}
+    for condition, expected in cases:
+        assert problems(condition, refs) == []
+        for config in (obj, data):
+            assert holds(condition, ConfigView(config), refs) is expected, (condition, config)
+
+
+def test_target_pseudo_fields():
+    view = config_view({}, get_hardware("b200"), 256)
+    assert (view.get("target.hardware"), view.get("target.hbm_gb"), view.get("target.gpus")) == ("b200", 180.0, 256)
+    assert ConfigView({}).get("target.hbm_gb") is ABSENT
+
+
+def test_malformed_conditions_are_named():
+    assert problems({"field": "a.b", "op": "~="}, {}) == \
+        ["trigger: op '~=' is not one of ==, !=, <, <=, >, >=, in, not in, contains, truthy, falsy"]
+    assert problems({"field": "a", "op": "in", "value": 3}, {}) == ["trigger: op 'in' needs a list value"]
+    assert problems({"field": "a", "op": "truthy", "value": 1}, {}) == ["trigger: op 'truthy' takes no value"]
+    assert problems({"all": [{"ref": "nope"}]}, {}) == ["trigger.all[0]: unknown condition name 'nope'"]
+    assert problems({"any": [], "not": {}}, {}) == \
+        ["trigger: exactly one of all/any/not/ref/field expected, got ['any', 'not']"]
+
+
+def test_describe():
+    issue = next(i for i in catalogue()[0] if i.id == "mtp-packed-full-recompute-crash")
+    assert describe(issue.trigger) == "mtp and packed_sequences and full_recompute_uniform and not (fp8)"
+    assert describe(catalogue()[1]["full_recompute_uniform"]) == \
+        "model.recompute_granularity == full and model.recompute_method == uniform"
+
+
+# --- versions ----------------------------------------------------------------------------------------------------
+
+def test_installed_versions():
+    from lcmoe_recipes.emit.stack import te_installed
+    from lcmoe_recipes.emit.target import TARGET_TE_VERSION
+
+    found = installed_versions()
+    assert found.versions["megatron-core"] == "0.19.2" and found.versions["megatron-bridge"] == "0.6.2"  # the pins
+    if not te_installed():
+        assert found.versions["transformer-engine"] == TARGET_TE_VERSION
+        assert found.notes == {"transformer-engine": "the target's; not installed here"}
+
+
+@pytest.mark.parametrize("spelling", ["nvcr.io/nvidia/nemo:26.02", "nvcr.io#nvidia/nemo:26.02", "nvidia/nemo:26.02",
+                                      "docker://nvcr.io/nvidia/nemo:26.02", "NVCR.IO/nvidia/nemo:26.02"])
+def test_listed_container(spelling):
+    # NeMo Framework 26.02: Megatron Core main:0.16.0, TE 2.12, Megatron-Bridge 0.3.0 (Megatron-Bridge
+    # docs/releases/software-versions.md)
+    versions, notes = stack_versions(spelling)
+    assert versions.versions == {"megatron-core": "0.16.0", "megatron-bridge": "0.3.0", "transformer-engine": "2.12"}
+    assert notes == [] and versions.origin == "container nvcr.io/nvidia/nemo:26.02, NeMo Framework 26.02"
+
+
+def test_unlisted_container_is_a_warning_that_says_what_is_assumed():
+    assert find_container("/lustre/images/nemo.sqsh") is None and normalise_image("nvidia/nemo:x") == "nvcr.io/nvidia/nemo:x"
+    versions, (note,) = stack_versions("nvcr.io/nvidia/nemo:25.07")
+    assert versions.versions == installed_versions().versions
+    assert note.severity == "warning" and note.rule == "known-issue/unlisted-container"
+    assert note.message.startswith("container image 'nvcr.io/nvidia/nemo:25.07' is not in the version table "
+                                   "(nvcr.io/nvidia/nemo: 26.06, 26.04, 26.02, 25.11, 25.09), so the megatron-core / "
+                                   "megatron-bridge / Transformer Engine versions it runs are unknown; known upstream "
+                                   "issues were checked for megatron-core 0.19.2, megatron-bridge 0.6.2")
+
+
+# --- command line and page -----------------------------------------------------------------------------------------
+
+def test_check_known_issues_lists_the_catalogue(capsys):
+    assert check_main(["--known-issues"]) == 0
+    out = capsys.readouterr().out
+    for issue_id in CASES:
+        assert f" {issue_id}: " in out
+    assert ("error   mxfp8-vpp-te-cuda-graphs-nan: megatron-bridge >=0.2.0,<0.4.0 (fixed in megatron-bridge 0.4.0); "
+            "these versions affected: no") in out
+    assert "https://github.com/NVIDIA/Megatron-LM/issues/5100  https://github.com/NVIDIA/Megatron-LM/pull/5271" in out
+    assert check_main(["--known-issues", "--container-image", "nvcr.io/nvidia/nemo:26.02"]) == 0
+    out = capsys.readouterr().out
+    assert "'these versions' = megatron-core 0.16.0, megatron-bridge 0.3.0, transformer-engine 2.12" in out
+    assert "mxfp8-vpp-te-cuda-graphs-nan: megatron-bridge >=0.2.0,<0.4.0 (fixed in megatron-bridge 0.4.0); these " \
+           "versions affected: yes" in out
+
+
+def test_check_refuses_without_config_and_container_for_a_named_recipe(capsys):
+    assert check_main([]) == 2
+    assert "error: no CONFIG given" in capsys.readouterr().err
+    assert check_main(["dsv3_128k_h100", "--container-image", "nvcr.io/nvidia/nemo:26.06"]) == 2
+    assert "--container-image needs the ConfigContainer, not the named recipe 'dsv3_128k_h100'" in \
+        capsys.readouterr().err
+
+
+def test_page_is_current():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "known_issues_doc.py"), "--check"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --- the named recipes' real ConfigContainers (megatron-bridge) ----------------------------------------------------
+
+@pytest.mark.slow
+def test_stock_dsv3_128k_h100_reports_what_applies_to_the_installed_versions(configs):
+    from lcmoe_recipes.emit import config_findings
+
+    _, cfg = configs["dsv3_128k_h100"]  # CP32, optimizer CPU offload with checkpoints saved, MTP without masking
+    found = [f.rule for f in config_findings(cfg, "h100", 256) if f.rule.startswith("known-issue/")]
+    assert found == ["known-issue/optimizer-cpu-offload-checkpoint", "known-issue/cp-masked-loss-normalization"]
+
+
+@pytest.mark.slow
+def test_object_and_to_dict_agree_and_every_field_path_exists(configs):
+    import dataclasses
+
+    from megatron.bridge.data.builders.direct_hf_sft import DirectHFSFTDatasetConfig
+    from megatron.bridge.data.builders.gpt_sft import GPTSFTDatasetConfig
+
+    for name, (plan, cfg) in configs.items():
+        hw = plan.hardware_spec
+        assert rules(cfg, stack(core="0.18.0"), hw.key) == rules(cfg.to_dict(), stack(core="0.18.0"), hw.key), name
+    issues, refs = catalogue()
+    paths = set()
+
+    def collect(cond):
+        for key in ("all", "any"):
+            for c in cond.get(key, []):
+                collect(c)
+        if "not" in cond:
+            collect(cond["not"])
+        if "field" in cond:
+            paths.add(cond["field"])
+
+    for cond in [*refs.values(), *(i.trigger for i in issues)]:
+        collect(cond)
+    view = ConfigView(configs["dsv3_128k_h100"][1])
+    sft_fields = {f.name for cls in (GPTSFTDatasetConfig, DirectHFSFTDatasetConfig) for f in dataclasses.fields(cls)}
+    missing = [p for p in sorted(paths) if not p.startswith("target.") and view.get(p) is ABSENT
+               and not (p.startswith("dataset.") and p.split(".")[1] in sft_fields)
+               and not p.startswith("mixed_precision.")]  # fields of a MixedPrecisionConfig object
+    assert missing == []
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="the named recipes keep calculate_per_token_loss=False with CP > 1; they must "
+                   "set model.calculate_per_token_loss=true and ddp.average_in_collective=false (docs/known_issues.md, "
+                   "cp-masked-loss-normalization): flip this test when the emitter sets them")
+def test_named_recipes_keep_the_cp_objective_right(configs):
+    hit = [name for name, (plan, cfg) in configs.items()
+           if "cp-masked-loss-normalization" in rules(cfg, installed_versions(), plan.hardware)]
+    assert hit == []
+
+
+@pytest.mark.slow
+def test_the_cp_fix_validates_and_clears_the_finding(fresh_config):
+    from lcmoe_recipes.emit import validate_config
+
+    _, cfg = fresh_config("qwen3_235b_128k_gb200")
+    cfg.model.calculate_per_token_loss = True
+    cfg.ddp.average_in_collective = False
+    warnings = validate_config(cfg, "gb200", 128)  # megatron-bridge's validate() and megatron-core accept it
+    assert [w.rule for w in warnings] == []
+
+
+@pytest.mark.slow
+def test_real_config_mutations_trigger(fresh_config):
+    _, cfg = fresh_config("dsv3_128k_h100")
+    cfg.model.recompute_granularity, cfg.model.recompute_method, cfg.model.recompute_num_layers = "full", "uniform", 1
+    cfg.model.recompute_modules = None
+    assert "mtp-full-recompute-padding-mask" in rules(cfg, stack(core="0.18.0"), "h100")  # NeMo 26.06
+    assert "mtp-fp8-full-recompute-grad-drop" in rules(cfg, stack(core="0.17.0"), "h100")  # FP8 blockwise, NeMo 26.04
+    assert not {"mtp-full-recompute-padding-mask", "mtp-fp8-full-recompute-grad-drop"} & set(rules(cfg, stack(), "h100"))
+
+
+@pytest.mark.slow
+def test_check_yaml_with_container_image(fresh_config, tmp_path, capsys):
+    from lcmoe_recipes.emit import write_yaml
+
+    _, cfg = fresh_config("qwen3_235b_128k_gb200")  # VPP12, EP32, TE graphs on attn/moe_router/moe_preprocess
+    cfg.mixed_precision = "bf16_with_mxfp8_mixed"
+    path = write_yaml(cfg, tmp_path / "q.yaml", {"recipe": "q", "world_size": 128, "hardware": "gb200"})
+    assert check_main([str(path), "--container-image", "nvcr.io/nvidia/nemo:26.02"]) == 1
+    out = capsys.readouterr().out
+    assert "error   known-issue/mxfp8-vpp-te-cuda-graphs-nan: MXFP8 MoE with VPP and TE CUDA graphs on GB200/GB300" in out
+    assert "this config runs megatron-bridge 0.3.0 (container nvcr.io/nvidia/nemo:26.02, NeMo Framework 26.02)" in out
+    assert check_main([str(path), "--container-image", "registry.example/nemo:custom"]) == 0
+    out = capsys.readouterr().out
+    assert "warning known-issue/unlisted-container: container image 'registry.example/nemo:custom'" in out
+    assert "mxfp8-vpp-te-cuda-graphs-nan" not in out  # installed megatron-bridge 0.6.2 assumed
+
+
+@pytest.mark.slow
+def test_launch_judges_the_container_versions(tmp_path, capsys):
+    from lcmoe_recipes.launch import main as launch_main
+
+    argv = ["qwen3_235b", "--seq", "131072", "--precision", "mxfp8", "--dry-run", "--output", str(tmp_path / "q.yaml")]
+    assert launch_main(argv + ["--container-image", "nvcr.io/nvidia/nemo:26.02"]) == 2
+    err = capsys.readouterr().err  # the first error's message: the bug's title, then its sources
+    assert "error: qwen3_235b_128k_gb200: MXFP8 MoE with VPP and TE CUDA graphs on GB200/GB300: NaN gradient norm " \
+           "[Megatron-Bridge #2096, Megatron-Bridge PR #2209, Megatron-Bridge PR #2850]" in err
+    assert not (tmp_path / "q.yaml").exists()  # nothing written on error
