@@ -111,6 +111,10 @@ def build_config(plan: Plan, validate: bool = True, quiet: bool = False):
     opt.optimizer_offload_fraction = plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0
     opt.overlap_cpu_optimizer_d2h_h2d = plan.optimizer_cpu_offload
 
+    # --- host-memory hook (issue 13 part 2, cost/host.py): the dataset's s x s mask is priced per node ---
+    cfg.dataset.create_attention_mask = plan.create_attention_mask
+    # --- end host-memory hook ---
+
     cfg.train.micro_batch_size = plan.micro_batch_size
     cfg.train.global_batch_size = plan.global_batch_size
     cfg.comm_overlap = CommOverlapConfig(tp_comm_overlap=False)
@@ -222,6 +226,12 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         cuda_graph_impl=m.cuda_graph_impl or "none", cuda_graph_modules=tuple(graphs or ()),
         sequence_parallel=bool(m.sequence_parallel), mtp_num_layers=m.mtp_num_layers or 0,
         variable_length=_variable_length(cfg), etp_unset=etp is None,
+        # --- host-memory hook (issue 13 part 2): the fields cost/host.py prices per node ---
+        create_attention_mask=bool(getattr(cfg.dataset, "create_attention_mask", False)),
+        num_workers=int(getattr(cfg.dataset, "num_workers", 0) or 0),
+        eval_iters=int(cfg.validation.eval_iters or 0),
+        pin_cpu_grads=bool(cfg.optimizer.pin_cpu_grads),
+        # --- end host-memory hook ---
     )
 
 

@@ -71,6 +71,15 @@ class Plan:
         grad_dtype: main-gradient buffer dtype, "fp32" (``grad_reduce_in_fp32``) or "bf16".
         moment_dtype: Adam moment dtype ("fp32", or "bf16" with the precision-aware optimizer).
         moe_ep_overlap: ``overlap_moe_expert_parallel_comm`` (EP all-to-all hidden behind compute).
+        create_attention_mask: ``dataset.create_attention_mask``: megatron-core's GPT dataset builds a dense
+            seq_length x seq_length causal mask per sample on the host. False (upstream's perf recipes): the attention
+            kernel builds the mask itself and megatron-bridge's ``gpt_step`` skips the dataset's
+            (``skip_getting_attention_mask_from_dataset``); megatron-core's own default is True.
+        num_workers: ``dataset.num_workers``, worker processes per data loader (megatron-bridge 0.6.2 default 2).
+        eval_iters: ``validation.eval_iters``; above 0, megatron-bridge builds validation and test data loaders beside
+            the training one (32 in megatron-bridge 0.6.2's pre-training template).
+        pin_cpu_grads: ``optimizer.pin_cpu_grads``: CPU-offloaded optimizer's gradient copies in pinned memory
+            (megatron-core 0.19.2 default True).
         reasons: knob name -> :class:`Reason`.
     """
 
@@ -102,6 +111,10 @@ class Plan:
     grad_dtype: str = "fp32"
     moment_dtype: str = "fp32"
     moe_ep_overlap: bool = False
+    create_attention_mask: bool = False
+    num_workers: int = 2
+    eval_iters: int = 32
+    pin_cpu_grads: bool = True
     reasons: dict[str, Reason] = field(default_factory=dict, compare=False)
 
     @property
