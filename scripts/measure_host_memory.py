@@ -17,20 +17,21 @@ import subprocess
 import sys
 
 MASK = """
-import gc, resource, sys, torch
+import gc, sys, torch
 from megatron.core.datasets.gpt_dataset import _get_ltor_masks_and_position_ids
 s = int(sys.argv[1])
 data = torch.zeros(s, dtype=torch.long)
 gc.collect()
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-before = rss()
-assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 <= before + 2**20, "peak before the build"
+def status(field):  # bytes
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the peak RSS (VmHWM) to the current RSS (Linux proc(5))
+before = status("VmRSS")
 mask, loss_mask, position_ids = _get_ltor_masks_and_position_ids(data, 0, False, False, False, True)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak, held = status("VmHWM"), status("VmRSS")
 print(f"mask {tuple(mask.shape)} {mask.dtype}, loss_mask {loss_mask.dtype}, position_ids {position_ids.dtype}")
-print(f"build peak {(peak - before) / s**2:.2f} bytes per element; held after {(rss() - before) / s**2:.2f}")
+print(f"build peak {(peak - before) / s**2:.2f} bytes per element; held after {(held - before) / s**2:.2f}")
 """
 
 
@@ -61,7 +62,7 @@ def run(code: str, *args: str) -> str:
     """Run ``code`` in a fresh interpreter; its stdout (RuntimeError with its stderr if it fails)."""
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
     if done.returncode:
-        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}")
+        raise RuntimeError(done.stderr.strip()[-2000:] or f"exit {done.returncode}")
     return done.stdout
 
 

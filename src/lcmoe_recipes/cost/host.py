@@ -68,10 +68,10 @@ CPU_MASTER_BYTES = 4   # fp32 master weight (param_update_in_fp32)
 CPU_MOMENT_BYTES = 8   # Adam exp_avg and exp_avg_sq, fp32 like the master (torch.optim.AdamW's state)
 CPU_GRAD_BYTES = 4     # fp32 gradient copy (HybridDeviceOptimizer._set_sub_optimizer_grads)
 # One rank's own process. Measured by scripts/measure_host_memory.py (2026-12-01, light environment, no GPU):
-# 0.76 GiB unique memory (USS) after importing torch 2.14.1 and megatron-bridge 0.6.2 with its training modules;
-# a forked data-loader worker adds 0.01 GiB. The CUDA context's host allocations cannot be measured without a GPU:
-# pytorch/pytorch#12873 measured ~1.1 GiB of host RSS at a process's first CUDA operation. Assumed: 2 GiB per rank
-# (0.76 + 1.1, rounded up).
+# 0.61-0.76 GiB unique memory (USS, lower when other processes map the same libraries) after importing torch 2.14.1
+# and megatron-bridge 0.6.2 with its training modules; a forked data-loader worker adds 0.01 GiB. The CUDA context's
+# host allocations cannot be measured without a GPU: pytorch/pytorch#12873 measured ~1.1 GiB of host RSS at a
+# process's first CUDA operation. Assumed: 2 GiB per rank (0.76 + 1.1, rounded up).
 RANK_PROCESS_BYTES = 2 * 2**30
 
 

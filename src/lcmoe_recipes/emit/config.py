@@ -229,10 +229,17 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         # --- host-memory hook (issue 13 part 2): the fields cost/host.py prices per node ---
         create_attention_mask=bool(getattr(cfg.dataset, "create_attention_mask", False)),
         num_workers=int(getattr(cfg.dataset, "num_workers", 0) or 0),
-        eval_iters=int(cfg.validation.eval_iters or 0),
+        eval_iters=int(_eval_iters(cfg) or 0),
         pin_cpu_grads=bool(cfg.optimizer.pin_cpu_grads),
         # --- end host-memory hook ---
     )
+
+
+def _eval_iters(cfg) -> int | None:  # part of the host-memory hook above
+    """``validation.eval_iters``, or the deprecated ``train.eval_iters`` where set: megatron-bridge 0.6.2's
+    ``ConfigContainer.validate()`` copies that over the validation one (upstream's perf recipes set it to 0)."""
+    deprecated = getattr(cfg.train, "eval_iters", None)
+    return deprecated if deprecated is not None else cfg.validation.eval_iters
 
 
 def _variable_length(cfg) -> bool:

@@ -72,9 +72,10 @@ class Plan:
         moment_dtype: Adam moment dtype ("fp32", or "bf16" with the precision-aware optimizer).
         moe_ep_overlap: ``overlap_moe_expert_parallel_comm`` (EP all-to-all hidden behind compute).
         create_attention_mask: ``dataset.create_attention_mask``: megatron-core's GPT dataset builds a dense
-            seq_length x seq_length causal mask per sample on the host. False (upstream's perf recipes): the attention
-            kernel builds the mask itself and megatron-bridge's ``gpt_step`` skips the dataset's
-            (``skip_getting_attention_mask_from_dataset``); megatron-core's own default is True.
+            seq_length x seq_length causal mask per sample on the host. False, as megatron-bridge 0.6.2's GPT-OSS
+            perf recipe sets it (``perf_recipes/gpt_oss/common.py``): the attention kernel builds the causal mask and
+            megatron-bridge's ``gpt_step`` skips the dataset's (``skip_getting_attention_mask_from_dataset``);
+            megatron-core's default, which ``recipes/common.py`` ``_pretrain_common`` keeps, is True.
         num_workers: ``dataset.num_workers``, worker processes per data loader (megatron-bridge 0.6.2 default 2).
         eval_iters: ``validation.eval_iters``; above 0, megatron-bridge builds validation and test data loaders beside
             the training one (32 in megatron-bridge 0.6.2's pre-training template).
