@@ -275,7 +275,7 @@ def test_stock_dsv3_128k_h100_reports_what_applies_to_the_installed_versions(con
 
     _, cfg = configs["dsv3_128k_h100"]  # CP32, optimizer CPU offload with checkpoints saved, MTP without masking
     found = [f.rule for f in config_findings(cfg, "h100", 256) if f.rule.startswith("known-issue/")]
-    assert found == ["known-issue/optimizer-cpu-offload-checkpoint", "known-issue/cp-masked-loss-normalization"]
+    assert found == ["known-issue/optimizer-cpu-offload-checkpoint"]  # CP's masked loss: per-token loss is set
 
 
 @pytest.mark.slow
@@ -311,9 +311,6 @@ def test_object_and_to_dict_agree_and_every_field_path_exists(configs):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the named recipes keep calculate_per_token_loss=False with CP > 1; they must "
-                   "set model.calculate_per_token_loss=true and ddp.average_in_collective=false (docs/known_issues.md, "
-                   "cp-masked-loss-normalization): flip this test when the emitter sets them")
 def test_named_recipes_keep_the_cp_objective_right(configs):
     hit = [name for name, (plan, cfg) in configs.items()
            if "cp-masked-loss-normalization" in rules(cfg, installed_versions(), plan.hardware)]

@@ -2,10 +2,10 @@
 
 CONFIG is a ConfigContainer YAML (ours, upstream's or a user's) or a named recipe. For a YAML the target defaults to
 the one recorded in its ``# lcmoe_recipes:`` header. Prints the layout, where each parallel group sits (nodes,
-NVLink blocks), the predicted memory per GPU and step time with their breakdowns, and every finding (severity,
-rule, message, fix) -- including a layout predicted not to fit in HBM and, for a YAML, the known upstream bugs
-that apply to it for the versions it will run with (the installed ones, or ``--container-image``'s).
-``--known-issues`` lists that catalogue (docs/known_issues.md).
+NVLink blocks), the predicted memory per GPU, host memory per node and step time with their breakdowns, and every
+finding (severity, rule, message, fix) -- including a layout predicted not to fit in HBM or in a node's RAM and, for
+a YAML, the known upstream bugs that apply to it for the versions it will run with (the installed ones, or
+``--container-image``'s). ``--known-issues`` lists that catalogue (docs/known_issues.md).
 
 Exit codes: 0 no errors (warnings allowed) · 1 errors found · 2 bad input (missing file, unknown hardware).
 """
@@ -28,14 +28,18 @@ from .recipes import NAMED_RECIPES, recipe_plan
 
 
 def format_costs(plan: Plan) -> str:
-    """Memory breakdown (GiB per component) and step-time breakdown (seconds per cause, bytes per collective)."""
-    from .cost import estimate_memory, estimate_step
+    """GPU memory breakdown (GiB per component), host memory per node (GiB per term) and step-time breakdown
+    (seconds per cause, bytes per collective)."""
+    from .cost import estimate_host_memory, estimate_memory, estimate_step
 
-    mem, step = estimate_memory(plan), estimate_step(plan)
-    gib = mem.gib()
+    mem, step, host = estimate_memory(plan), estimate_step(plan), estimate_host_memory(plan)
+    gib, host_gib = mem.gib(), host.gib()
     lines = [f"memory per GPU (PP rank {mem.pp_rank}, the most loaded), GiB: "
              + ", ".join(f"{k} {v:.1f}" for k, v in gib.items() if k != "total")
              + f" = {gib['total']:.1f} of {plan.hardware_spec.hbm_gib:.0f}"]
+    lines.append(f"host memory per node (node {host.node}, {host.ranks} ranks, the most loaded), GiB: "
+                 + ", ".join(f"{k} {v:.1f}" for k, v in host_gib.items() if k != "total")
+                 + f" = {host_gib['total']:.1f} of {plan.hardware_spec.host_memory_gib:.0f}")
     lines.append(f"step {step.step_seconds:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in step.parts.items() if v > 0))
     lines.append("traffic per GPU per step, GB: " + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in step.comm_bytes.items()
                                                             if v > 0))
@@ -155,12 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         return exc.report()
     print(f"checked with {scope}")
     if sys.stdout.isatty() and not any(f.severity == "error" for f in findings):
-        from .cost import estimate_memory, estimate_step
+        from .cost import estimate_host_memory, estimate_memory, estimate_step
         from .explain import print_table
 
-        mem, step = estimate_memory(plan), estimate_step(plan)
+        mem, step, host = estimate_memory(plan), estimate_step(plan), estimate_host_memory(plan)
         print_table(("component", "GiB"), [(k, f"{v:.1f}") for k, v in mem.gib().items()],
                     title=f"memory per GPU, PP rank {mem.pp_rank} (HBM {plan.hardware_spec.hbm_gib:.0f} GiB)")
+        print_table(("component", "GiB"), [(k, f"{v:.1f}") for k, v in host.gib().items()],
+                    title=f"host memory per node, node {host.node} (RAM {plan.hardware_spec.host_memory_gib:.0f} GiB)")
         print_table(("collective", "GB per GPU per step", "exposed s per step"),
                     [(k, f"{v / 1e9:.1f}", f"{step.parts.get(k.lower() + '_exposed', 0.0):.2f}")
                      for k, v in step.comm_bytes.items()], title=f"communication (step {step.step_seconds:.2f} s)")

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from .checks import Finding, check_plan
-from .cost import estimate_memory, estimate_step, memory_findings
+from .cost import HOST_MARGIN, estimate_host_memory, estimate_memory, estimate_step, host_findings, memory_findings
 from .plan import PRECISIONS, Plan
 from .ranks import placement
 
@@ -43,17 +43,18 @@ def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
 
 
 def all_findings(plan: Plan) -> list[Finding]:
-    """The checks' findings plus the memory model's, errors first."""
+    """The checks' findings plus the memory models' (GPU memory per rank, host memory per node), errors first."""
     found = check_plan(plan)
     if not any(f.severity == "error" for f in found):
-        found = memory_findings(plan) + found
+        found = memory_findings(plan) + host_findings(plan) + found
     return sorted(found, key=lambda f: f.severity != "error")
 
 
 def explain_text(plan: Plan, findings: list[Finding] | None = None) -> str:
-    """Plain text: decisions, findings with fixes, placement, memory and time breakdowns."""
+    """Plain text: decisions, findings with fixes, placement, GPU and host memory and time breakdowns."""
     findings = all_findings(plan) if findings is None else findings
     mem, step, hw = estimate_memory(plan), estimate_step(plan), plan.hardware_spec
+    host = estimate_host_memory(plan)
     lines = [f"{plan.name}: {plan.model_spec.display}, seq_length {plan.seq_length}, {plan.layout.world} x {hw.display}",
              "", "decisions (value -- reason [source]):"]
     lines += [f"  {knob}: {value}\n      {why} [{source}]" for knob, value, why, source in decisions(plan)]
@@ -65,6 +66,9 @@ def explain_text(plan: Plan, findings: list[Finding] | None = None) -> str:
     gib = mem.gib()
     lines += ["", f"memory per GPU, PP rank {mem.pp_rank} (GiB; HBM {hw.hbm_gib:.0f}):"]
     lines += [f"  {k:<12} {v:8.1f}" for k, v in gib.items()]
+    lines += ["", f"host memory per node, node {host.node} ({host.ranks} ranks; GiB; RAM {hw.host_memory_gib:.0f}, "
+                  f"planning limit {HOST_MARGIN:.0%}, {hw.cpu_cores} CPU cores):"]
+    lines += [f"  {k:<12} {v:8.1f}" for k, v in host.gib().items()]
     lines += ["", f"step {step.step_seconds:.2f} s ({step.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
                   f"{step.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {step.mfu:.1%}); seconds per step:"]
     lines += [f"  {k:<18} {v:8.2f}" for k, v in step.parts.items()]
@@ -73,9 +77,11 @@ def explain_text(plan: Plan, findings: list[Finding] | None = None) -> str:
 
 
 def explain_json(plan: Plan, findings: list[Finding] | None = None) -> dict[str, Any]:
-    """The same content as :func:`explain_text`, as JSON-ready data."""
+    """The same content as :func:`explain_text`, as JSON-ready data (host memory: ``host_memory_gib`` per term on
+    node ``host_node``, ``host_ram_gib`` per node)."""
     findings = all_findings(plan) if findings is None else findings
     mem, step, hw = estimate_memory(plan), estimate_step(plan), plan.hardware_spec
+    host = estimate_host_memory(plan)
     lay = plan.layout
     return {
         "recipe": plan.name, "model": plan.model, "hardware": plan.hardware, "seq_length": plan.seq_length,
@@ -84,6 +90,8 @@ def explain_json(plan: Plan, findings: list[Finding] | None = None) -> dict[str,
         "decisions": [{"knob": k, "value": v, "reason": r, "source": s} for k, v, r, s in decisions(plan)],
         "findings": [{"severity": f.severity, "rule": f.rule, "message": f.message, "fix": f.fix} for f in findings],
         "memory_gib": mem.gib(), "memory_pp_rank": mem.pp_rank, "hbm_gib": hw.hbm_gib,
+        "host_memory_gib": host.gib(), "host_node": host.node, "host_ranks": host.ranks,
+        "host_ram_gib": hw.host_memory_gib, "host_margin": HOST_MARGIN,
         "step": {"seconds": step.step_seconds, "tokens_per_s_per_gpu": step.tokens_per_s_per_gpu,
                  "tflops_per_gpu": step.tflops_per_gpu, "mfu": step.mfu, "parts_seconds": step.parts,
                  "comm_bytes": step.comm_bytes},

@@ -9,7 +9,8 @@ Search (no torch / megatron import):
    experts with ETP = 1; Megatron's folding rules (world % TP·PP·CP, world % ETP·EP·PP) and any fixed wish;
 2. per layout: dispatcher, precision, batch (rules), then the least recompute and the smallest optimizer offload
    that fit in HBM_MARGIN of HBM (rules.recompute ladder, rules.offload fractions), then CUDA graphs (rules);
-3. the checks (:func:`lcmoe_recipes.checks.check_plan`) drop what Megatron would reject;
+3. the checks (:func:`lcmoe_recipes.checks.check_plan`) drop what Megatron would reject, and
+   :func:`lcmoe_recipes.cost.host_findings` what a node's RAM cannot hold;
 4. rank by predicted step time; among layouts within KEEP_DP_SLACK (1%) of the fastest, prefer the largest DP
    (the skill's "keep DP alive").
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .catalog import get_hardware, get_model
 from .checks import check_plan
-from .cost import HBM_MARGIN, estimate_memory, estimate_step
+from .cost import HBM_MARGIN, estimate_memory, estimate_step, host_findings
 from .cost.memory import MemoryBreakdown
 from .cost.step import StepEstimate
 from .errors import InfeasibleConfig
@@ -128,7 +129,7 @@ def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str
         plan = _with_knobs(base, ladder[level], fraction, hw, request)
         memory = estimate_memory(plan)
         if memory.total <= limit:
-            if any(f.severity == "error" for f in check_plan(plan)):
+            if any(f.severity == "error" for f in check_plan(plan) + host_findings(plan)):  # + a node's RAM
                 continue
             reasons = {
                 **why_common,

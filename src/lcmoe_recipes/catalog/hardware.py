@@ -32,6 +32,10 @@ class Hardware:
         nvlink_gbps: NVLink bandwidth per GPU per direction, GB/s (half the datasheet's bidirectional figure).
         scaleout_gbps: scale-out (InfiniBand / Ethernet) bandwidth per GPU per direction, GB/s (one 400 Gb/s NIC
             per GPU = 50 GB/s; ConnectX-8 800 Gb/s = 100 GB/s).
+        host_memory_bytes: CPU (host) memory per node -- per Slurm node as ``gpus_per_node`` counts it -- in bytes
+            (datasheet TB = 1e12 bytes): the DGX system memory on HGX/DGX, the two Grace CPUs' LPDDR5X of one
+            compute tray on NVL72. Priced by :mod:`lcmoe_recipes.cost.host`.
+        cpu_cores: CPU cores per node (same node).
         source: datasheet(s) the numbers come from.
     """
 
@@ -46,6 +50,8 @@ class Hardware:
     peak_tflops: dict[str, float]
     nvlink_gbps: float
     scaleout_gbps: float
+    host_memory_bytes: int
+    cpu_cores: int
     source: str
     aliases: tuple[str, ...] = field(default=())
 
@@ -57,6 +63,11 @@ class Hardware:
     def hbm_gib(self) -> float:
         """HBM per GPU in GiB (2**30 bytes)."""
         return self.hbm_bytes / 2**30
+
+    @property
+    def host_memory_gib(self) -> float:
+        """Host memory per node in GiB (2**30 bytes)."""
+        return self.host_memory_bytes / 2**30
 
     @property
     def supports_deepep(self) -> bool:
@@ -76,27 +87,39 @@ HARDWARE: dict[str, Hardware] = {
     h.key: h
     for h in (
         Hardware("h100", "H100 SXM5 80GB (HGX)", "NVIDIA H100 80GB HBM3", (9, 0), 80 * 10**9, 8, 8, 8,
-                 {"bf16": 989.4, "fp8": 1978.9}, 450.0, 50.0,
+                 {"bf16": 989.4, "fp8": 1978.9}, 450.0, 50.0, 2 * 10**12, 112,
                  "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 80 GB HBM3; BF16 1,979 / FP8 3,958 TFLOPS with "
-                 "sparsity, half that dense; NVLink 900 GB/s); DGX H100: one ConnectX-7 400 Gb/s per GPU",
+                 "sparsity, half that dense; NVLink 900 GB/s); DGX H100: one ConnectX-7 400 Gb/s per GPU; host: "
+                 "NVIDIA DGX BasePOD reference architecture, 'Core Components' (DGX H200 and H100: dual Intel Xeon "
+                 "Platinum 8480C, 112 cores total; 2 TB of DDR5 system memory)",
                  ("h100_sxm", "h100-sxm")),
         Hardware("h200", "H200 SXM 141GB (HGX)", "NVIDIA H200", (9, 0), 141 * 10**9, 8, 8, 8,
-                 {"bf16": 989.4, "fp8": 1978.9}, 450.0, 50.0,
+                 {"bf16": 989.4, "fp8": 1978.9}, 450.0, 50.0, 2 * 10**12, 112,
                  "NVIDIA H200 Tensor Core GPU datasheet (141 GB HBM3e; same tensor cores as H100 SXM; NVLink "
-                 "900 GB/s); HGX H200: one 400 Gb/s NIC per GPU", ("h200_sxm",)),
+                 "900 GB/s); HGX H200: one 400 Gb/s NIC per GPU; host: NVIDIA DGX BasePOD reference architecture, "
+                 "'Core Components' (DGX H200: dual Xeon Platinum 8480C, 112 cores; 2 TB of DDR5 system memory)",
+                 ("h200_sxm",)),
         Hardware("b200", "B200 180GB (HGX/DGX B200)", "NVIDIA B200", (10, 0), 180 * 10**9, 8, 8, 8,
-                 {"bf16": 2250.0, "fp8": 4500.0, "fp4": 9000.0}, 900.0, 50.0,
+                 {"bf16": 2250.0, "fp8": 4500.0, "fp4": 9000.0}, 900.0, 50.0, 2 * 10**12, 112,
                  "NVIDIA DGX B200 datasheet (8 GPUs, 1,440 GB HBM3e; 72 PFLOPS FP8 training and 144 PFLOPS FP4 "
-                 "inference with sparsity for 8 GPUs; NVLink 5 1.8 TB/s per GPU; 8 x ConnectX-7 400 Gb/s)"),
+                 "inference with sparsity for 8 GPUs; NVLink 5 1.8 TB/s per GPU; 8 x ConnectX-7 400 Gb/s); host: "
+                 "NVIDIA DGX B200 User Guide, 'Introduction to NVIDIA DGX B200 Systems' (2 x Intel Xeon 8570, 56 "
+                 "cores each; system memory 2 TB using 32 DIMMs, upgradable to 4 TB -- the shipped 2 TB is used)"),
         Hardware("gb200", "GB200 NVL72", "NVIDIA GB200", (10, 0), 186 * 10**9, 4, 72, 64,
-                 {"bf16": 2500.0, "fp8": 5000.0, "fp4": 10000.0}, 900.0, 50.0,
+                 {"bf16": 2500.0, "fp8": 5000.0, "fp4": 10000.0}, 900.0, 50.0, 960 * 10**9, 144,
                  "NVIDIA GB200 NVL72 datasheet (72 GPUs: 13.4 TB HBM3e = 186 GB each; FP8 720 / BF16 360 / FP4 1,440 "
-                 "PFLOPS with sparsity per rack; NVLink 5 1.8 TB/s per GPU); 400 Gb/s scale-out per GPU",
+                 "PFLOPS with sparsity per rack; NVLink 5 1.8 TB/s per GPU); 400 Gb/s scale-out per GPU; host: the "
+                 "same datasheet (GB200 Grace Blackwell Superchip: 72 Arm Neoverse V2 cores, up to 480 GB LPDDR5X; "
+                 "rack: 36 Grace CPUs, 2,592 cores, up to 17 TB LPDDR5X) -- a compute tray (a Slurm node) holds two "
+                 "superchips: 144 cores and up to 960 GB",
                  ("gb200_nvl72", "gb200-nvl72")),
         Hardware("gb300", "GB300 NVL72", "NVIDIA GB300", (10, 3), 288 * 10**9, 4, 72, 64,
-                 {"bf16": 2500.0, "fp8": 5000.0, "fp4": 15000.0}, 900.0, 100.0,
+                 {"bf16": 2500.0, "fp8": 5000.0, "fp4": 15000.0}, 900.0, 100.0, 960 * 10**9, 144,
                  "NVIDIA GB300 NVL72 datasheet (72 Blackwell Ultra GPUs, up to 288 GB HBM3e each; FP8 720 PFLOPS "
-                 "sparse and FP4 1,080 PFLOPS dense per rack; NVLink 5 1.8 TB/s per GPU; ConnectX-8 800 Gb/s)",
+                 "sparse and FP4 1,080 PFLOPS dense per rack; NVLink 5 1.8 TB/s per GPU; ConnectX-8 800 Gb/s); host: "
+                 "the same datasheet (36 Grace CPUs, 2,592 Arm Neoverse V2 cores, up to 17 TB LPDDR5X per rack) and "
+                 "NVIDIA Enterprise Reference Architecture 'NVL72 AI factory', System Hardware & Components (a compute "
+                 "tray holds 4 GPUs and 2 Grace CPUs): 144 cores and up to 2 x 480 GB per tray",
                  ("gb300_nvl72", "gb300-nvl72")),
     )
 }

@@ -1,10 +1,13 @@
-"""Cost models read a Plan and never change it: memory (per GPU), communication (per collective), step time.
+"""Cost models read a Plan and never change it: memory (per GPU), host memory (per node), communication (per
+collective), step time.
 
-``estimate_memory(plan)``, ``estimate_step(plan)`` and ``memory_findings(plan)`` import neither torch nor megatron.
+``estimate_memory(plan)``, ``estimate_host_memory(plan)``, ``estimate_step(plan)``, ``memory_findings(plan)`` and
+``host_findings(plan)`` import neither torch nor megatron.
 """
 
 from ..checks import Finding
 from ..plan import Plan
+from .host import HOST_MARGIN, HostMemoryBreakdown, estimate_host_memory, host_findings
 from .memory import MemoryBreakdown, estimate_memory
 from .step import StepEstimate, estimate_step
 
@@ -34,4 +37,5 @@ def memory_findings(plan: Plan) -> list[Finding]:
                     "(optimizer.optimizer_cpu_offload)")] + out
 
 
-__all__ = ["MemoryBreakdown", "StepEstimate", "estimate_memory", "estimate_step", "memory_findings", "HBM_MARGIN"]
+__all__ = ["MemoryBreakdown", "StepEstimate", "estimate_memory", "estimate_step", "memory_findings", "HBM_MARGIN",
+           "HostMemoryBreakdown", "estimate_host_memory", "host_findings", "HOST_MARGIN"]

@@ -176,6 +176,8 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         hierarchical_cp_sizes=tuple(hcp) if hcp else None, schedule=_schedule_of(cfg),
         pretrained_checkpoint=cfg.checkpoint.pretrained_checkpoint,
         create_attention_mask=bool(getattr(cfg.dataset, "create_attention_mask", False)),
+        num_workers=int(getattr(cfg.dataset, "num_workers", 0) or 0), eval_iters=int(_eval_iters(cfg) or 0),
+        pin_cpu_grads=bool(opt.pin_cpu_grads),
     )
 
 
@@ -214,6 +216,13 @@ def _schedule_of(cfg) -> Schedule | None:
         return None
     return Schedule(train_iters=cfg.train.train_iters, lr=cfg.optimizer.lr, min_lr=cfg.optimizer.min_lr,
                     lr_warmup_iters=cfg.scheduler.lr_warmup_iters or 0, lr_decay_style=cfg.scheduler.lr_decay_style)
+
+
+def _eval_iters(cfg) -> int | None:
+    """``validation.eval_iters``, or the deprecated ``train.eval_iters`` where set: megatron-bridge 0.6.2's
+    ``ConfigContainer.validate()`` copies that over the validation one (upstream's perf recipes set it to 0)."""
+    deprecated = getattr(cfg.train, "eval_iters", None)
+    return deprecated if deprecated is not None else cfg.validation.eval_iters
 
 
 def _variable_length(cfg) -> bool:

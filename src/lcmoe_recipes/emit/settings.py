@@ -192,6 +192,7 @@ def _schedule(cfg, plan: Plan) -> None:
 
 def _data(cfg, plan: Plan) -> None:
     cfg.dataset.create_attention_mask = plan.create_attention_mask
+    cfg.dataset.num_workers = plan.num_workers
     tok = cfg.tokenizer
     if getattr(cfg.dataset, "blend", None) is None:  # mock data: nothing to download
         tok.tokenizer_type, tok.tokenizer_model, tok.vocab_size = "NullTokenizer", None, plan.model_spec.vocab_size
@@ -213,7 +214,8 @@ def _real_training(cfg, plan: Plan) -> None:
     cfg.model.moe_router_force_load_balancing = False
     cfg.ddp.check_for_nan_in_grad = True
     cfg.rerun_state_machine.check_for_nan_in_loss = plan.cuda_graph_impl != "full_iteration"
-    cfg.validation.eval_iters = max(cfg.validation.eval_iters or 0, 32)
+    cfg.train.eval_iters = None  # deprecated field _benchmark_common sets to 0; validate() copies it over
+    cfg.validation.eval_iters = plan.eval_iters
 
 
 def _numerics(cfg, plan: Plan) -> None:
@@ -222,6 +224,12 @@ def _numerics(cfg, plan: Plan) -> None:
         m.cross_entropy_fusion_impl = "native"
     if (m.num_moe_experts or 0) >= 32 and not m.moe_router_dtype:
         m.moe_router_dtype = "fp32"
+
+
+def _loss(cfg, plan: Plan) -> None:
+    if plan.layout.cp > 1:
+        cfg.model.calculate_per_token_loss = True
+        cfg.ddp.average_in_collective = False  # megatron-core DDP asserts it off with per-token loss
 
 
 def _tp_overlap(cfg, plan: Plan) -> None:
@@ -267,7 +275,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("global_batch_size", ("train.global_batch_size", "train.micro_batch_size"), _batch),
     Setting("schedule", ("train.train_iters", "optimizer.lr", "optimizer.min_lr", "scheduler.lr_warmup_iters",
                          "scheduler.lr_decay_style", "scheduler.lr_decay_iters"), _schedule),
-    Setting("data", ("dataset.create_attention_mask", "tokenizer.tokenizer_type", "tokenizer.tokenizer_model",
+    Setting("data", ("dataset.create_attention_mask", "dataset.num_workers", "tokenizer.tokenizer_type", "tokenizer.tokenizer_model",
                      "tokenizer.vocab_size"), _data,
             _answer("mock data with a NullTokenizer sized to the model's vocabulary until --data-path/--tokenizer give "
                     "real ones (nothing is downloaded); no dense seq_length x seq_length attention mask per sample "
@@ -281,7 +289,8 @@ SETTINGS: tuple[Setting, ...] = (
                     "checkpoint.pretrained_checkpoint when the run extends a pretrained model",
                     f"{UPSTREAM} perf_recipes/_common.py _benchmark_common turns saving off for benchmarks")),
     Setting("real_training", ("model.moe_router_force_load_balancing", "ddp.check_for_nan_in_grad",
-                              "rerun_state_machine.check_for_nan_in_loss", "validation.eval_iters"), _real_training,
+                              "rerun_state_machine.check_for_nan_in_loss", "validation.eval_iters", "train.eval_iters"),
+            _real_training,
             _answer("real training, not a benchmark: routing follows the learned router (forced load balancing is a "
                     "benchmark-only setting), NaN checks on gradients and loss stay on, validation runs",
                     f"{UPSTREAM} perf_recipes/_common.py _benchmark_common and the model's perf common.py "
@@ -292,6 +301,12 @@ SETTINGS: tuple[Setting, ...] = (
                     "(megatron-core warns without it)",
                     "megatron-core 0.19.2 model_parallel_config.py and transformer/transformer_config.py __post_init__ "
                     "warnings")),
+    Setting("loss", ("model.calculate_per_token_loss", "ddp.average_in_collective"), _loss,
+            _answer("per-token loss with context parallelism: each CP rank's loss is summed over its tokens and divided "
+                    "by the global count of unmasked tokens, so masked tokens spread unevenly over the CP ranks do not "
+                    "rescale the gradients (megatron-core's DDP requires average_in_collective off with it)",
+                    "Megatron-LM issue #7452 / PR #7513; megatron-core 0.19.2 distributed/distributed_data_parallel.py; "
+                    "docs/known_issues.md cp-masked-loss-normalization")),
     Setting("tp_comm_overlap", ("comm_overlap.tp_comm_overlap",), _tp_overlap,
             _answer("TP communication overlap off: upstream's recipe asks for it at TP=1, where CommOverlapConfig.setup "
                     "turns it off; at TP>1 it would start userbuffer overlap that no upstream recipe of this model runs "

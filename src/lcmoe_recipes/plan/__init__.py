@@ -131,7 +131,16 @@ class Plan:
         hierarchical_cp_sizes: the (a2a, p2p) split of CP for "a2a+p2p".
         schedule: optimizer schedule (None: the base recipe's).
         pretrained_checkpoint: Megatron checkpoint whose model weights the run starts from (optimizer fresh).
-        create_attention_mask: the dataset builds a dense seq_length x seq_length mask per sample.
+        create_attention_mask: ``dataset.create_attention_mask``: megatron-core's GPT dataset builds a dense
+            seq_length x seq_length causal mask per sample on the host. False, as megatron-bridge 0.6.2's GPT-OSS
+            perf recipe sets it (``perf_recipes/gpt_oss/common.py``): the attention kernel builds the causal mask and
+            megatron-bridge's ``gpt_step`` skips the dataset's (``skip_getting_attention_mask_from_dataset``);
+            megatron-core's default, which ``recipes/common.py`` ``_pretrain_common`` keeps, is True.
+        num_workers: ``dataset.num_workers``, worker processes per data loader (megatron-bridge 0.6.2 default 2).
+        eval_iters: ``validation.eval_iters``; above 0, megatron-bridge builds validation and test data loaders beside
+            the training one (32 in megatron-bridge 0.6.2's pre-training template).
+        pin_cpu_grads: ``optimizer.pin_cpu_grads``: CPU-offloaded optimizer's gradient copies in pinned memory
+            (megatron-core 0.19.2 default True).
         reasons: knob name -> :class:`Reason`.
     """
 
@@ -170,6 +179,9 @@ class Plan:
     schedule: Schedule | None = None
     pretrained_checkpoint: str | None = None
     create_attention_mask: bool = False
+    num_workers: int = 2
+    eval_iters: int = 32
+    pin_cpu_grads: bool = True
     reasons: dict[str, Reason] = field(default_factory=dict, compare=False)
 
     @property

@@ -11,19 +11,21 @@ from ..catalog import Hardware, ModelSpec
 from ..catalog.upstream import base_recipe, upstream_versions
 from ..plan import Reason
 
+TEMPLATE_NUM_WORKERS = 2  # megatron-bridge 0.6.2 recipes/common.py _pretrain_common dataset.num_workers
 SOURCE = "megatron-bridge {version} perf_recipes/ and recipes/ (the model's own recipe for this GPU)"
 
 
 def choose_base(spec: ModelSpec, hw: Hardware, precision: str, num_gpus: int) -> tuple[dict, Reason]:
     """(Plan fields inherited from the base recipe, reason). The fields: ``base_recipe`` ("module:function" or None
-    for megatron-bridge's pre-training template), ``grad_dtype``, ``moment_dtype``, ``use_precision_aware_optimizer``."""
+    for megatron-bridge's pre-training template), ``grad_dtype``, ``moment_dtype``, ``use_precision_aware_optimizer``,
+    ``num_workers`` (data-loader workers per rank)."""
     recipe, how = base_recipe(spec, hw, precision, num_gpus)
     source = SOURCE.format(version=upstream_versions()["megatron-bridge"])
     if recipe is None:
-        return {"base_recipe": None, "grad_dtype": "fp32", "moment_dtype": "fp32",
-                "use_precision_aware_optimizer": False}, Reason(how, source)
+        return {"base_recipe": None, "grad_dtype": "fp32", "moment_dtype": "fp32", "use_precision_aware_optimizer": False,
+                "num_workers": TEMPLATE_NUM_WORKERS}, Reason(how, source)
     fields = {"base_recipe": recipe.function, "grad_dtype": recipe.grad_dtype, "moment_dtype": recipe.moment_dtype,
-              "use_precision_aware_optimizer": recipe.use_precision_aware_optimizer}
+              "use_precision_aware_optimizer": recipe.use_precision_aware_optimizer, "num_workers": recipe.num_workers}
     return fields, Reason(f"{how}; our rules then change only what long context needs (docs/parity.md lists every "
                           "field that differs, with its reason)", source)
 
