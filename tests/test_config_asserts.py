@@ -171,9 +171,28 @@ LATE = [
     ("moe/router-options", QWEN, {"model.moe_router_score_function": "relu"}, "moe/router-options", "'relu'"),
     ("mla/hybrid-cp", DSV3, {"model.hybrid_context_parallel": True}, "mla/hybrid-cp", "multi-latent attention"),
     ("gdn/activation", NEXT, {"model.activation_func": _torch_fn("gelu")}, "gdn/activation", "activation gelu"),
+    ("data/dataloader-type", NEXT, {"dataset.dataloader_type": "random"}, "data/dataloader-type", "'random'"),
+]
+
+# Upstream asserts whose condition a check of ours (checks/feasibility.py, emit/config.py) catches first, under its
+# own rule id: the same end-to-end test.
+OURS_FIRST = [
+    ("recompute/granularity", QWEN, {"model.recompute_granularity": "partial"}, "recompute/granularity", "'partial'"),
+    ("recompute/full-args", DSV3, {**FULL_RECOMPUTE, "model.recompute_method": None}, "recompute/full-args",
+     "recompute_method"),
+    ("recompute/selective-num-layers", QWEN, {"model.recompute_num_layers": 2}, "recompute/selective-num-layers",
+     "recompute_num_layers set"),
+    ("recompute/gdn-norm-out", QWEN, {"model.recompute_modules": ["moe_act", "layernorm", "gdn_norm_out"]},
+     "recompute/gdn-norm-out", "gdn_norm_out"),
+    ("cuda-graphs/moe-router", QWEN, {"model.cuda_graph_modules": ["attn", "moe", "moe_router"]},
+     "cuda-graphs/moe-router", "moe and moe_router"),
+    ("cuda-graphs/preprocess-needs-router", QWEN, {"model.cuda_graph_modules": ["attn", "moe_preprocess"]},
+     "cuda-graphs/preprocess-needs-router", "without moe_router"),
+    ("recompute/full-with-graphs", QWEN, FULL_RECOMPUTE, "recompute/full-with-graphs", "cuda_graph_impl=transformer_engine"),
+    ("config/seq-length", NEXT, {"model.seq_length": 16384}, "config/seq-length", "16384 on the model but 8192"),
+    ("dispatcher/flex-backend", QWEN, {"model.moe_flex_dispatcher_backend": "nixl"}, "dispatcher/flex-backend", "'nixl'"),
     ("batch/positive", NEXT, {"train.micro_batch_size": 0}, "batch/positive", "MBS=0"),
     ("parallel/sp-off", QWEN, {"model.sequence_parallel": False}, "parallel/sp-off", "refuses to train MoE layers"),
-    ("data/dataloader-type", NEXT, {"dataset.dataloader_type": "random"}, "data/dataloader-type", "'random'"),
 ]
 
 # Rules whose failing config cannot be reached from a named recipe at its own world size without first breaking
@@ -302,6 +321,12 @@ def test_late_checks(fresh_config, recipe, changes, rule, fragment):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("recipe,changes,rule,fragment", [c[1:] for c in OURS_FIRST], ids=[c[0] for c in OURS_FIRST])
+def test_our_rules_fire_first(fresh_config, recipe, changes, rule, fragment):
+    _assert_rule(_findings(fresh_config, recipe, changes), rule, fragment)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe,changes,world,rule,fragment", [c[1:] for c in ON_RESOLVED], ids=[c[0] for c in ON_RESOLVED])
 def test_late_checks_on_resolved(fresh_config, recipe, changes, world, rule, fragment):
     import copy
@@ -324,6 +349,19 @@ def test_upstream_message_mapped(fresh_config, recipe, changes, fragment, reques
     rule = request.node.callspec.id
     findings = _findings(fresh_config, recipe, changes)
     _assert_rule(findings, rule, fragment)
+
+
+@pytest.mark.slow
+def test_unmapped_upstream_message_keeps_generic_rule(fresh_config):
+    """A check-time message outside our table (here the profiler's) keeps rule upstream/validate, verbatim."""
+    def profiling():
+        from megatron.bridge.training.config import ProfilingConfig
+
+        return ProfilingConfig(use_pytorch_profiler=True, profile_step_start=10, profile_step_end=5)
+
+    findings = _findings(fresh_config, QWEN, {"profiling": Lazy(profiling)})
+    _assert_rule(findings, "upstream/validate", "rejected the config for 128 x gb200: profile_step_end (5) must be >= "
+                                                "profile_step_start (10)")
 
 
 @pytest.mark.slow
@@ -364,10 +402,16 @@ def test_every_rule_and_message_entry_has_a_case():
 
 
 def _checks_doc_rows() -> list[list[str]]:
-    rows = []
+    """Rows of the docs/checks.md tables whose last two columns are 'rule' and 'test'."""
+    rows, in_table = [], False
     for line in (ROOT / "docs" / "checks.md").read_text().splitlines():
-        if line.startswith("|") and not line.startswith("|---") and "upstream file" not in line:
-            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))] if line.startswith("|") else None
+        if cells is None:
+            in_table = False
+        elif cells[-2:] == ["rule", "test"]:
+            in_table = True
+        elif in_table and not set(line) <= set("|-"):
+            rows.append(cells)
     return rows
 
 
@@ -385,7 +429,7 @@ def _known_tests() -> set[str]:
     names = set()
     for path in (ROOT / "tests").glob("test_*.py"):
         names |= {f"{path.name}::{n}" for n in re.findall(r"^def (test_\w+)", path.read_text(), re.M)}
-    cases = {"test_late_checks": LATE, "test_late_checks_on_resolved": ON_RESOLVED, "test_upstream_message_mapped": MAPPED,
+    cases = {"test_late_checks": LATE, "test_our_rules_fire_first": OURS_FIRST, "test_late_checks_on_resolved": ON_RESOLVED, "test_upstream_message_mapped": MAPPED,
              "test_overrides_say_what_the_run_does": OVERRIDES}
     for test, table in cases.items():
         names |= {f"test_config_asserts.py::{test}[{c[0]}]" for c in table}

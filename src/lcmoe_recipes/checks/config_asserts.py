@@ -680,8 +680,11 @@ _FINALIZE_REASON = {
 
 
 def _plain(value: Any) -> Any:
+    """A value as comparable plain data: enum members by name, functions by name, torch dtypes as "bfloat16"."""
     if isinstance(value, enum.Enum):
         return value.name
+    if callable(value) and hasattr(value, "__name__"):
+        return value.__name__
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, (bool, int, float, str, type(None))):
@@ -712,8 +715,9 @@ def _overrides(r: Resolved) -> Iterator[Finding]:
         for field in dataclasses.fields(before):
             old, new = _plain(getattr(before, field.name, None)), _plain(getattr(after, field.name, None))
             default = _default(field)
-            if old == new or default is dataclasses.MISSING or old == _plain(default) or not isinstance(
-                    getattr(before, field.name, None), (bool, int, float, str, enum.Enum)):
+            written = getattr(before, field.name, None)
+            if old == new or default is dataclasses.MISSING or old == _plain(default) or not (
+                    isinstance(written, (bool, int, float, str, enum.Enum)) or type(written).__name__ == "dtype"):
                 continue
             key = f"{section}.{field.name}"
             if key in _NO_EFFECT and _NO_EFFECT[key](r):
