@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from ..catalog import Hardware
-from .feasibility import Finding
+from .feasibility import Finding, _divisors
 from .upstream_messages import UPSTREAM_MESSAGES, UPSTREAM_VALIDATE_RULE
 
 MCORE = "megatron-core 0.19.2"
@@ -152,10 +152,6 @@ def _names(value: Any) -> list[str]:
     return [getattr(x, "name", None) or str(x) for x in items]
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 # --- parallel_state.initialize_model_parallel ---------------------------------------------------------------------
 _PS = f"{MCORE} parallel_state.py, initialize_model_parallel"
 
@@ -165,8 +161,7 @@ def _optimizer_instances(r: Resolved):
     n = getattr(r.cfg.ddp, "num_distributed_optimizer_instances", 1) or 1
     if n <= 1:
         return
-    ok = [d for d in _divisors(math.gcd(r.dp * r.cp, r.edp))]
-    fix = f"use num_distributed_optimizer_instances in {ok}"
+    fix = f"use num_distributed_optimizer_instances in {_divisors(math.gcd(r.dp * r.cp, r.edp))}"
     if (r.dp * r.cp) % n:
         yield (f"ddp.num_distributed_optimizer_instances={n} does not divide DP·CP = {r.dp}·{r.cp} = {r.dp * r.cp}", fix)
     if r.edp % n:
