@@ -154,7 +154,10 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
             f"would use ETP=TP={tp}; megatron-bridge quietly sets 1", "set model.expert_tensor_parallel_size "
             "explicitly (1 for EP-only experts)")
     if tp > 1 and not plan.sequence_parallel:
-        add("warning", "parallel/sp-off", f"TP={tp} without sequence parallel", "set sequence_parallel=True (MoE with TP>1 and EP>1 needs it)")
+        # megatron-core 0.19.2 transformer/moe/moe_layer.py, MoELayer.forward: a ValueError at the first training step.
+        add("error" if model.num_moe_experts else "warning", "parallel/sp-off",
+            f"TP={tp} without sequence parallel: megatron-core's MoELayer.forward refuses to train MoE layers with "
+            "TP > 1 and sequence parallel off", "set model.sequence_parallel=true")
 
     # --- batch --------------------------------------------------------------------------------------
     mbs, gbs = plan.micro_batch_size, plan.global_batch_size
@@ -162,7 +165,12 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         dp = lay.dp
     except InfeasibleConfig:
         dp = None
-    if dp is not None:
+    if not all(isinstance(n, int) and n >= 1 for n in (mbs, gbs)):
+        # megatron-core 0.19.2 num_microbatches_calculator.py (GBS required, >= 1 microbatch); megatron-bridge 0.6.2
+        # data/samplers.py, MegatronPretrainingSampler.__init__ (micro_batch_size > 0).
+        add("error", "batch/positive", f"MBS={mbs}, GBS={gbs}: both must be positive integers",
+            "set train.micro_batch_size >= 1 and train.global_batch_size to a multiple of MBS·DP")
+    elif dp is not None:
         if gbs % (mbs * dp):
             ok = [gbs - gbs % (mbs * dp), gbs - gbs % (mbs * dp) + mbs * dp]
             add("error", "batch/gbs-mbs-dp", f"GBS={gbs} is not divisible by MBS·DP = {mbs}·{dp} = {mbs * dp}",

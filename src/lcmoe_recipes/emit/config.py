@@ -17,6 +17,7 @@ from typing import Any
 from ..catalog import MODELS, Hardware, get_hardware
 from ..checks import Finding, check_plan, raise_for_errors
 from ..checks.known_issues import StackVersions, config_view, known_issue_findings
+from ..checks.config_asserts import config_assert_findings
 from ..errors import InfeasibleConfig, UnknownName
 from ..layout import ParallelLayout
 from ..plan import PRECISIONS, Plan, Positions, Schedule
@@ -280,7 +281,10 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     4. if those pass: megatron-bridge's ``runtime_config_update`` (mixed-precision resolution, DP size, comm-overlap
        setup, ``validate()`` with every megatron-core post-init check) on a deep copy, inside
        :func:`lcmoe_recipes.emit.target.target_environment` so the world size, GPU and TE probes answer for the
-       target (rule ``upstream/validate``). The copy is thrown away: ``cfg`` is never changed;
+       target (its message mapped to our rule id and fix, else rule ``upstream/validate``); if it passes, the
+       asserts megatron-core raises later and the settings upstream overrides, read from that resolved copy
+       (:func:`lcmoe_recipes.checks.config_asserts.config_assert_findings`, docs/checks.md). The copy is thrown away:
+       ``cfg`` is never changed;
     5. always: the known upstream bugs whose trigger holds for ``cfg`` and whose affected versions include
        ``versions`` (default: the installed ones; rules ``known-issue/<id>``, see docs/known_issues.md).
 
@@ -313,15 +317,15 @@ def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str) -
     from megatron.bridge.training.config import runtime_config_update
 
     trial = copy.deepcopy(cfg)
+    error = None
     with target_environment(hw, world_size), quiet_upstream():
         try:
             runtime_config_update(trial)
         except (AssertionError, ValueError, RuntimeError, TypeError, AttributeError, KeyError) as exc:
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            findings.insert(0, Finding(
-                "error", "upstream/validate",
-                "megatron-bridge validation (runtime_config_update -> ConfigContainer.validate) rejected the "
-                f"config for {world_size} x {hw.key}: {text}", "change the field it names (see docs/troubleshooting.md)"))
+            error = exc
+    # Issue 11 part 1 (docs/checks.md): upstream's message mapped to our rule, else the asserts that fire after
+    # check time and the settings upstream overrides, read from the resolved trial copy.
+    findings[:0] = config_assert_findings(cfg, trial, hw, world_size, upstream_error=error)
     return findings
 
 
