@@ -78,16 +78,16 @@ def test_device_bundle_builds_and_installs_into_a_clean_folder(tmp_path):
                 for line in (ROOT / "requirements/device.txt").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
     assert {r for r in required} <= {n.replace(".", "-") for n in names}
-    assert sum(w.stat().st_size for w in wheels) < 60 * 2**20
+    assert sum(w.stat().st_size for w in wheels) < 61 * 2**20  # + the tree (~3 MiB) under the machine's 64 MiB
     assert all(("cp312" in w.name or "py3" in w.name or "py2.py3" in w.name) and
                ("x86_64" in w.name or w.name.endswith("-any.whl")) for w in wheels)
     target = tmp_path / "site"
     # As the GPU machine (CPython 3.12, glibc 2.39) would install them: pip checks each wheel's tags against it.
     device = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:"] + [
-        arg for tag in ("manylinux_2_39_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")
+        arg for tag in (*(f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)), "manylinux2014_x86_64",
+                        "manylinux1_x86_64", "any")
         for arg in ("--platform", tag)]
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     *device, "--target", str(target), *map(str, wheels)], check=True)
-    for package in ("megatron/core", "megatron/bridge", "nvidia_resiliency_ext/inprocess", "fla/ops",
-                    "transformers/models/qwen3_next"):
+    for package in ("megatron/core", "megatron/bridge", "nvidia_resiliency_ext/inprocess", "fla/ops"):
         assert (target / package).is_dir(), package
