@@ -186,6 +186,8 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--config", metavar="FILE", help="ConfigContainer YAML written by lcmoe_recipes.launch")
     source.add_argument("--recipe", metavar="NAME", help="a named recipe instead of a YAML (see launch --list)")
     rank_arguments(parser)
+    parser.add_argument("--metrics", metavar="FILE", help="write each step's loss, wall time and peak allocated "
+                        "memory to FILE as JSON (rank 0; lcmoe_recipes.metrics)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied before validation")
     return parser
 
@@ -243,7 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    pretrain(cfg, forward_step)
+    callbacks = None
+    if args.metrics:
+        from .metrics import metrics_callback
+
+        callbacks = [metrics_callback(args.metrics)]
+    pretrain(cfg, forward_step, callbacks=callbacks)
     return 0
 
 

@@ -130,6 +130,13 @@ MODELS: dict[str, ModelSpec] = {
         # The course module's decision-table exercise (synthetic; see hf_configs/SOURCES.md).
         ModelSpec("course_moe", "Course MoE 64x7B (top-2)", "(synthetic)", "Qwen3MoeConfig", "course_moe_64e.json",
                   mtp_num_layers=0, aliases=("course-moe", "moe_64e_top2")),
+        # One-GPU proxies of the three families for scripts/gpu_proof.sh (synthetic; see hf_configs/SOURCES.md).
+        ModelSpec("proxy_dsv3", "DeepSeek-V3 proxy (6 layers, 16 experts)", "(synthetic)", "DeepseekV3Config",
+                  "proxy_dsv3.json", mtp_num_layers=1),
+        ModelSpec("proxy_qwen3_moe", "Qwen3-MoE proxy (8 layers, 32 experts)", "(synthetic)", "Qwen3MoeConfig",
+                  "proxy_qwen3_moe.json", mtp_num_layers=0),
+        ModelSpec("proxy_qwen3_next", "Qwen3-Next proxy (8 layers, 32 experts)", "(synthetic)", "Qwen3NextConfig",
+                  "proxy_qwen3_next.json", mtp_num_layers=1),
     )
 }
 

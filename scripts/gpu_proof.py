@@ -1,0 +1,278 @@
+"""The GPU proof: one-GPU proxies of the three families, each converted from a Hugging Face checkpoint and trained
+through our own entry script on real tokens; measured loss, peak memory and step time beside our cost model.
+
+Run it with ``bash scripts/gpu_proof.sh`` (docs/gpu_proof.md). Subcommands (each a separate process, as a cluster
+job's steps would be):
+
+* ``data DIR``: the repository's own text (README, docs, source) as byte-level tokens (id = UTF-8 byte, one
+  end-of-document id = vocab_size - 1 after each file, the NullTokenizer's default), written with megatron-core's
+  ``IndexedDatasetBuilder`` as ``DIR/text_document.{bin,idx}``. Nothing is downloaded.
+* ``hf MODEL DIR``: the proxy's config.json with random weights, saved by transformers (``save_pretrained``).
+* ``logits MODEL HF MEGATRON``: the converted checkpoint loaded back (megatron-bridge ``AutoBridge.load_megatron_model``)
+  and one forward pass in fp32 against the Hugging Face model's logits on the same tokens.
+* ``config MODEL YAML``: the proxy planned for 1 x H200 (our planner and checks), megatron-core's local modules where
+  Transformer Engine is absent, started from the converted checkpoint, validated, written as YAML; the prediction
+  (``lcmoe_recipes.cost.estimate_memory`` / ``estimate_step``) beside it as JSON.
+* ``all WORK OUT``: everything above for each proxy, then ``python -m lcmoe_recipes.train --metrics`` under torchrun,
+  and the table in ``OUT`` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from lcmoe_recipes.catalog import get_model  # noqa: E402
+
+PROXIES = ("proxy_qwen3_moe", "proxy_dsv3", "proxy_qwen3_next")
+LOGIT_TOLERANCE = 1e-3  # max |logit difference| in fp32 (TF32 off); logits of these random models are O(1)
+
+
+def build_data(folder: Path, vocab_size: int) -> Path:
+    """Byte-level tokens of the repository's text files as a Megatron indexed dataset; returns the prefix."""
+    import numpy as np
+    import torch
+
+    from lcmoe_recipes.emit.stack import load_bridge
+
+    load_bridge(quiet=True)
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    folder.mkdir(parents=True, exist_ok=True)
+    prefix = folder / "text_document"
+    files = sorted(p for pattern in ("*.md", "docs/*.md", "src/**/*.py", "scripts/*.py", "tests/*.py", "recipes/*.yaml")
+                   for p in ROOT.glob(pattern))
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
+    tokens = 0
+    for path in files:
+        ids = list(path.read_bytes()) + [vocab_size - 1]
+        builder.add_document(torch.tensor(ids, dtype=torch.int32), [len(ids)])
+        tokens += len(ids)
+    builder.finalize(f"{prefix}.idx")
+    print(f"data: {len(files)} files, {tokens} tokens -> {prefix}.bin/.idx")
+    return prefix
+
+
+def write_hf(model: str, folder: Path) -> None:
+    from lcmoe_recipes.emit.weights import write_random_hf_checkpoint
+
+    spec = get_model(model)
+    write_random_hf_checkpoint({**spec.config, "torch_dtype": "float32"}, spec.hf_config_class, folder)
+    print(f"hf: {spec.display} with random weights -> {folder}")
+
+
+def logits(model: str, hf: Path, megatron: Path) -> dict:
+    """Megatron (converted, loaded back) vs Hugging Face logits on 2 x 256 tokens, fp32."""
+    import torch
+    import transformers
+
+    from lcmoe_recipes.emit.stack import load_bridge
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    load_bridge(quiet=True)
+    from megatron.bridge import AutoBridge
+    from megatron.bridge.training.model_load_save import temporary_distributed_context
+
+    spec = get_model(model)
+    torch.manual_seed(1)
+    ids = torch.randint(0, min(spec.vocab_size, 256), (2, 256), device="cuda")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        expected = ref(input_ids=ids).logits.float()
+    del ref
+    with temporary_distributed_context(backend="nccl"):
+        bridge = AutoBridge.from_hf_pretrained(str(hf))
+        chunks = bridge.load_megatron_model(str(megatron))
+        net = chunks[0].cuda().float().eval()
+        positions = torch.arange(ids.shape[1], device="cuda").unsqueeze(0).expand_as(ids)
+        with torch.no_grad():
+            got = net(input_ids=ids, position_ids=positions, attention_mask=None)
+        got = got[..., : spec.vocab_size].float()
+    diff = (got - expected).abs()
+    result = {"max_abs_diff": diff.max().item(), "mean_abs_diff": diff.mean().item(),
+              "top1_agreement": (got.argmax(-1) == expected.argmax(-1)).float().mean().item(),
+              "logit_scale": expected.abs().mean().item(), "tolerance": LOGIT_TOLERANCE}
+    result["match"] = result["max_abs_diff"] <= LOGIT_TOLERANCE
+    print("logits: " + json.dumps(result))
+    return result
+
+
+def proof_plan(model: str, seq_length: int, global_batch_size: int):
+    """The proxy planned by our planner for 1 x H200 in BF16 with the all-to-all dispatcher (no DeepEP/HybridEP
+    and no FP8 without Transformer Engine)."""
+    from lcmoe_recipes.planner import plan
+    from lcmoe_recipes.request import TrainingRequest
+
+    return plan(TrainingRequest(model=model, seq_length=seq_length, hardware="h200", num_gpus=1, precision="bf16",
+                                dispatcher="alltoall", global_batch_size=global_batch_size)).best.plan
+
+
+def proof_config(model: str, yaml_path: Path, pretrained: Path | None, steps: int, seq_length: int,
+                 global_batch_size: int, drop_mtp: bool) -> dict:
+    """Write the proxy's ConfigContainer (validated for 1 x H200) and return our prediction for its plan."""
+    from lcmoe_recipes import emit
+    from lcmoe_recipes.cost import estimate_memory, estimate_step
+    from lcmoe_recipes.emit.local_impl import use_local_implementation
+    from lcmoe_recipes.emit.stack import te_installed
+
+    plan = proof_plan(model, seq_length, global_batch_size)
+    cfg = emit.build_config(plan, validate=False, quiet=True)
+    changes = [] if te_installed() else use_local_implementation(cfg.model, drop_mtp=drop_mtp)
+    cfg.train.train_iters = steps
+    cfg.scheduler.lr_warmup_iters = min(2, steps - 1)
+    cfg.scheduler.lr_decay_iters = steps
+    cfg.logger.log_interval = 1
+    cfg.checkpoint.save = None
+    cfg.checkpoint.pretrained_checkpoint = str(pretrained) if pretrained else None
+    cfg.validation.eval_interval = None
+    cfg.validation.eval_iters = 0
+    meta = emit.target_meta(plan)
+    emit.validate_config(cfg, "h200", 1, plan.name)
+    emit.write_yaml(cfg, yaml_path, meta)
+    mem, step = estimate_memory(plan), estimate_step(plan)
+    prediction = {"plan": {"layout": str(plan.layout), "micro_batch_size": plan.micro_batch_size,
+                           "global_batch_size": plan.global_batch_size, "seq_length": plan.seq_length,
+                           "recompute": [plan.recompute_granularity, list(plan.recompute_modules)],
+                           "precision": plan.precision},
+                  "predicted_peak_gib": mem.gib()["total"], "predicted_memory_gib": mem.gib(),
+                  "predicted_step_seconds": step.step_seconds, "local_implementation": changes}
+    print(f"config: {model} -> {yaml_path}")
+    return prediction
+
+
+def _run(cmd: list[str], log: Path, timeout: int) -> int:
+    print("+ " + " ".join(cmd), flush=True)
+    with open(log, "w") as out:
+        return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, cwd=ROOT).returncode
+
+
+def _tail(log: Path, lines: int = 8) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+
+
+def run_all(work: Path, out: Path, steps: int, seq_length: int, global_batch_size: int, models: list[str]) -> dict:
+    import torch
+
+    from lcmoe_recipes.emit.stack import te_installed
+
+    work.mkdir(parents=True, exist_ok=True)
+    te = te_installed()
+    report = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0),
+              "torch": torch.__version__, "transformer_engine": te, "steps": steps, "seq_length": seq_length,
+              "global_batch_size": global_batch_size, "data": "byte-level tokens of this repository's text",
+              "models": {}}
+    py = sys.executable
+    here = str(Path(__file__).resolve())
+    prefix = build_data(work / "data", get_model(models[0]).vocab_size)
+    for model in models:
+        spec, row = get_model(model), {}
+        report["models"][model] = row
+        if spec.gated_delta_net and not te:
+            row["skipped"] = ("gated DeltaNet layers are built only with Transformer Engine (megatron-core 0.19.2 "
+                              "experimental_attention_variant_module_specs); none on this machine")
+            continue
+        drop_mtp = bool(spec.mtp_num_layers) and not te
+        if drop_mtp:
+            row["mtp"] = "left out: megatron-bridge 0.6.2 builds MTP layers only with Transformer Engine"
+        hf, mg, logs = work / f"hf_{model}", work / f"mg_{model}", work / f"logs_{model}"
+        logs.mkdir(exist_ok=True)
+        steps_done = []
+        for name, cmd, timeout in (
+                ("hf", [py, here, "hf", model, str(hf)], 600),
+                ("convert", [py, "-m", "lcmoe_recipes.convert", "--hf", str(hf), "--out", str(mg), "--model", model]
+                 + (["--drop-mtp"] if drop_mtp else []), 900),
+                ("logits", [py, here, "logits", model, str(hf), str(mg)], 600),
+                ("config", [py, here, "config", model, str(work / f"{model}.yaml"), "--pretrained", str(mg),
+                            "--steps", str(steps), "--seq", str(seq_length), "--gbs", str(global_batch_size)]
+                 + (["--drop-mtp"] if drop_mtp else []), 600),
+                ("train", [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m",
+                           "lcmoe_recipes.train", "--config", str(work / f"{model}.yaml"), "--data-path", str(prefix),
+                           "--metrics", str(work / f"{model}.metrics.json")], 1800)):
+            start = time.monotonic()
+            rc = _run(cmd, logs / f"{name}.log", timeout)
+            steps_done.append({"step": name, "rc": rc, "seconds": round(time.monotonic() - start, 1)})
+            if rc:
+                row.setdefault("failed", []).append({"step": name, "rc": rc, "log_tail": _tail(logs / f"{name}.log")})
+                if name != "logits":  # a logit mismatch or crash is recorded; training still runs
+                    break
+                continue
+            if name == "logits":
+                line = next(l for l in (logs / "logits.log").read_text().splitlines() if l.startswith("logits: "))
+                row["logits"] = json.loads(line.removeprefix("logits: "))
+            if name == "config":
+                row.update(json.loads((work / f"{model}.yaml.prediction.json").read_text()))
+        row["steps"] = steps_done
+        metrics = work / f"{model}.metrics.json"
+        if metrics.exists():
+            measured = json.loads(metrics.read_text())["steps"]
+            times = [s["seconds"] for s in measured[3:]] or [s["seconds"] for s in measured]
+            losses = [s["loss"].get("lm loss") for s in measured]
+            row["measured"] = {"loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
+                               "peak_allocated_gib": max(s["max_allocated_bytes"] for s in measured) / 2**30,
+                               "step_seconds_median": statistics.median(times), "steps_timed": len(times)}
+            if "predicted_peak_gib" in row:
+                row["measured"]["peak_measured_over_predicted"] = (row["measured"]["peak_allocated_gib"]
+                                                                  / row["predicted_peak_gib"])
+                row["measured"]["step_measured_over_predicted"] = (row["measured"]["step_seconds_median"]
+                                                                  / row["predicted_step_seconds"])
+        out.write_text(json.dumps(report, indent=1))
+    out.write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("data")
+    p.add_argument("folder", type=Path)
+    p.add_argument("--vocab-size", type=int, default=32768)
+    p = sub.add_parser("hf")
+    p.add_argument("model")
+    p.add_argument("folder", type=Path)
+    p = sub.add_parser("logits")
+    p.add_argument("model")
+    p.add_argument("hf", type=Path)
+    p.add_argument("megatron", type=Path)
+    for name in ("config", "all"):
+        p = sub.add_parser(name)
+        if name == "config":
+            p.add_argument("model")
+            p.add_argument("yaml", type=Path)
+            p.add_argument("--pretrained", type=Path)
+            p.add_argument("--drop-mtp", action="store_true")
+        else:
+            p.add_argument("work", type=Path)
+            p.add_argument("out", type=Path)
+            p.add_argument("--models", nargs="+", default=list(PROXIES), choices=PROXIES)
+        p.add_argument("--steps", type=int, default=20)
+        p.add_argument("--seq", type=int, default=4096)
+        p.add_argument("--gbs", type=int, default=8)
+    args = parser.parse_args(argv)
+    if args.command == "data":
+        build_data(args.folder, args.vocab_size)
+    elif args.command == "hf":
+        write_hf(args.model, args.folder)
+    elif args.command == "logits":
+        logits(args.model, args.hf, args.megatron)
+    elif args.command == "config":
+        prediction = proof_config(args.model, args.yaml, args.pretrained, args.steps, args.seq, args.gbs, args.drop_mtp)
+        Path(f"{args.yaml}.prediction.json").write_text(json.dumps(prediction, indent=1))
+    else:
+        run_all(args.work, args.out, args.steps, args.seq, args.gbs, args.models)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The GPU proof up to the GPU call (docs/gpu_proof.md): the device bundle builds and installs into a clean folder,
+the data step writes a real Megatron indexed dataset, and each proxy plans, passes our checks and megatron-bridge's
+validate() for 1 x H200 (with megatron-core's local modules, as on a machine without Transformer Engine), and its
+YAML reads back the way the entry script reads it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_proof  # noqa: E402
+
+
+def test_proxies_are_plannable_on_one_h200():
+    from lcmoe_recipes.checks import check_plan
+    from lcmoe_recipes.cost import estimate_memory, memory_findings
+
+    for model in gpu_proof.PROXIES:
+        plan = gpu_proof.proof_plan(model, 4096, 8)
+        assert (plan.layout.world, plan.layout.tp, plan.layout.ep, plan.global_batch_size) == (1, 1, 1, 8)
+        assert not [f for f in check_plan(plan) + memory_findings(plan) if f.severity == "error"]
+        assert 2 < estimate_memory(plan).gib()["total"] < 40  # a few GiB: meaningful, and far from 141
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", gpu_proof.PROXIES)
+def test_proxy_config_validates_for_one_h200_and_reads_back(model, tmp_path):
+    from lcmoe_recipes import emit
+    from lcmoe_recipes.emit.local_impl import NeedsTransformerEngine
+    from lcmoe_recipes.emit.stack import te_installed
+
+    pretrained = tmp_path / "converted"
+    pretrained.mkdir()
+    spec_next = model == "proxy_qwen3_next"
+    if spec_next and not te_installed():
+        with pytest.raises(NeedsTransformerEngine, match="gated_delta_net"):
+            gpu_proof.proof_config(model, tmp_path / "c.yaml", pretrained, 5, 4096, 8, drop_mtp=False)
+        return
+    prediction = gpu_proof.proof_config(model, tmp_path / "c.yaml", pretrained, 5, 4096, 8,
+                                        drop_mtp=not te_installed())
+    assert prediction["predicted_peak_gib"] > 2 and prediction["predicted_step_seconds"] > 0
+    cfg, meta = emit.read_yaml(tmp_path / "c.yaml")
+    assert (meta["world_size"], meta["hardware"]) == (1, "h200")
+    assert cfg.checkpoint.pretrained_checkpoint == str(pretrained) and cfg.train.train_iters == 5
+    if not te_installed():
+        assert cfg.model.transformer_impl == "local" and cfg.model.mtp_num_layers is None
+    emit.validate_config(cfg, "h200", 1, model)  # the entry script's check before pretrain()
+
+
+@pytest.mark.slow
+def test_data_step_writes_a_megatron_indexed_dataset(tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    prefix = gpu_proof.build_data(tmp_path, 32768)
+    data = IndexedDataset(str(prefix))
+    assert len(data) > 50  # one document per text file of the repository
+    first = data[0]
+    assert first[-1] == 32767 and first[:-1].max() < 256  # bytes, then the end-of-document id
+
+
+def test_device_bundle_builds_and_installs_into_a_clean_folder(tmp_path):
+    bundle = Path(os.environ.get("LCMOE_DEVICE_BUNDLE", tmp_path / "bundle"))
+    if "LCMOE_DEVICE_BUNDLE" not in os.environ:
+        if os.environ.get("CI_OFFLINE"):
+            pytest.skip("no package registry")
+        subprocess.run(["bash", "scripts/build_device_bundle.sh", str(bundle)], cwd=ROOT, check=True,
+                       env={**os.environ, "PYTHON": sys.executable})
+    wheels = sorted(bundle.glob("*.whl"))
+    names = {w.name.split("-")[0].lower().replace("_", "-") for w in wheels}
+    required = [line.split("==")[0].strip().lower().replace("_", "-").replace(".", "-")
+                for line in (ROOT / "requirements/device.txt").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert {r for r in required} <= {n.replace(".", "-") for n in names}
+    assert sum(w.stat().st_size for w in wheels) < 61 * 2**20  # + the tree (~3 MiB) under the machine's 64 MiB
+    assert all(("cp312" in w.name or "py3" in w.name or "py2.py3" in w.name) and
+               ("x86_64" in w.name or w.name.endswith("-any.whl")) for w in wheels)
+    target = tmp_path / "site"
+    # As the GPU machine (CPython 3.12, glibc 2.39) would install them: pip checks each wheel's tags against it.
+    device = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:"] + [
+        arg for tag in (*(f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)), "manylinux2014_x86_64",
+                        "manylinux1_x86_64", "any")
+        for arg in ("--platform", tag)]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    *device, "--target", str(target), *map(str, wheels)], check=True)
+    for package in ("megatron/core", "megatron/bridge", "nvidia_resiliency_ext/inprocess", "fla/ops"):
+        assert (target / package).is_dir(), package
