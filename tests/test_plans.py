@@ -113,10 +113,13 @@ def test_check_divisibility():
 
 
 def test_check_batch():
+    # DP2, PP4 with VPP12: GBS must be a multiple of MBS·DP·PP = 8; both neighbours are offered
     f = _bad("qwen3_235b_128k_gb200", global_batch_size=63)
-    assert f["batch/gbs-mbs-dp"].fix == "use GBS=62 or 64"
-    f = _bad("qwen3_235b_128k_gb200", global_batch_size=6)  # 3 microbatches < PP=4 with VPP
-    assert f["batch/microbatches-vpp"].fix == "use GBS=8"
+    assert f["batch/gbs-mbs-dp"].fix == "use GBS=56 or 64"
+    f = _bad("qwen3_235b_128k_gb200", global_batch_size=20)  # 10 microbatches: not a multiple of PP=4
+    assert f["batch/microbatches-vpp"].fix == "use GBS=16 or 24"
+    f = _bad("qwen3_235b_128k_gb200", global_batch_size=6)  # 3 microbatches < PP=4
+    assert f["batch/microbatches-vpp"].fix == "use GBS=8 or 16"
 
 
 def test_check_dispatcher_recompute_offload_graphs():

@@ -13,6 +13,7 @@ from .checks import Finding, check_plan
 from .cost import HOST_MARGIN, estimate_host_memory, estimate_memory, estimate_step, host_findings, memory_findings
 from .plan import PRECISIONS, Plan
 from .ranks import placement
+from .report import schedule_text
 
 
 def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
@@ -33,6 +34,12 @@ def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
         "global_batch_size": f"GBS {plan.global_batch_size}, MBS {plan.micro_batch_size}, "
                              f"{plan.num_microbatches} microbatches per DP rank",
         "sequence_parallel": "on" if plan.sequence_parallel else "off",
+        "positions": plan.positions.describe() if plan.positions else "as the model was trained",
+        "cp_comm_type": (plan.cp_comm_type or "p2p") + (f" {list(plan.hierarchical_cp_sizes)}"
+                                                        if plan.hierarchical_cp_sizes else ""),
+        "schedule": schedule_text(plan),
+        "pretrained_checkpoint": plan.pretrained_checkpoint or "none: random initialisation",
+        "base_recipe": plan.base_recipe or "megatron-bridge recipes/common.py _pretrain_common",
     }
     out = []
     for knob, value in values.items():

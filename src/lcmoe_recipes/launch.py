@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the result as JSON (decisions, findings, memory, "
                         "step, YAML path, cluster command) instead of text")
     parser.add_argument("--plot", metavar="DIR", help="write memory.png, time.png and sweep.png (4K-256K) into DIR")
-    request_arguments(parser.add_argument_group("planning (requests that match no named recipe)"), wishes_only=True)
+    request_arguments(parser.add_argument_group("planning and run options (layout flags on a named recipe plan its "
+                                                "target instead)"), wishes_only=True)
     run = parser.add_argument_group("running (--executor local: torchrun on this node; slurm: NeMo-Run SlurmExecutor; "
                                     "GPUs per node from the hardware: 8 HGX, 4 GB200/GB300)")
     run.add_argument("--executor", choices=EXECUTORS, default="local", help="where to run (default: local)")
@@ -127,16 +128,44 @@ def torchrun_command(yaml_path: str | Path, world_size: int, gpus_per_node: int)
             f"--config {shlex.quote(str(yaml_path))}")
 
 
+# Flags that ask for another layout or other knobs than a named recipe pins: with them, the recipe's target is planned.
+LAYOUT_WISHES = ("tp", "pp", "cp", "ep", "dispatcher", "no_offload", "variable_length")
+
+
+def _layout_wishes(wishes) -> list[str]:
+    given = [name for name in LAYOUT_WISHES if getattr(wishes, name, None)]
+    if getattr(wishes, "mbs", 1) not in (1, None):
+        given.append("mbs")
+    return given
+
+
+def run_options(wishes) -> dict:
+    """The per-run options (:class:`lcmoe_recipes.rules.extension.RunOptions`) the CLI's flags ask for."""
+    if wishes is None:
+        return {}
+    values = {"rope": getattr(wishes, "rope", "auto"), "tokens_per_step": getattr(wishes, "tokens_per_step", None),
+              "global_batch_size": getattr(wishes, "gbs", None), "lr": getattr(wishes, "lr", None),
+              "train_iters": getattr(wishes, "train_iters", None),
+              "pretrained_checkpoint": getattr(wishes, "pretrained_checkpoint", None)}
+    return {k: v for k, v in values.items() if v is not None and not (k == "rope" and v == "auto")}
+
+
 def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware: str | None,
                  precision: str | None = None, wishes=None) -> Plan:
     """The Plan for the CLI's request: a named recipe by name, or by (model, seq[, gpus, hardware]); a request that
-    matches no named recipe is planned (:func:`lcmoe_recipes.planner.plan`) when --gpus and --hardware are given.
+    matches no named recipe is planned (:func:`lcmoe_recipes.planner.plan`) when --gpus and --hardware are given, and
+    so is a named recipe's target when layout wishes (--tp/--pp/--cp/--ep/--dispatcher/--mbs/--no-offload/
+    --variable-length) ask for something the recipe pins.
 
     Raises:
-        LcmoeError: missing/unknown model, no matching named recipe, or a precision the hardware lacks.
+        LcmoeError: missing/unknown model, a non-positive --seq/--gpus, no matching named recipe, or a precision the
+            hardware lacks.
     """
     if not model:
         raise LcmoeError("no MODEL given", f"give one of {', '.join(MODELS)} with --seq N, or --list")
+    for flag, value, example in (("--seq", seq, "--seq 131072"), ("--gpus", gpus, "--gpus 256")):
+        if value is not None and value <= 0:
+            raise LcmoeError(f"{flag} {value} is not a positive number", f"e.g. {example}")
     if model in NAMED_RECIPES:
         recipe = NAMED_RECIPES[model]
         if (seq, gpus, hardware) != (None, None, None):
@@ -145,8 +174,6 @@ def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware:
     else:
         if seq is None:
             raise LcmoeError(f"--seq is required with model '{model}'", "e.g. --seq 131072 (or --list for named recipes)")
-        if seq <= 0:
-            raise LcmoeError(f"--seq {seq} is not a positive number of tokens", "e.g. --seq 131072")
         try:
             recipe = find_named_recipe(model, seq, gpus, hardware)
         except UnknownName as exc:
@@ -156,7 +183,21 @@ def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware:
             from .planner import plan as search
 
             return search(request_from_args(model, seq, wishes)).best.plan
-    plan = recipe_plan(recipe.name)
+    asked = _layout_wishes(wishes)
+    if asked:  # the recipe pins what these flags change: plan its target with them instead
+        from .planner import plan as search
+
+        target = argparse.Namespace(**{**vars(wishes), "gpus": recipe.num_gpus, "hardware": recipe.hardware})
+        best = search(request_from_args(recipe.model, recipe.seq_length, target)).best.plan
+        flags = ", ".join("--" + a.replace("_", "-") for a in asked)
+        note = (f"planned for the named recipe's target ({recipe.num_gpus} x {recipe.hardware}) because {flags} "
+                f"ask(s) for what {recipe.name} pins; ")
+        return best.with_changes(reasons={**best.reasons, "layout": Reason(note + best.reasons["layout"].why,
+                                                                           best.reasons["layout"].source)})
+    options = run_options(wishes)
+    if precision and "precision" in recipe.options:
+        options["precision"] = precision
+    plan = recipe_plan(recipe.name, **options)
     if precision and precision != plan.precision:
         from .checks import check_plan, raise_for_errors
 

@@ -134,8 +134,9 @@ def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str
             reasons = {
                 **why_common,
                 "layout": Reason(f"the fastest fitting layout the model predicts (first CP guess {guess})", why_cp.source),
-                "cp": Reason(f"CP={layout.cp}: {why_cp.why}; the search then kept the fastest layout that fits",
-                             why_cp.source),
+                "cp": Reason(f"CP={layout.cp}" + (f": the first guess, {why_cp.why}" if layout.cp == guess else
+                                                  f", not the first guess {guess} ({why_cp.why}): the search kept "
+                                                  "the fastest layout that fits"), why_cp.source),
                 "sequence_parallel": Reason("on: TP>1 (MoE with TP>1 needs it)" if layout.tp > 1 else "off: TP=1",
                                             "megatron-core TransformerConfig"),
                 "dispatcher": why_dispatch, "precision": why_precision,
@@ -340,6 +341,21 @@ def request_arguments(parser, wishes_only: bool = False, required: bool = False)
         parser.add_argument(f"--{name}", type=int, help=f"fix {name.upper()}")
     parser.add_argument("--no-offload", action="store_true", help="never offload optimizer state to the CPU")
     parser.add_argument("--variable-length", action="store_true", help="packed / variable-length batches")
+    run_arguments(parser)
+
+
+def run_arguments(parser) -> None:
+    """The per-run options of any plan, named recipe or planned (:class:`lcmoe_recipes.rules.extension.RunOptions`)."""
+    from .rules.positions import ROPE_CHOICES
+
+    parser.add_argument("--rope", choices=ROPE_CHOICES, default="auto", help="positions: auto (keep RoPE when "
+                        "seq_length fits the trained range, else YaRN), yarn, abf (raise the RoPE base) or keep")
+    parser.add_argument("--tokens-per-step", type=int, metavar="N", help="tokens per optimizer step; GBS follows "
+                        "(default: the base model's pre-training batch where published, DeepSeek-V3 63M; else ~8M "
+                        "tokens above 100B parameters, ~4M below)")
+    parser.add_argument("--lr", type=float, help="learning rate of the phase (default: the base model's final LR, "
+                        "constant after a short warm-up)")
+    parser.add_argument("--train-iters", type=int, metavar="N", help="optimizer steps of the phase (default 1000)")
 
 
 def request_from_args(model: str, seq: int, args) -> TrainingRequest:
@@ -352,7 +368,10 @@ def request_from_args(model: str, seq: int, args) -> TrainingRequest:
         return TrainingRequest(model=model, seq_length=seq, hardware=args.hardware, num_gpus=args.gpus,
                                precision=args.precision, global_batch_size=args.gbs, micro_batch_size=args.mbs,
                                dispatcher=args.dispatcher, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep,
-                               allow_cpu_offload=not args.no_offload, variable_length=args.variable_length)
+                               allow_cpu_offload=not args.no_offload, variable_length=args.variable_length,
+                               rope=args.rope, tokens_per_step=args.tokens_per_step, lr=args.lr,
+                               train_iters=args.train_iters,
+                               pretrained_checkpoint=getattr(args, "pretrained_checkpoint", None))
     except ValidationError as exc:
         bad = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'request'}: {e['msg'].removeprefix('Value error, ')}"
                         for e in exc.errors())

@@ -10,6 +10,17 @@ def _gib(n_bytes: float) -> str:
     return f"{n_bytes / 2**30:.0f} GiB"
 
 
+def schedule_text(plan: Plan) -> str:
+    """'1000 steps x 62.9M tokens = 62.9B tokens; LR 7.3e-06 constant after 20 warm-up steps' (or the base's)."""
+    s = plan.schedule
+    if s is None:
+        return "the base recipe's"
+    total = s.train_iters * plan.tokens_per_step
+    decay = "constant" if s.lr_decay_style == "constant" else f"{s.lr_decay_style} to {s.min_lr:g}"
+    return (f"{s.train_iters} steps x {plan.tokens_per_step / 1e6:.1f}M tokens = {total / 1e9:.1f}B tokens; LR {s.lr:g} "
+            f"{decay} after {s.lr_warmup_iters} warm-up steps")
+
+
 def format_plan(plan: Plan, warnings: list[Finding] = (), overrides: list[str] = ()) -> str:
     """A multi-line summary of ``plan``: target, layout (DP/EDP), batch, every knob with its reason."""
     lay, model, hw = plan.layout, plan.model_spec, plan.hardware_spec
@@ -41,6 +52,13 @@ def format_plan(plan: Plan, warnings: list[Finding] = (), overrides: list[str] =
         ("CUDA graphs", f"{plan.cuda_graph_impl}: {', '.join(plan.cuda_graph_modules)}"
          if plan.cuda_graph_impl != "none" else "none"),
         ("sequence parallel", "on" if plan.sequence_parallel else "off"),
+        ("positions", plan.positions.describe() if plan.positions else "as the model was trained"),
+        ("schedule", schedule_text(plan)),
+        ("weights", f"from {plan.pretrained_checkpoint} (model weights; optimizer state fresh)"
+         if plan.pretrained_checkpoint else "random initialisation (--from-hf DIR or --from-checkpoint DIR to extend "
+                                            "a pretrained model)"),
+        ("based on", f"megatron-bridge {plan.base_recipe.rpartition(':')[2]}" if plan.base_recipe
+         else "megatron-bridge's pre-training template"),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"  {k:<{width}}  {v}" for k, v in rows]

@@ -17,8 +17,9 @@ Sources of the rules (megatron-core 0.19.2 unless said otherwise):
 * placement -- the actual groups (:mod:`lcmoe_recipes.ranks`, megatron-core's order) against nodes and NVLink blocks.
 * precision -- MXFP8 is a Blackwell (SM 10.x) format, FP8 needs SM >= 8.9 (NVIDIA Transformer Engine docs,
   "FP8 support"); Hopper's FP8 recipes are per-tensor and blockwise.
-* recompute, CUDA graphs, offload -- ``TransformerConfig.__post_init__`` / ``OptimizerConfig`` (REFERENCE.md §3, §5, §6);
-  "no attention recompute at very long context" is the long-context skill's rule (seeds/moe-long-context-skill.md).
+* recompute, CUDA graphs, offload -- ``TransformerConfig.__post_init__`` / ``OptimizerConfig`` (megatron-core 0.19.2
+  transformer/transformer_config.py, optimizer/optimizer_config.py); "no attention recompute at very long context" is
+  the Megatron-Bridge skill nemo-mbridge-perf-moe-long-context's rule 4.
 """
 
 from __future__ import annotations
@@ -171,17 +172,18 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         add("error", "batch/positive", f"MBS={mbs}, GBS={gbs}: both must be positive integers",
             "set train.micro_batch_size >= 1 and train.global_batch_size to a multiple of MBS·DP")
     elif dp is not None:
+        interleaved = bool(vpp and vpp > 1)
+        step = mbs * dp * (pp if interleaved else 1)
+        lower = max(gbs // step * step, mbs * dp * (pp if interleaved else 1))
+        fix = f"use GBS={' or '.join(str(g) for g in sorted({lower, lower + step} - {gbs}) if g > 0)}"
         if gbs % (mbs * dp):
-            ok = [gbs - gbs % (mbs * dp), gbs - gbs % (mbs * dp) + mbs * dp]
-            add("error", "batch/gbs-mbs-dp", f"GBS={gbs} is not divisible by MBS·DP = {mbs}·{dp} = {mbs * dp}",
-                f"use GBS={_near([g for g in ok if g > 0], gbs)}")
-        elif vpp and vpp > 1:
+            add("error", "batch/gbs-mbs-dp", f"GBS={gbs} is not divisible by MBS·DP = {mbs}·{dp} = {mbs * dp}", fix)
+        elif interleaved:
             micro = gbs // (mbs * dp)
             if micro < pp or micro % pp:
-                good = max(pp, micro + (-micro) % pp) * mbs * dp
                 add("error", "batch/microbatches-vpp",
                     f"interleaved pipeline (PP={pp}, VPP={vpp}) needs microbatches per step (GBS/(MBS·DP) = {micro}) "
-                    f"to be a multiple of PP and at least PP", f"use GBS={good}")
+                    f"to be a multiple of PP and at least PP", fix)
 
     # --- pipeline split without an explicit layout ----------------------------------------------------
     if plan.pipeline_model_parallel_layout is None and pp > 1:

@@ -60,32 +60,100 @@ def write_yaml(cfg, path: str | os.PathLike, meta: dict[str, Any]) -> Path:
     return path
 
 
+_WRITE_IT = "write one with `python -m lcmoe_recipes.launch ... --dry-run --output FILE` (or ConfigContainer.to_yaml)"
+
+
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """The header of a YAML written by :func:`write_yaml` ({} for a YAML without one, e.g. upstream's).
 
     Raises:
-        LcmoeError: the file does not exist.
+        LcmoeError: the file does not exist, is not UTF-8 text, or its header line is not JSON.
     """
     if not Path(path).is_file():
         raise LcmoeError(f"config file '{path}' does not exist", "give the YAML written by `launch --dry-run --output`")
-    with open(path, encoding="utf-8") as handle:
-        first = handle.readline()
-    return json.loads(first[len(_MARK):]) if first.startswith(_MARK) else {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            first = handle.readline()
+    except UnicodeDecodeError:
+        raise LcmoeError(f"'{path}' is not a UTF-8 text file, so not a ConfigContainer YAML", _WRITE_IT) from None
+    if not first.startswith(_MARK):
+        return {}
+    try:
+        meta = json.loads(first[len(_MARK):])
+    except json.JSONDecodeError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise LcmoeError(f"'{path}': the '{_MARK.strip()}' header line is not a JSON object",
+                         "delete that line (then give --gpus and --hardware), or write the file again with launch")
+    return meta
+
+
+def _tree(path: str | os.PathLike) -> dict:
+    """The YAML document as plain data, checked to be a ConfigContainer at the top."""
+    import yaml
+
+    try:
+        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise LcmoeError(f"'{path}' is not a UTF-8 text file, so not a ConfigContainer YAML", _WRITE_IT) from None
+    except yaml.YAMLError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LcmoeError(f"'{path}' is not valid YAML: {first}", _WRITE_IT) from None
+    target = tree.get("_target_") if isinstance(tree, dict) else None
+    if not str(target or "").endswith("ConfigContainer"):
+        raise LcmoeError(f"'{path}' is not a ConfigContainer YAML: its top level has no "
+                         "'_target_: megatron.bridge.training.config.ConfigContainer'", _WRITE_IT)
+    return tree
+
+
+def unknown_keys(tree: dict, where: str = "") -> list[str]:
+    """Keys of ``tree`` that are not fields of the dataclass their ``_target_`` names, as 'path (did you mean
+    'x'?)'. megatron-bridge's loader drops such keys with a log line; a misspelt field would silently keep its
+    default."""
+    import dataclasses
+    import difflib
+    import importlib
+
+    out: list[str] = []
+    target = tree.get("_target_")
+    fields = None
+    if isinstance(target, str) and "." in target:
+        module, _, name = target.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            cls = None
+        if cls is not None and dataclasses.is_dataclass(cls):
+            fields = {f.name for f in dataclasses.fields(cls)}
+    for key, value in tree.items():
+        path = f"{where}.{key}" if where else str(key)
+        if fields is not None and not str(key).startswith("_") and key not in fields:
+            close = difflib.get_close_matches(str(key), sorted(fields), n=1, cutoff=0.6)
+            out.append(f"{path}" + (f" (did you mean '{where + '.' if where else ''}{close[0]}'?)" if close else ""))
+        if isinstance(value, dict) and "_target_" in value:
+            out += unknown_keys(value, path)
+    return out
 
 
 def read_yaml(path: str | os.PathLike):
     """(ConfigContainer, meta) from a YAML file.
 
     Raises:
-        LcmoeError: the file does not exist or is not a ConfigContainer YAML.
+        LcmoeError: the file does not exist, is not UTF-8 YAML, is not a ConfigContainer, holds a key that is not a
+            field of its section (with the closest field name), or does not load.
     """
     meta = read_meta(path)  # also: the file exists
+    tree = _tree(path)
     load_bridge(quiet=True)
     from megatron.bridge.training.config import ConfigContainer
 
+    unknown = unknown_keys(tree)
+    if unknown:
+        raise LcmoeError(f"'{path}' has {len(unknown)} key(s) that are not fields of their section: "
+                         f"{'; '.join(unknown)}", "correct or delete them (megatron-bridge would drop them silently)")
     try:
         cfg = ConfigContainer.from_yaml(str(path))
     except Exception as exc:  # omegaconf / instantiate errors of many types
-        raise LcmoeError(f"'{path}' is not a loadable ConfigContainer YAML: {str(exc).splitlines()[0]}",
-                         "write it with `python -m lcmoe_recipes.launch ... --dry-run --output FILE`") from None
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LcmoeError(f"'{path}' is not a loadable ConfigContainer YAML: {text}", _WRITE_IT) from None
     return cfg, meta

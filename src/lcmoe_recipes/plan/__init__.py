@@ -206,30 +206,50 @@ class Plan:
         return replace(self, **changes)
 
 
-# Which Plan fields each reason speaks for: a reason is dropped once one of them changes (overrides, --precision).
+# Which Plan fields each reason decides: a reason is replaced once one of them changes (overrides, --precision).
 REASON_FIELDS: dict[str, tuple[str, ...]] = {
     "layout": ("layout",),
-    "pipeline_model_parallel_layout": ("pipeline_model_parallel_layout", "layout"),
+    "pipeline_model_parallel_layout": ("pipeline_model_parallel_layout",),
     "precision": ("precision",),
     "dispatcher": ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend"),
     "recompute": ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers"),
     "optimizer_cpu_offload": ("optimizer_cpu_offload", "optimizer_offload_fraction", "use_distributed_optimizer",
                               "use_precision_aware_optimizer"),
     "cuda_graphs": ("cuda_graph_impl", "cuda_graph_modules"),
-    "global_batch_size": ("global_batch_size", "micro_batch_size", "seq_length", "layout"),
-    "sequence_parallel": ("sequence_parallel", "layout"),
-    "positions": ("positions", "seq_length"),
-    "cp_comm_type": ("cp_comm_type", "hierarchical_cp_sizes", "layout"),
+    "global_batch_size": ("global_batch_size", "micro_batch_size"),
+    "sequence_parallel": ("sequence_parallel",),
+    "positions": ("positions",),
+    "cp_comm_type": ("cp_comm_type", "hierarchical_cp_sizes"),
     "schedule": ("schedule",),
     "pretrained_checkpoint": ("pretrained_checkpoint",),
+}
+# ... and what else it was worked out from: a reason whose own fields are unchanged but whose inputs changed is kept,
+# with a note that it was computed for the recipe's values.
+REASON_INPUTS: dict[str, tuple[str, ...]] = {
+    "pipeline_model_parallel_layout": ("layout",),
+    "global_batch_size": ("seq_length", "layout"),
+    "sequence_parallel": ("layout",),
+    "positions": ("seq_length",),
+    "cp_comm_type": ("layout",),
 }
 
 
 def carry_reasons(before: Plan, after: Plan) -> dict[str, Reason]:
-    """``before``'s reasons, each kept only while the fields it explains are unchanged in ``after``."""
+    """``before``'s reasons for ``after``: replaced where the overrides changed the knob itself, kept with a note where
+    they changed only what the reason was worked out from, kept as they are otherwise."""
     changed = Reason("changed from the recipe by your overrides: the recipe's reason no longer applies", "your override")
-    return {knob: (reason if all(getattr(before, f) == getattr(after, f) for f in REASON_FIELDS.get(knob, ())) else changed)
-            for knob, reason in before.reasons.items()}
+    out = {}
+    for knob, reason in before.reasons.items():
+        same = lambda fields: all(getattr(before, f) == getattr(after, f) for f in fields)  # noqa: E731
+        if not same(REASON_FIELDS.get(knob, ())):
+            out[knob] = changed
+        elif not same(REASON_INPUTS.get(knob, ())):
+            inputs = [f for f in REASON_INPUTS[knob] if getattr(before, f) != getattr(after, f)]
+            out[knob] = Reason(f"{reason.why} (worked out for the recipe's {' and '.join(inputs)}, which your "
+                               "overrides changed; the value itself is the recipe's)", reason.source)
+        else:
+            out[knob] = reason
+    return out
 
 
 def pipeline_stage_layers(num_layers: int, num_stages: int, mtp_num_layers: int = 0) -> list[int]:

@@ -9,9 +9,9 @@ from ..errors import LcmoeError
 from ..layout import ParallelLayout
 from ..plan import Reason
 
-SOURCE = ("megatron-core 0.19.2 num_microbatches_calculator (GBS % (MBS·DP)) and pipeline_parallel/schedules.py "
-          "(interleaving needs microbatches >= PP, a multiple of PP); moe-long-context skill rule 6 (GBS shrinks as "
-          "seq_length grows)")
+SOURCE = ("megatron-core 0.19.2 num_microbatches_calculator (GBS % (MBS·DP)); Megatron-Bridge skill "
+          "nemo-mbridge-perf-moe-long-context rule 6 (GBS shrinks as seq_length grows)")
+INTERLEAVED_SOURCE = "megatron-core 0.19.2 pipeline_parallel/schedules.py (interleaving: microbatches a multiple of PP)"
 DEFAULT_SOURCE = ("our default where the base model's batch is not published: ~8.4M tokens (2^23) per step for "
                   "models over 100B parameters, ~4.2M (2^22) below")
 
@@ -53,4 +53,5 @@ def choose_batch(seq_length: int, layout: ParallelLayout, mbs: int, tokens: int,
                                                       if gbs == floor else f"it is a multiple of {step}"))
     return gbs, Reason(f"GBS {gbs} x {seq_length:,} tokens = {gbs * seq_length / 1e6:.1f}M tokens per step (budget "
                        f"{tokens / 1e6:.1f}M): {micro} microbatch{'es' if micro != 1 else ''} of MBS {mbs} per DP rank "
-                       f"(DP={layout.dp}, PP={layout.pp}{f', VPP={layout.vpp}' if layout.vpp else ''}){note}", SOURCE)
+                       f"(DP={layout.dp}, PP={layout.pp}{f', VPP={layout.vpp}' if layout.vpp else ''}){note}",
+                  SOURCE + (f"; {INTERLEAVED_SOURCE}" if layout.vpp else ""))

@@ -6,8 +6,9 @@ from __future__ import annotations
 from ..catalog import Hardware
 from ..plan import Reason
 
-SOURCE = ("moe-long-context skill ('CUDA graphs need static shapes'; Qwen3-235B GB200 graphs attn + moe_router + "
-          "moe_preprocess); megatron-core CUDA-graph rules (REFERENCE.md §6)")
+SOURCE = ("Megatron-Bridge skill nemo-mbridge-perf-moe-long-context ('CUDA graphs need static shapes'; Qwen3-235B "
+          "GB200 graphs attn + moe_router + moe_preprocess); megatron-core 0.19.2 TransformerConfig.__post_init__ "
+          "(CUDA-graph scopes)")
 
 
 def choose_cuda_graphs(hw: Hardware, variable_length: bool, granularity: str | None,

@@ -79,6 +79,11 @@ def coverage(spec: ModelSpec, positions: Positions) -> int:
     return round(length * (positions.rotary_base / trained.rotary_base) ** ((d - 2) / d))
 
 
+def _factor(seq_length: int, original: int) -> float:
+    """s = seq_length / original, rounded up to two decimals (4.000122 -> 4.01) so the range still covers it."""
+    return math.ceil(seq_length / original * 100 - 1e-9) / 100
+
+
 def choose_positions(spec: ModelSpec, seq_length: int, wish: str = "auto") -> tuple[Positions, Reason]:
     """The RoPE setup for training ``spec`` at ``seq_length``.
 
@@ -112,7 +117,7 @@ def choose_positions(spec: ModelSpec, seq_length: int, wish: str = "auto") -> tu
     if trained.scaling == "yarn":
         original = trained.original_max_position_embeddings
         chosen = Positions(rotary_base=trained.rotary_base, scaling="yarn",
-                           factor=max(trained.factor, seq_length / original), original_max_position_embeddings=original,
+                           factor=max(trained.factor, _factor(seq_length, original)), original_max_position_embeddings=original,
                            beta_fast=trained.beta_fast, beta_slow=trained.beta_slow, mscale=trained.mscale,
                            mscale_all_dim=trained.mscale_all_dim)
         why = (f"YaRN factor {trained.factor:g} -> {chosen.factor:g} over the original {original:,} positions: "
@@ -120,7 +125,7 @@ def choose_positions(spec: ModelSpec, seq_length: int, wish: str = "auto") -> tu
                "mscale kept as the model was trained")
     else:
         original, _ = trained_range(spec)
-        chosen = Positions(rotary_base=trained.rotary_base, scaling="yarn", factor=max(1.0, seq_length / original),
+        chosen = Positions(rotary_base=trained.rotary_base, scaling="yarn", factor=max(1.0, _factor(seq_length, original)),
                            original_max_position_embeddings=original, beta_fast=32.0, beta_slow=1.0, mscale=1.0,
                            mscale_all_dim=0.0)
         why = (f"YaRN factor {chosen.factor:g} over the trained {original:,} positions covers seq_length "

@@ -6,8 +6,9 @@ from __future__ import annotations
 from ..catalog import ModelSpec
 from ..plan import Reason
 
-SOURCE = ("moe-long-context skill rules 3-4 (selective before full; avoid SDPA recompute at long context); "
-          "megatron-core recompute module rules (REFERENCE.md §3)")
+SOURCE = ("Megatron-Bridge skill nemo-mbridge-perf-moe-long-context rules 3-4 (selective before full; avoid SDPA "
+          "recompute at long context); megatron-core 0.19.2 TransformerConfig.recompute_modules (which modules exist, "
+          "and for which layers)")
 
 
 def recompute_ladder(model: ModelSpec) -> list[tuple[str | None, tuple[str, ...]]]:
