@@ -130,6 +130,23 @@ class _Progress:
             print(f"{self.what}: done in {self.seconds:.0f} s", file=sys.stderr, flush=True)
 
 
+STACK_PACKAGES = {"megatron_core": "megatron-core", "megatron_bridge": "megatron-bridge"}
+
+
+def stack_versions() -> dict[str, str | None]:
+    """Installed versions of megatron-core and megatron-bridge (distribution metadata; nothing is imported), keyed
+    as in a YAML header (``megatron_core``, ``megatron_bridge``); None for one that is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for key, dist in STACK_PACKAGES.items():
+        try:
+            out[key] = version(dist)
+        except PackageNotFoundError:
+            out[key] = None
+    return out
+
+
 _loaded = False
 
 
