@@ -213,8 +213,8 @@ def slurm_job(cfg, settings, job_dir: str, smoke: bool = False) -> SlurmJob:
     for item in items:
         if not item.writes and not is_url(item.path) and not item.path.startswith("/"):
             findings.append(Finding("error", "job/relative-read", f"{item.what} is relative: the ranks of a Slurm job "
-                                    "run in the job's code folder, where it does not exist",
-                                    f"give an absolute path on a filesystem the nodes see, e.g. {os.path.abspath(item.path)}"))
+                                    "run in the job's code folder, where it does not exist", "give an absolute path "
+                                    f"on a filesystem the nodes see, e.g. {os.path.abspath(item.path)}"))
     if settings.container_image:
         findings += _mount_findings(items, parse_mounts(settings.container_mounts), settings.container_image,
                                     tuple(settings.container_mounts))
@@ -240,8 +240,8 @@ def slurm_job(cfg, settings, job_dir: str, smoke: bool = False) -> SlurmJob:
         if mine >= limit:
             job.findings.append(Finding("warning", "job/exit-after-limit", f"train.exit_duration_in_mins={mine} is not "
                                         f"before the Slurm limit of {limit} min: Slurm kills the job before its "
-                                        "final checkpoint", f"drop it (launch sets {limit} - "
-                                        f"{FINAL_SAVE_MARGIN_MIN}) or set it below {limit - FINAL_SAVE_MARGIN_MIN}"))
+                                        "final checkpoint", f"drop it (launch then sets the limit minus "
+                                        f"{FINAL_SAVE_MARGIN_MIN} min), or set it below {limit}"))
         return job
     minutes = exit_duration(limit)
     if minutes is None:
