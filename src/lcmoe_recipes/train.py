@@ -199,25 +199,25 @@ def smoke(cfg, meta: dict, problems: list[str] = ()) -> int:
         dist.all_reduce(total)
         answers: list = [None] * world
         dist.all_gather_object(answers, (digest, os.uname().nodename, list(problems)))
-    finally:
-        dist.destroy_process_group()
-    expected = world * (world + 1) / 2
-    same = len({answer[0] for answer in answers}) == 1
-    missing = {(node, problem) for _, node, found in answers for problem in found}
-    _line(f"smoke rank {rank}/{world} on {os.uname().nodename} (master {rdv['MASTER_ADDR']}:{rdv['MASTER_PORT']}): "
-          f"all_reduce {total.item():g} (expected {expected:g}), config {digest[:12]} "
-          f"{'identical on every rank' if same else 'DIFFERS between ranks'}")
-    if total.item() != expected or not same:
-        print(f"error: smoke check failed on rank {rank}", file=sys.stderr)
-        return 1
-    if missing:
-        if rank == 0:
-            lines = [f"error: on node {node}: {problem}" for node, problem in sorted(missing)]
+        expected = world * (world + 1) / 2
+        same = len({answer[0] for answer in answers}) == 1
+        missing = sorted({(node, problem) for _, node, found in answers for problem in found})
+        _line(f"smoke rank {rank}/{world} on {os.uname().nodename} (master {rdv['MASTER_ADDR']}:{rdv['MASTER_PORT']}): "
+              f"all_reduce {total.item():g} (expected {expected:g}), config {digest[:12]} "
+              f"{'identical on every rank' if same else 'DIFFERS between ranks'}")
+        if total.item() != expected or not same:
+            print(f"error: smoke check failed on rank {rank}", file=sys.stderr, flush=True)
+        elif missing and rank == 0:
+            lines = [f"error: on node {node}: {problem}" for node, problem in missing]
             nodes = sorted({node for node, _ in missing})
             print("\n".join(lines) + f"\n  fix: make these paths exist on {', '.join(nodes)} (a filesystem every node "
                   "mounts at the same path; in a container, --container-mounts)", file=sys.stderr, flush=True)
-        return 2
-    return 0
+        dist.barrier()  # every line is out before any rank exits (torchrun stops the others when one fails)
+    finally:
+        dist.destroy_process_group()
+    if total.item() != expected or not same:
+        return 1
+    return 2 if missing else 0
 
 
 def rank_arguments(group) -> None:
