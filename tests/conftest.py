@@ -35,12 +35,21 @@ def fresh_config(configs):
 
 
 @pytest.fixture
-def nemorun_home(tmp_path):
-    """NeMo-Run's home in a temp folder (its experiments, scripts and logs go there). The name avoids '/nemo_run',
-    which NeMo-Run 0.11.1 rewrites in jobs without a container."""
+def nemorun_home():
+    """NeMo-Run's home in a fresh folder under the repository's out/ (its experiments, scripts and logs go there),
+    removed afterwards. Not under /tmp: a multi-node job folder there is refused (node-local). The name avoids
+    '/nemo_run', which NeMo-Run 0.11.1 rewrites in jobs without a container."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
     from nemo_run import config
 
+    base = Path(__file__).resolve().parent.parent / "out"
+    base.mkdir(exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="test-nemorun-", dir=base))
     old = config.get_nemorun_home()
-    config.set_nemorun_home(str(tmp_path / "nemorun"))
-    yield tmp_path / "nemorun"
+    config.set_nemorun_home(str(home))
+    yield home
     config.set_nemorun_home(old)
+    shutil.rmtree(home, ignore_errors=True)

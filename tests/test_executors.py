@@ -81,8 +81,11 @@ def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
         assert f"export {env}\n" in result.script
     command = next(line for line in result.script.splitlines() if line.startswith("srun --output"))
     assert "--container-image nvcr.io/nvidia/nemo:25.11" in command and "/lustre/data:/data" in command
-    assert re.search(r"torchrun .*--nnodes 32 --nproc-per-node 8 .*-m lcmoe_recipes\.train --config dsv3\.yaml$",
-                     command), command
+    assert re.search(r"torchrun .*--nnodes 32 --nproc-per-node 8 .*-m lcmoe_recipes\.train --config dsv3\.yaml "
+                     r"train\.exit_duration_in_mins=100$", command), command  # --time 02:00:00 minus 20 min
+    assert "note: train.exit_duration_in_mins=100: megatron-bridge ends training after 100 min and then saves a " \
+           "checkpoint, 20 min before --time 02:00:00 (120 min)" in result.summary()
+    assert f"note: job folder {nemorun_home}/experiments: every node must see it (a shared filesystem)" in result.summary()
     assert "export PATH=" not in result.script  # in a container, the image's torchrun
     assert (tmp_path / "dsv3.yaml").read_text().startswith('# lcmoe_recipes: {"hardware": "h100"')
 
@@ -99,7 +102,7 @@ def test_sbatch_script_qwen3_gb200_nvl72(configs, nemorun_home, tmp_path):
         assert f"export {env}\n" in result.script
     assert "--nnodes 32 --nproc-per-node 4" in result.script
     assert ("-m lcmoe_recipes.train --config q.yaml --data-path 0.7 /data/a 0.3 /data/b "
-            "--tokenizer Qwen/Qwen3-235B-A22B") in result.script
+            "--tokenizer Qwen/Qwen3-235B-A22B train.exit_duration_in_mins=220") in result.script
     assert f"export PATH={os.path.dirname(os.sys.executable)}:$PATH" in result.script  # no image: this venv
 
 
@@ -111,7 +114,9 @@ def test_smoke_script_is_one_cpu_node(configs, nemorun_home, tmp_path):
     flags = sbatch_lines(result.script)
     assert flags["nodes"] == "1" and "gpus-per-node" not in flags and "exclusive" not in result.script
     assert "--nnodes 1 --nproc-per-node 2" in result.script and result.script.rstrip().endswith("fi")
-    assert "lcmoe_recipes.train --config n.yaml --smoke" in result.script
+    assert result.script.splitlines()[-13].endswith("lcmoe_recipes.train --config n.yaml --smoke")  # no exit duration
+    two = submit(cfg, SlurmSettings(account="llm"), smoke=True, smoke_nodes=2, dry_run=True, output=tmp_path / "n.yaml")
+    assert sbatch_lines(two.script)["nodes"] == "2" and "--nnodes 2 --nproc-per-node 2" in two.script
 
 
 @pytest.mark.slow
@@ -120,13 +125,18 @@ def test_submit_refusals(configs, nemorun_home, tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_ACCOUNT", raising=False)
     _, cfg = configs["dsv3_128k_h100"]
     out = tmp_path / "d.yaml"
-    with pytest.raises(LcmoeError, match="needs a Slurm account; pass --account NAME"):
-        submit(cfg, "slurm", dry_run=True, output=out)
-    with pytest.raises(LcmoeError, match="--time '4h' is not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS"):
-        submit(cfg, SlurmSettings(account="a", time="4h"), dry_run=True, output=out)
-    with pytest.raises(LcmoeError, match="--time '04:00' means 04 minutes to Slurm \\(MM:SS\\); write hours as "
-                                         "HH:MM:SS \\(--time 04:00:00\\)"):
-        submit(cfg, SlurmSettings(account="a", time="04:00"), dry_run=True, output=out)
+    for time in ("4", "04:00", "4h"):  # one rule for every spelling: the hours must be there
+        with pytest.raises(LcmoeError, match=f"--time '{time}' is "):
+            submit(cfg, SlurmSettings(time=time), dry_run=True, output=out)
+        assert not out.exists()
+    with pytest.raises(LcmoeError, match="the other 31 nodes of this 32-node job cannot read its script and code"):
+        submit(cfg, SlurmSettings(job_dir="/tmp/me/nemorun"), dry_run=True, output=out)
+    with pytest.raises(LcmoeError, match="--save-dir 'ckpt' is relative"):
+        submit(cfg, "slurm", save_dir="ckpt", dry_run=True, output=out)
+    with pytest.raises(LcmoeError, match="checkpoint.save '/ckpt/run1/checkpoints' is not inside any --container-mounts"):
+        submit(cfg, SlurmSettings(container_image="img", container_mounts=("/lustre:/lustre",)), save_dir="/ckpt/run1",
+               dry_run=True, output=out)
+    assert not out.exists()
     with pytest.raises(LcmoeError, match="--tunnel ssh needs --host, --user, --job-dir"):
         submit(cfg, SlurmSettings(account="a", tunnel="ssh"), dry_run=True, output=out)
     with pytest.raises(LcmoeError, match="contains '/nemo_run', which NeMo-Run rewrites"):
@@ -161,7 +171,8 @@ def test_given_nemo_run_executor_must_match_the_plan(configs, nemorun_home, tmp_
     import nemo_run as run
 
     _, cfg = configs["qwen3_next_8k_gb200"]
-    executor = run.SlurmExecutor(account="a", nodes=4, gpus_per_node=4, tunnel=run.LocalTunnel(job_dir=str(tmp_path)))
+    executor = run.SlurmExecutor(account="a", nodes=4, gpus_per_node=4,
+                                tunnel=run.LocalTunnel(job_dir=str(nemorun_home)))
     with pytest.raises(LcmoeError, match="4 node\\(s\\) x 4 GPUs = 16 ranks; the config was planned for 32"):
         submit(cfg, executor, dry_run=True, output=tmp_path / "n.yaml")
     executor.nodes = 8
@@ -182,8 +193,47 @@ def test_cli_slurm_dry_run_prints_the_script(capsys, tmp_path, nemorun_home, mon
     code = main(["qwen3_next", "--seq", "32768", "--executor", "slurm", "--account", "llm", "--env", "NOEQUALS",
                  "--dry-run"])
     assert code == 2 and "--env 'NOEQUALS' is not KEY=VALUE" in capsys.readouterr().err
+    code = main(["qwen3_next", "--seq", "8192", "--executor", "slurm", "--time", "4", "--output", "x.yaml"])
+    assert code == 2 and "--time '4' is 4 minute(s) to Slurm" in capsys.readouterr().err
+    assert not (tmp_path / "x.yaml").exists()  # bad input writes nothing
+
+
+@pytest.mark.slow
+def test_no_account_no_account_line(capsys, tmp_path, nemorun_home, monkeypatch, configs):
+    """Many clusters have no accounts: without --account (and $SBATCH_ACCOUNT) the script has no account line."""
+    monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SBATCH_ACCOUNT", raising=False)
     monkeypatch.delenv("SLURM_ACCOUNT", raising=False)
-    code = main(["qwen3_next", "--seq", "8192", "--executor", "slurm", "--output", "x.yaml"])
-    assert code == 2 and "needs a Slurm account" in capsys.readouterr().err
-    assert not (tmp_path / "x.yaml").exists()  # bad input writes nothing
+    assert main(["qwen3_next", "--seq", "8192", "--executor", "slurm", "--dry-run", "--output", "x.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --nodes=8\n" in out and "--account" not in out and "#SBATCH --job-name=lcmoe-qwen3_next_8k" in out
+    _, cfg = configs["qwen3_next_8k_gb200"]
+    assert "--account" not in submit(cfg, "slurm", dry_run=True, output=tmp_path / "y.yaml").script
+    monkeypatch.setenv("SBATCH_ACCOUNT", "llm")
+    assert sbatch_lines(submit(cfg, "slurm", dry_run=True, output=tmp_path / "y.yaml").script)["account"] == "llm"
+
+
+@pytest.mark.slow
+def test_save_dir(capsys, tmp_path, nemorun_home, monkeypatch, configs):
+    """--save-dir puts checkpoints (save and load: a resubmitted job resumes) and logs under one folder; without it
+    the saves land in the job folder, and the summary says so."""
+    from lcmoe_recipes.emit import read_yaml
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["qwen3_next", "--seq", "8192", "--executor", "slurm", "--dry-run", "--output", "a.yaml"]) == 0
+    assert "job/saves-in-job-folder: checkpoint.save 'nemo_experiments/qwen3_next_8k_gb200/checkpoints' is " \
+           "relative" in capsys.readouterr().out
+    assert main(["qwen3_next", "--seq", "8192", "--executor", "slurm", "--save-dir", "/lustre/me/run1", "--dry-run",
+                 "--output", "b.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "saves-in-job-folder" not in out and "train.exit_duration_in_mins=220" in out
+    cfg, meta = read_yaml(tmp_path / "b.yaml")
+    assert (cfg.checkpoint.save, cfg.checkpoint.load) == ("/lustre/me/run1/checkpoints",) * 2
+    assert cfg.logger.tensorboard_dir == "/lustre/me/run1/tensorboard" and cfg.logger.wandb_save_dir == "/lustre/me/run1/wandb"
+    assert meta["overrides"][:2] == ["checkpoint.save='/lustre/me/run1/checkpoints'",
+                                     "checkpoint.load='/lustre/me/run1/checkpoints'"]
+    assert main(["qwen3_next", "--seq", "8192", "--save-dir", "run1", "--dry-run", "--output", "c.yaml"]) == 2
+    assert "--save-dir 'run1' is relative" in capsys.readouterr().err and not (tmp_path / "c.yaml").exists()
+    _, built = configs["qwen3_next_8k_gb200"]
+    script = submit(built, "slurm", save_dir="/lustre/me/run2", dry_run=True, output=tmp_path / "d.yaml").script
+    assert "--config d.yaml --save-dir /lustre/me/run2 train.exit_duration_in_mins=220\n" in script

@@ -65,11 +65,14 @@ def sacct_state(job_id: str) -> str:
 
 
 def test_cli_smoke_job_on_real_slurm(slurm, tmp_path):
-    """launch --executor slurm --smoke --no-wait: sbatch through NeMo-Run returns the job id at once; the job (2 ranks
-    under torchrun inside the allocation) then completes, as sacct and its log show."""
+    """launch --executor slurm --smoke --no-wait, without an account (no account line in the script): sbatch through
+    NeMo-Run returns the job id at once; the job (2 ranks under torchrun inside the allocation) then completes, as
+    sacct and its log show."""
     env = {**os.environ, "NEMORUN_HOME": str(tmp_path / "nemorun"), "HF_HUB_OFFLINE": "1"}
+    env.pop("SBATCH_ACCOUNT", None)
+    env.pop("SLURM_ACCOUNT", None)
     out = subprocess.run([sys.executable, "-m", "lcmoe_recipes.launch", "qwen3_next", "--seq", "8192", "--executor",
-                          "slurm", "--account", "lcmoe", "--time", "00:10:00", "--smoke", "--no-wait",
+                          "slurm", "--time", "00:10:00", "--smoke", "--no-wait",
                           "--output", "n.yaml"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     found = re.search(r"slurm: SUBMITTED \(Slurm job (\d+)\)\n  logs \(once it runs\): (\S+)/\n", out.stdout)
@@ -86,11 +89,13 @@ def test_cli_smoke_job_on_real_slurm(slurm, tmp_path):
     assert text.count("all_reduce 3 (expected 3)") == 2 and "DIFFERS" not in text
     code = logs[0].parent / "code"  # what NeMo-Run shipped: the YAML and this package
     assert (code / "n.yaml").is_file() and (code / "lcmoe_recipes" / "train.py").is_file()
+    script = (logs[0].parent.parent / "smoke_sbatch.sh").read_text()  # the batch script sbatch ran
+    assert "#SBATCH --account" not in script and "#SBATCH --time=00:10:00" in script
 
 
 def test_python_submit_and_a_failing_job(slurm, configs, nemorun_home, tmp_path):
     """launch.submit(cfg, SlurmSettings(...)) from Python; then a job that fails inside the allocation reports its
-    job id, log and first error line."""
+    job id, log and first error line; then a smoke job whose data prefix the node lacks names the node and the path."""
     _, cfg = configs["qwen3_next_8k_gb200"]
     result = submit(cfg, SlurmSettings(account="lcmoe", time="00:10:00"), smoke=True, output=tmp_path / "n.yaml")
     assert result.state == "SUCCEEDED" and result.exit_code == 0 and result.job_id, result.summary()
@@ -108,6 +113,13 @@ def test_python_submit_and_a_failing_job(slurm, configs, nemorun_home, tmp_path)
     assert failed.log_path.is_file()
     summary = failed.summary()
     assert f"Slurm job {failed.job_id}" in summary and str(failed.log_path) in summary and "first error:" in summary
+
+    missing = submit(cfg, SlurmSettings(time="00:10:00"), smoke=True, output=tmp_path / "m.yaml",
+                     data_path=["/nonexistent/web_text_document"], tokenizer="Qwen/Qwen3-Next-80B-A3B")
+    assert missing.state == "FAILED" and missing.exit_code not in (None, 0), missing.summary()
+    assert missing.first_error == (f"error: on node {os.uname().nodename}: dataset prefix '/nonexistent/"
+                                   "web_text_document': /nonexistent/web_text_document.bin and /nonexistent/"
+                                   "web_text_document.idx not found (give the prefix of an existing .bin/.idx pair)")
 
 
 def test_sbatch_refusals_are_reported(slurm, configs, nemorun_home, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -109,3 +110,43 @@ def test_replan_in_the_entry_script(next_yaml, capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert "re-planned qwen3_next seq_length 8192 for 64 x gb200" in out
     assert "planned and validated for" not in err and "error: no GPU on this rank" in err
+
+
+def test_check_versions():
+    from lcmoe_recipes.train import check_versions
+
+    here = {"megatron_core": "0.19.2", "megatron_bridge": "0.6.2"}
+    assert check_versions({**META, **here}, here) is None
+    assert check_versions(META, here).startswith("warning: this YAML's header does not record the megatron-core")
+    with pytest.raises(LcmoeError) as caught:
+        check_versions({**META, "megatron_core": "0.15.0", "megatron_bridge": "0.2.0"}, here)
+    assert caught.value.message == ("this config was built and validated with megatron-core 0.15.0 and megatron-bridge "
+                                    "0.2.0, but this job runs megatron-core 0.19.2 and megatron-bridge 0.6.2")
+    assert caught.value.fix.startswith("run it where megatron-core 0.15.0 and megatron-bridge 0.2.0 are installed")
+    with pytest.raises(LcmoeError, match="but this job runs megatron-core 0.19.2 and megatron-bridge \\(not installed\\)"):
+        check_versions({**META, **here}, {**here, "megatron_bridge": None})
+
+
+@pytest.mark.parametrize("smoke", [True, False])
+def test_version_mismatch_refused_before_any_distributed_or_gpu_work(tmp_path, smoke):
+    """A YAML whose header says it was built with megatron-core 0.15.0: every rank refuses at once (exit 2), before
+    megatron-bridge, torch.distributed or CUDA is touched (checked in a fresh interpreter)."""
+    import json
+    from importlib.metadata import version
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "qwen3_next_8k_gb200.yaml"
+    body = recipe.read_text().split("\n", 1)[1]
+    header = {**META, "megatron_core": "0.15.0", "megatron_bridge": version("megatron-bridge")}
+    yaml = tmp_path / "old.yaml"
+    yaml.write_text("# lcmoe_recipes: " + json.dumps(header, sort_keys=True) + "\n" + body)
+    probe = ("import sys; from lcmoe_recipes.train import main; rc = main(sys.argv[1:]); "
+             "print(rc, sorted(m for m in sys.modules if m.split('.')[0] in ('megatron', 'torch')))")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "RANK": "0", "WORLD_SIZE": "32",
+           "LOCAL_RANK": "0"}
+    out = subprocess.run([sys.executable, "-c", probe, "--config", str(yaml), *(["--smoke"] if smoke else [])],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.strip() == "2 []", out.stdout + out.stderr  # refused; neither megatron nor torch was imported
+    assert (f"error: this config was built and validated with megatron-core 0.15.0 and megatron-bridge "
+            f"{version('megatron-bridge')}, but this job runs megatron-core {version('megatron-core')}") in out.stderr
+    assert "fix: run it where megatron-core 0.15.0" in out.stderr

@@ -43,19 +43,24 @@ class SlurmSettings:
     """Where and how a Slurm job runs (everything the recipe does not decide).
 
     Attributes:
-        account: Slurm account (``--account``); default ``$SBATCH_ACCOUNT`` or ``$SLURM_ACCOUNT``. Required.
+        account: Slurm account (``--account``); default ``$SBATCH_ACCOUNT`` or ``$SLURM_ACCOUNT``; with none, the
+            batch script has no account line (the cluster's default account, where it has one).
         partition: Slurm partition; None = the cluster's default.
-        time: wall-clock limit in a Slurm time format: ``MM`` (minutes), ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
-            ``D-HH:MM:SS``. ``MM:SS`` is refused: ``04:00`` would be four minutes.
+        time: wall-clock limit with its hours: ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``
+            (:func:`lcmoe_recipes.job_checks.slurm_minutes`; ``4`` and ``04:00``, minutes to Slurm, are refused).
+            A training job stops itself 20 minutes before it and saves a checkpoint
+            (:data:`lcmoe_recipes.job_checks.FINAL_SAVE_MARGIN_MIN`).
         qos: quality of service, or None.
         container_image: Pyxis/enroot image with megatron-bridge 0.6.2 (e.g. an NGC NeMo image); None runs this
             virtualenv's ``torchrun`` on the nodes (the path must exist there: a shared filesystem).
-        container_mounts: ``src:dst`` mounts for the container (datasets, checkpoints).
+        container_mounts: ``src:dst`` mounts for the container (datasets, checkpoints): every absolute path the
+            config reads or writes must be inside one (:func:`lcmoe_recipes.job_checks.slurm_job`).
         env: extra environment variables; they win over the recipe's ``env_vars``.
         tunnel: ``local`` (this machine can run sbatch) or ``ssh`` (submit on ``host`` as ``user``).
         host, user, identity: the SSH login (``identity``: private key file), for ``tunnel="ssh"``.
         job_dir: folder for NeMo-Run's experiments (scripts, code archive, logs); on the cluster for ``ssh``
-            (required there); default ``$NEMORUN_HOME/experiments`` for ``local``.
+            (required there); default ``$NEMORUN_HOME/experiments`` for ``local``. Every node must see it (a
+            shared filesystem): a multi-node job with it under ``/tmp`` is refused.
         sbatch: extra ``#SBATCH`` flags, NeMo-Run's ``additional_parameters`` (``{"reservation": "r1"}``).
         exclusive: ``--exclusive`` for GPU jobs (whole nodes, the layouts assume them).
         segment: ``--segment`` on NVL72 racks (see :func:`nvl72_segment`); needs Slurm 24.05+ with topology/block.
@@ -94,6 +99,8 @@ class LaunchResult:
         log_path: the log of the ranks' output (a submitted job not waited for: the folder its logs will be in).
         first_error: the first error line in that log (``error: ...``, ``XxxError: ...``, ``srun: error: ...``).
         experiment_id: NeMo-Run experiment id (``nemo experiment logs ID 0`` reads it again).
+        notes: what the launch decided or warns about (the exit duration from ``--time``, the job folder rule,
+            unmounted paths that may be inside the image, saves in the job folder).
     """
 
     executor: str
@@ -106,6 +113,7 @@ class LaunchResult:
     log_path: Path | None = None
     first_error: str | None = None
     experiment_id: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -131,6 +139,7 @@ class LaunchResult:
         if self.experiment_id:
             nemo = Path(sys.executable).parent / "nemo"
             lines.append(f"  NeMo-Run experiment: {self.experiment_id} ({nemo} experiment logs {self.experiment_id} 0)")
+        lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
 
@@ -168,6 +177,10 @@ _HINTS = (
                          "raise recompute, CP or PP, or turn on optimizer CPU offload"),
     ("ranks but the config was planned", "launch the planned number of GPUs, or pass --replan"),
     ("no GPU on this rank", "the job's nodes have no GPU visible: check --partition and the cluster's GPU (gres) setup"),
+    ("No module named 'lcmoe_recipes'", "the ranks did not find the job's code: the job folder must be on a filesystem "
+                                        "every node sees (--job-dir on shared storage)"),
+    ("this config was built and validated with", "run it where the versions match (--container-image), or rebuild "
+                                                 "the config there"),
 )
 
 
@@ -186,19 +199,22 @@ def first_error_line(text: str) -> str | None:
 
 
 def train_arguments(smoke: bool = False, replan: bool = False, data_path=None,
-                    tokenizer: str | None = None) -> list[str]:
+                    tokenizer: str | None = None, save_dir: str | None = None,
+                    overrides: list[str] = ()) -> list[str]:
     """Options of ``python -m lcmoe_recipes.train`` after ``--config YAML`` (see
-    :func:`lcmoe_recipes.train.rank_arguments`)."""
+    :func:`lcmoe_recipes.train.rank_arguments`), then Hydra ``overrides`` (e.g. the job's exit duration)."""
     args = []
     if data_path:
         args += ["--data-path", *data_path]
     if tokenizer:
         args += ["--tokenizer", tokenizer]
+    if save_dir:
+        args += ["--save-dir", save_dir]
     if replan:
         args.append("--replan")
     if smoke:
         args.append("--smoke")
-    return args
+    return args + list(overrides)
 
 
 def _local_gpus() -> int:
@@ -260,30 +276,31 @@ def run_local(yaml: Path, meta: dict, env_vars: dict[str, str], *, smoke: bool =
                         log_path=log_path, first_error=None if code == 0 else first_error_line(text))
 
 
-_SLURM_TIME = re.compile(r"^(\d+|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
+def _account(settings: SlurmSettings) -> str | None:
+    """The account, or None: then NeMo-Run writes no ``#SBATCH --account`` line (it drops None-valued flags)."""
+    return settings.account or os.environ.get("SBATCH_ACCOUNT") or os.environ.get("SLURM_ACCOUNT") or None
 
 
-def _account(settings: SlurmSettings) -> str:
-    account = settings.account or os.environ.get("SBATCH_ACCOUNT") or os.environ.get("SLURM_ACCOUNT")
-    if not account:
-        raise LcmoeError("--executor slurm needs a Slurm account",
-                         "pass --account NAME (Python: SlurmSettings(account=...)), or set SBATCH_ACCOUNT")
-    return account
+def job_dir_of(settings: SlurmSettings) -> str:
+    """NeMo-Run's experiments folder for ``settings``: ``job_dir``, else ``$NEMORUN_HOME/experiments``."""
+    if settings.job_dir:
+        return settings.job_dir
+    from nemo_run.config import get_nemorun_home
+
+    return os.path.join(get_nemorun_home(), "experiments")
 
 
 def check_settings(settings: SlurmSettings) -> None:
-    """Refuse Slurm settings sbatch would refuse later: no account, a bad ``--time``, an incomplete SSH tunnel.
+    """Refuse Slurm settings sbatch would refuse or misread later: a ``--time`` without its hours
+    (:func:`lcmoe_recipes.job_checks.slurm_minutes`), bad ``--container-mounts``, an incomplete SSH tunnel.
 
     Raises:
         LcmoeError: naming the setting and a valid form.
     """
-    _account(settings)
-    if re.match(r"^\d+:\d{2}$", settings.time or ""):  # valid to Slurm, but minutes:seconds, a common trap
-        raise LcmoeError(f"--time {settings.time!r} means {settings.time.split(':')[0]} minutes to Slurm (MM:SS)",
-                         f"write hours as HH:MM:SS (--time {settings.time}:00) or minutes as a plain number")
-    if not _SLURM_TIME.match(settings.time or ""):
-        raise LcmoeError(f"--time {settings.time!r} is not a Slurm time",
-                         "use MM, HH:MM:SS or D-HH:MM:SS, e.g. --time 04:00:00 or --time 2-00:00:00")
+    from .job_checks import parse_mounts, slurm_minutes
+
+    slurm_minutes(settings.time)
+    parse_mounts(settings.container_mounts)
     if settings.tunnel == "ssh":
         missing = [name for name in ("host", "user", "job_dir") if not getattr(settings, name)]
         if missing:
@@ -295,11 +312,10 @@ def check_settings(settings: SlurmSettings) -> None:
 
 def _tunnel(settings: SlurmSettings):
     import nemo_run as run
-    from nemo_run.config import get_nemorun_home
 
     check_settings(settings)
     if settings.tunnel == "local":
-        return run.LocalTunnel(job_dir=settings.job_dir or os.path.join(get_nemorun_home(), "experiments"))
+        return run.LocalTunnel(job_dir=job_dir_of(settings))
     return run.SSHTunnel(host=settings.host, user=settings.user, job_dir=settings.job_dir, identity=settings.identity)
 
 
@@ -317,14 +333,15 @@ def _packager(yaml: Path):
 
 
 def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings, yaml: Path, *,
-                   smoke: bool = False, smoke_ranks: int = 2):
+                   smoke: bool = False, smoke_ranks: int = 2, smoke_nodes: int = 1):
     """The NeMo-Run ``SlurmExecutor`` for a config's target.
 
     GPU run: nodes = world_size / GPUs-per-node, one torchrun per node with one rank per GPU, ``--gpus-per-node``,
-    ``--exclusive``, ``--segment`` on NVL72. Smoke run: one node, ``smoke_ranks`` CPU ranks, no GPUs.
+    ``--exclusive``, ``--segment`` on NVL72. Smoke run: ``smoke_nodes`` nodes (default one) of ``smoke_ranks`` CPU
+    ranks each, no GPUs; every node checks the config's paths.
 
     Raises:
-        LcmoeError: no account, a GPU count that does not fill whole nodes, an incomplete SSH tunnel.
+        LcmoeError: a GPU count that does not fill whole nodes, an incomplete SSH tunnel.
     """
     import nemo_run as run
 
@@ -339,7 +356,7 @@ def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings
         additional_parameters=dict(settings.sbatch) or None,
     )
     if smoke:
-        options.update(nodes=1, ntasks_per_node=smoke_ranks)
+        options.update(nodes=smoke_nodes, ntasks_per_node=smoke_ranks)
     else:
         options.update(nodes=nodes, ntasks_per_node=gpn, gpus_per_node=gpn,
                        exclusive=True if settings.exclusive else None,
@@ -381,8 +398,8 @@ def _job_logs(local_dir: Path, job_id: str) -> tuple[Path | None, Path | None]:
 
 
 def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmSettings | None = None, *,
-              smoke: bool = False, smoke_ranks: int = 2, dry_run: bool = False, wait: bool = True,
-              train_args: list[str] | None = None, executor=None) -> LaunchResult:
+              smoke: bool = False, smoke_ranks: int = 2, smoke_nodes: int = 1, dry_run: bool = False, wait: bool = True,
+              train_args: list[str] | None = None, executor=None, notes: list[str] = ()) -> LaunchResult:
     """Submit through NeMo-Run's ``SlurmExecutor`` (see :func:`slurm_executor`), or print the sbatch script.
 
     Args:
@@ -390,6 +407,7 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
             GPUs per node must equal the planned world size; its packager is replaced (the YAML and this package
             must travel with the job) and the recipe's ``env_vars`` are added under its own.
         wait: wait for the job to end and read its state and logs (else return once submitted).
+        notes: lines for the result's summary (:attr:`LaunchResult.notes`).
 
     Raises:
         LcmoeError: see :func:`slurm_executor`; a given executor whose size differs from the plan.
@@ -400,7 +418,7 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
 
     if executor is None:
         executor = slurm_executor(meta, env_vars, settings or SlurmSettings(), yaml, smoke=smoke,
-                                  smoke_ranks=smoke_ranks)
+                                  smoke_ranks=smoke_ranks, smoke_nodes=smoke_nodes)
     else:
         per_node = executor.gpus_per_node or executor.torchrun_nproc_per_node or executor.ntasks_per_node
         if not smoke and executor.nodes * per_node != meta.get("world_size"):
@@ -422,7 +440,7 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
                     Path(exp._exp_dir).parent.rmdir()
                 request = exp.jobs[0]._dryrun_info.request
                 return LaunchResult("slurm", "DRY_RUN", " ".join(request.launch_cmd), yaml,
-                                    script=request.materialize())
+                                    script=request.materialize(), notes=list(notes))
             try:
                 exp.run(sequential=True, detach=not wait)
             except UnexpectedExit as exc:
@@ -431,6 +449,8 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
                 if "segment" in first:
                     fix = ("this Slurm has no --segment (Slurm 24.05+, topology/block): pass --no-segment and keep "
                            "the job inside NVL72 racks another way")
+                elif "account" in first.lower():
+                    fix = "this cluster wants a Slurm account: pass --account NAME (or set SBATCH_ACCOUNT)"
                 elif "gres" in first.lower() or "node configuration is not available" in first:
                     fix = ("the partition has no nodes with those GPUs: choose a GPU partition (--partition), or "
                            "rehearse on CPUs with --smoke")
@@ -458,5 +478,5 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
                 break
     return LaunchResult("slurm", state, "sbatch --requeue --parsable", yaml, job_id=job_id, exit_code=exit_code,
                         log_path=rank_log or batch_log or exp_dir / name, first_error=first_error,
-                        experiment_id=exp_id)
+                        experiment_id=exp_id, notes=list(notes))
 

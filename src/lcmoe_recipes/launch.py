@@ -24,8 +24,8 @@ from pathlib import Path
 from .catalog import HARDWARE, MODELS, get_hardware
 from .checks.known_issues import stack_versions
 from .errors import LcmoeError, UnknownName
-from .executors import (EXECUTORS, LaunchResult, SlurmSettings, check_settings, nodes_for, run_local, run_slurm,
-                        train_arguments)
+from .executors import (EXECUTORS, LaunchResult, SlurmSettings, check_settings, job_dir_of, nodes_for, run_local,
+                        run_slurm, train_arguments)
 from .plan import PRECISIONS, Plan, Reason, carry_reasons
 from .planner import request_arguments, request_from_args
 from .recipes import NAMED_RECIPES, find_named_recipe, recipe_plan
@@ -79,14 +79,17 @@ def _parser() -> argparse.ArgumentParser:
     rank_arguments(run)
     run.add_argument("--smoke-ranks", type=int, default=2, metavar="N", help="ranks of a --smoke run (default 2; "
                      "with --executor slurm the smoke job asks for 1 node and no GPUs)")
+    run.add_argument("--smoke-nodes", type=int, default=1, metavar="N", help="slurm: nodes of a --smoke job (default "
+                     "1); every node checks that the data, tokenizer and checkpoint paths exist there")
     run.add_argument("--nproc-per-node", type=int, metavar="N", help="local: ranks on this node (default: the "
                      "planned world size; a local run is one node)")
     run.add_argument("--no-wait", action="store_true", help="slurm: return once the job is submitted")
     slurm = parser.add_argument_group("slurm executor")
-    slurm.add_argument("--account", help="Slurm account (default $SBATCH_ACCOUNT)")
+    slurm.add_argument("--account", help="Slurm account (default $SBATCH_ACCOUNT; none: no account line)")
     slurm.add_argument("--partition", help="Slurm partition (default: the cluster's)")
-    slurm.add_argument("--time", default="04:00:00", help="wall-clock limit: MM, HH:MM:SS or D-HH:MM:SS "
-                       "(default 04:00:00)")
+    slurm.add_argument("--time", default="04:00:00", help="wall-clock limit with its hours: HH:MM:SS or D-HH:MM:SS "
+                       "(default 04:00:00); training stops 20 min before it and saves a checkpoint "
+                       "(train.exit_duration_in_mins)")
     slurm.add_argument("--qos", help="Slurm QOS")
     slurm.add_argument("--container-image", metavar="IMAGE", help="Pyxis/enroot image with megatron-bridge 0.6.2; "
                        "default: run this virtualenv on the nodes (shared filesystem)")
@@ -102,8 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     slurm.add_argument("--host", help="ssh tunnel: login node")
     slurm.add_argument("--user", help="ssh tunnel: user name")
     slurm.add_argument("--identity", metavar="KEYFILE", help="ssh tunnel: private key")
-    slurm.add_argument("--job-dir", metavar="DIR", help="NeMo-Run experiment folder (on the cluster for ssh; "
-                       "default $NEMORUN_HOME/experiments)")
+    slurm.add_argument("--job-dir", metavar="DIR", help="NeMo-Run experiment folder, on a filesystem every node "
+                       "sees (on the cluster for ssh; default $NEMORUN_HOME/experiments)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.tensor_model_parallel_size=4")
     return parser
 
@@ -224,24 +227,33 @@ def _target(found: dict, world_size: int | None, hardware: str | None, where: st
                          "pass world_size= and hardware=, or build it with lcmoe_recipes (a factory, build_recipe, "
                          "or launch --dry-run)")
     meta.setdefault("recipe", "config")
+    from .emit.stack import installed_stack
+
+    for key, version in installed_stack().items():  # validated here, with these versions
+        meta.setdefault(key, version)
     return meta
 
 
-def _materialize(cfg, meta: dict, output: str | Path | None, versions=None):
-    """(YAML path, env_vars) for ``cfg`` after validating it for its target ``meta`` (known upstream bugs judged for
-    ``versions``, default the installed ones); writes the YAML when ``cfg`` is a ConfigContainer or a YAML without our
-    header."""
+def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = (), check_job=None, versions=None):
+    """(YAML path, env_vars, what ``check_job`` returned) for ``cfg``: validated for its target ``meta`` with the
+    ranks' ``extra`` overrides applied (to a copy; they travel on the ranks' command line; known upstream bugs judged
+    for ``versions``, default the installed ones), then ``check_job(that config)``, and only then the YAML written
+    (when ``cfg`` is a ConfigContainer or a YAML without our header)."""
+    import copy
+
     from . import emit
 
-    if isinstance(cfg, (str, os.PathLike)):
-        path = Path(cfg)
-        loaded, found = emit.read_yaml(path)
-        emit.validate_config(loaded, meta["hardware"], meta["world_size"], meta["recipe"], versions)
+    path = Path(cfg) if isinstance(cfg, (str, os.PathLike)) else None
+    loaded, found = emit.read_yaml(path) if path else (cfg, {})
+    effective = emit.apply_overrides(copy.deepcopy(loaded), list(extra)) if extra else loaded
+    emit.validate_config(effective, meta["hardware"], meta["world_size"], meta["recipe"], versions)
+    job = check_job(effective) if check_job else None
+    env_vars = dict(loaded.env_vars or {})
+    if path:
         if found.get("world_size") and found.get("hardware") and output is None:
-            return path, dict(loaded.env_vars or {})
+            return path, env_vars, job
         target = Path(output or f"out/{path.stem}.{meta['hardware']}x{meta['world_size']}.yaml")
-        return emit.write_yaml(loaded, target, meta), dict(loaded.env_vars or {})
-    emit.validate_config(cfg, meta["hardware"], meta["world_size"], meta["recipe"], versions)
+        return emit.write_yaml(loaded, target, meta), env_vars, job
     if output is None:
         staged = emit.write_yaml(cfg, Path("out") / f".{meta['recipe']}.staged.yaml", meta)
         digest = hashlib.sha1(staged.read_bytes()).hexdigest()[:8]
@@ -249,13 +261,51 @@ def _materialize(cfg, meta: dict, output: str | Path | None, versions=None):
         os.replace(staged, target)
     else:
         target = emit.write_yaml(cfg, output, meta)
-    return target, dict(cfg.env_vars or {})
+    return target, env_vars, job
+
+
+def _settings_of(executor) -> SlurmSettings:
+    """The settings a ready ``nemo_run.SlurmExecutor`` stands for (time, container, mounts, tunnel, job folder), for
+    the same checks as ours."""
+    import nemo_run as run
+
+    tunnel = executor.tunnel
+    return SlurmSettings(account=executor.account, time=executor.time, container_image=executor.container_image,
+                         container_mounts=tuple(executor.container_mounts or ()),
+                         tunnel="local" if tunnel is None or isinstance(tunnel, run.LocalTunnel) else "ssh",
+                         host=getattr(tunnel, "host", None), user=getattr(tunnel, "user", None),
+                         job_dir=tunnel.job_dir if tunnel is not None else executor.job_dir)
+
+
+def slurm_job_check(settings: SlurmSettings, meta: dict, smoke: bool = False, smoke_nodes: int = 1):
+    """Check the job folder for ``settings`` and the nodes ``meta`` plans for (``smoke_nodes`` for a smoke job) now
+    (:func:`lcmoe_recipes.job_checks.job_folder_findings`: no config needed), and return the check of the ranks'
+    ConfigContainer (:func:`lcmoe_recipes.job_checks.slurm_job`, the folder's warnings added).
+
+    Raises:
+        InfeasibleConfig: a node-local job folder for a multi-node job.
+    """
+    from .checks import raise_for_errors
+    from .job_checks import job_folder_findings, slurm_job
+
+    nodes = smoke_nodes if smoke else nodes_for(meta["world_size"], get_hardware(meta["hardware"]).gpus_per_node)
+    job_dir = job_dir_of(settings)
+    folder = job_folder_findings(job_dir, nodes, settings.tunnel == "local")
+    raise_for_errors(folder, "the Slurm job")
+
+    def check(cfg):
+        job = slurm_job(cfg, settings, job_dir, smoke=smoke)
+        job.findings = folder + job.findings
+        return job
+
+    return check
 
 
 def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False, wait: bool = True,
            world_size: int | None = None, hardware: str | None = None, output: str | Path | None = None,
-           nproc_per_node: int | None = None, smoke_ranks: int = 2, data_path: list[str] | None = None,
-           tokenizer: str | None = None, replan: bool = False) -> LaunchResult:
+           nproc_per_node: int | None = None, smoke_ranks: int = 2, smoke_nodes: int = 1,
+           data_path: list[str] | None = None,
+           tokenizer: str | None = None, save_dir: str | None = None, replan: bool = False) -> LaunchResult:
     """Validate ``cfg`` for its target and run it with torchrun here or as a Slurm job through NeMo-Run.
 
     Args:
@@ -264,22 +314,26 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
             ``world_size`` and ``hardware``), or the path of a YAML written by ``launch``.
         executor: ``"local"``, ``"slurm"`` (settings from the environment: ``SBATCH_ACCOUNT``), a
             :class:`~lcmoe_recipes.executors.SlurmSettings`, or a ready ``nemo_run.SlurmExecutor``.
-        smoke: CPU-only check with ``smoke_ranks`` ranks (gloo all-reduce, no training; no GPU needed).
+        smoke: CPU-only check with ``smoke_ranks`` ranks (gloo all-reduce, no training; no GPU needed); under Slurm
+            on ``smoke_nodes`` nodes, each checking that the config's paths exist there.
         dry_run: build the torchrun command / sbatch script and return it without running anything.
         wait: Slurm: wait for the job and read its state and logs.
         output: where to write the YAML (default for a ConfigContainer: ``out/<recipe>-<first 8 hex of the YAML's
             SHA-1>.yaml``, so two different configs never share a file; for a YAML with our header: that file).
         nproc_per_node: local: ranks (default the planned world size).
         data_path, tokenizer: real data for the ranks (see :func:`lcmoe_recipes.emit.data_overrides`).
+        save_dir: absolute folder for the run's checkpoints and logs (see :func:`lcmoe_recipes.emit.save_overrides`).
         replan: let the ranks plan again when they find another world size or GPU type.
 
     Returns:
         :class:`~lcmoe_recipes.executors.LaunchResult`: state, job id, log path, first error line, the command or
-        sbatch script.
+        sbatch script; for Slurm, ``notes`` (the exit duration from ``time``, the job folder rule, warnings about
+        the job's paths).
 
     Raises:
         LcmoeError: the config fails validation for its target, its target is unknown, an unknown executor, a GPU
-            count that does not fill whole nodes, missing Slurm account.
+            count that does not fill whole nodes, a Slurm time without hours, a path the Slurm job cannot use
+            (:func:`lcmoe_recipes.job_checks.slurm_job`).
         LaunchError: too few GPUs here for a local run, or sbatch refused the job. (A job that runs and fails is
             not raised: ``result.ok`` is False and ``result.first_error`` says why.)
     """
@@ -288,7 +342,7 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
     if isinstance(executor, str) and executor not in EXECUTORS:
         raise LcmoeError(f"unknown executor '{executor}'", f"use one of {', '.join(EXECUTORS)}")
     # Everything that can be refused without building is refused before the YAML is written.
-    emit.data_overrides(data_path, tokenizer)  # bad --data-path input fails here, not on the cluster
+    extra = emit.save_overrides(save_dir) + emit.data_overrides(data_path, tokenizer)  # bad input fails here
     settings = executor if isinstance(executor, SlurmSettings) else SlurmSettings() if executor == "slurm" else None
     if settings is not None:
         check_settings(settings)
@@ -298,13 +352,20 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
         meta = _target(emit.target_of(cfg), world_size, hardware, "this ConfigContainer")
     nodes_for(meta["world_size"], get_hardware(meta["hardware"]).gpus_per_node)
     image = settings.container_image if settings is not None else getattr(executor, "container_image", None)
-    yaml, env_vars = _materialize(cfg, meta, output, stack_versions(image)[0])  # the container's versions if listed
-    args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer)
+    versions = stack_versions(image)[0]  # the container's versions if listed
     if executor == "local":
+        yaml, env_vars, _ = _materialize(cfg, meta, output, extra, versions=versions)
+        args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer, save_dir=save_dir)
         return run_local(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, nproc_per_node=nproc_per_node,
                          dry_run=dry_run, train_args=args)
-    return run_slurm(yaml, meta, env_vars, settings, smoke=smoke, smoke_ranks=smoke_ranks, dry_run=dry_run, wait=wait,
-                     train_args=args, executor=None if settings is not None else executor)
+    check = slurm_job_check(settings or _settings_of(executor), meta, smoke, smoke_nodes)
+    yaml, env_vars, job = _materialize(cfg, meta, output, extra, check, versions)
+    args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer, save_dir=save_dir,
+                           overrides=job.overrides)
+    return run_slurm(yaml, meta, env_vars, settings, smoke=smoke, smoke_ranks=smoke_ranks, smoke_nodes=smoke_nodes,
+                     dry_run=dry_run, wait=wait,
+                     train_args=args, executor=None if settings is not None else executor,
+                     notes=job.notes + [f"{f.severity}: {f.rule}: {f.message}; fix: {f.fix}" for f in job.findings])
 
 
 def _settings_from_args(args) -> SlurmSettings:
@@ -339,9 +400,16 @@ def main(argv: list[str] | None = None) -> int:
             check_settings(settings)  # before the 15-40 s build, and before anything is written
         # Known upstream bugs are judged for the versions the job runs: the listed container's, else the installed.
         versions, version_notes = stack_versions(args.container_image)
+        for flag, value in (("--smoke-ranks", args.smoke_ranks), ("--smoke-nodes", args.smoke_nodes)):
+            if value < 1:
+                raise LcmoeError(f"{flag} {value} is not a positive count", f"e.g. {flag} 2")
+        if settings is not None:  # the job folder, before the build
+            check_job = slurm_job_check(settings, {"world_size": plan.layout.world, "hardware": hw.key}, args.smoke,
+                                        args.smoke_nodes)
         from . import emit  # heavy part starts here
 
-        overrides = list(args.overrides) + emit.data_overrides(args.data_path, args.tokenizer)
+        overrides = (emit.save_overrides(args.save_dir) + list(args.overrides)
+                     + emit.data_overrides(args.data_path, args.tokenizer))
         if args.output:
             output = Path(args.output)
         elif overrides:  # never overwrite the plain recipe's file with an overridden one
@@ -361,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
             shown = shown.with_changes(reasons=carry_reasons(plan, shown))
         warnings = emit.validate_config(cfg, hw, plan.layout.world, plan.name, versions) + version_notes
         meta = emit.target_meta(shown, overrides)
+        job = check_job(cfg) if settings is not None else None
+        if job is not None:
+            warnings = warnings + job.findings
         emit.write_yaml(cfg, output, meta)
     except LcmoeError as exc:
         exc.report()
@@ -393,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
 
     result = None
     if not (args.dry_run and args.executor == "local" and not args.smoke):
-        train_args = train_arguments(smoke=args.smoke, replan=args.replan)  # data is in the YAML already
+        # data and save folders are in the YAML already; the job's exit duration goes on the ranks' command line
+        train_args = train_arguments(smoke=args.smoke, replan=args.replan, overrides=job.overrides if job else ())
         try:
             if args.executor == "local":
                 result = run_local(output, meta, dict(cfg.env_vars or {}), smoke=args.smoke,
@@ -401,8 +473,9 @@ def main(argv: list[str] | None = None) -> int:
                                    dry_run=args.dry_run, train_args=train_args, echo=not args.json)
             else:
                 result = run_slurm(output, meta, dict(cfg.env_vars or {}), settings, smoke=args.smoke,
-                                   smoke_ranks=args.smoke_ranks, dry_run=args.dry_run, wait=not args.no_wait,
-                                   train_args=train_args)
+                                   smoke_ranks=args.smoke_ranks, smoke_nodes=args.smoke_nodes, dry_run=args.dry_run,
+                                   wait=not args.no_wait,
+                                   train_args=train_args, notes=job.notes)
         except LcmoeError as exc:
             exc.report()
             if args.json:

@@ -1,16 +1,20 @@
 """Entry script run on every rank: ``python -m lcmoe_recipes.train --config FILE [options] [Hydra overrides...]``.
 
 Rebuilds the ConfigContainer from the YAML ``launch`` wrote (or from a named recipe with ``--recipe``), applies
-overrides (and ``--data-path`` / ``--tokenizer``), refuses to start when the world size or GPU type it finds differs
-from what the config was planned for (``--replan`` plans again for what it finds instead), validates, and calls
+overrides (and ``--data-path`` / ``--tokenizer`` / ``--save-dir``), refuses to start when the megatron-core /
+megatron-bridge versions here differ from the ones the YAML was built with (before torch.distributed or any GPU
+work), when the world size or GPU type it finds differs from what the config was planned for (``--replan`` plans
+again for what it finds instead), or when a path the config reads is missing on this node; validates, and calls
 megatron-bridge's ``pretrain`` with its GPT forward step. Mock data unless a dataset is given.
 
 ``--smoke`` is the CPU-only proof used by the tests and before queueing a big job: every rank rebuilds and validates
 the config for its planned target, joins torch.distributed with the gloo backend through the same rendezvous
 variables the GPU run uses (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE`` from torchrun), checks with one
-all-reduce and one all-gather that every rank is there and built the same config, and exits 0 without training.
+all-reduce and one all-gather that every rank is there, built the same config, and finds the data, tokenizer and
+checkpoint paths on its node (rank 0 names every node that lacks one), and exits 0 without training.
 
-Exit codes: 0 done; 2 refused (world size, GPU, bad config or input); 1 the smoke collective gave a wrong answer.
+Exit codes: 0 done; 2 refused (versions, world size, GPU, bad config or input, a path missing on a node); 1 the smoke
+collective gave a wrong answer.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import tempfile
 from pathlib import Path
 
 from .catalog import HARDWARE, get_hardware
+from .emit.stack import installed_stack
 from .errors import LcmoeError
+from .job_paths import problems_here
 
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 EPILOG = """\
@@ -36,8 +42,9 @@ size is compared with the YAML's plan; under Slurm SLURM_NTASKS is used when WOR
       -m lcmoe_recipes.train --config out/dsv3_128k_h100.yaml --data-path /data/web_text_document
 
 --smoke: every rank validates the config for its planned target, joins a gloo process group, runs one all-reduce
-and one all-gather (of a digest of its config), and exits 0 -- no GPU needed. Exit codes: 0 done; 2 refused
-(world size, GPU, config, input); 1 a smoke collective gave a wrong answer.
+and one all-gather (of a digest of its config and of the paths missing on its node), and exits 0 -- no GPU needed.
+Exit codes: 0 done; 2 refused (versions, world size, GPU, config, input, paths missing on a node); 1 a smoke
+collective gave a wrong answer.
 """
 
 
@@ -77,6 +84,39 @@ def check_target(meta: dict, world_size: int | None, device_name: str | None) ->
         if not device_name.startswith(expected):
             raise LcmoeError(f"this job runs on '{device_name}' but the config was planned for {hardware} ('{expected}')",
                              "run on the planned GPUs, or pass --replan to plan again for these")
+
+
+def check_versions(meta: dict, installed: dict[str, str | None]) -> str | None:
+    """Refuse to run a YAML built with other megatron-core / megatron-bridge versions than ``installed``.
+
+    Config fields, their defaults and upstream validation change between versions (a field renamed or added, a
+    default flipped), so a config validated with one version is not validated for another.
+
+    Args:
+        meta: the YAML's header (:func:`lcmoe_recipes.emit.target_meta`: ``megatron_core``, ``megatron_bridge``).
+        installed: :func:`lcmoe_recipes.emit.stack.installed_stack` where the job runs.
+
+    Returns:
+        None when they match; a warning line when the header records no versions (a YAML written before they were
+        recorded, or one without our header).
+
+    Raises:
+        LcmoeError: a version differs (or is not installed), naming both sides and the two ways out.
+    """
+    recorded = {key: meta.get(key) for key in installed}
+    if not any(recorded.values()):
+        return ("warning: this YAML's header does not record the megatron-core / megatron-bridge versions it was "
+                "built with, so they are not compared with the installed ones")
+    if recorded == installed:
+        return None
+
+    def names(versions: dict) -> str:
+        return " and ".join(f"{key.replace('_', '-')} {versions.get(key) or '(not installed)'}" for key in installed)
+
+    raise LcmoeError(f"this config was built and validated with {names(recorded)}, but this job runs {names(installed)}",
+                     f"run it where {names(recorded)} are installed (e.g. the --container-image the config was built "
+                     "for), or build the config again with the installed versions: python -m lcmoe_recipes.launch ... "
+                     "--dry-run where the job runs")
 
 
 def replan(meta: dict, world_size: int, hardware: str, overrides: list[str]):
@@ -130,9 +170,14 @@ def _line(text: str) -> None:
     sys.stdout.flush()
 
 
-def smoke(cfg, meta: dict) -> int:
+def smoke(cfg, meta: dict, problems: list[str] = ()) -> int:
     """The CPU-only proof: gloo process group from torchrun's variables, one all-reduce, one all-gather of the config
-    digest. Returns 0 when every rank answered correctly, 1 otherwise."""
+    digest and of each rank's ``problems`` (paths missing on its node, :func:`lcmoe_recipes.job_paths.problems_here`).
+
+    Returns:
+        0 when every rank answered correctly and found every path; 2 when a node lacks a path (rank 0 prints one
+        ``error: on node N: ...`` line per node and problem); 1 when a collective gave a wrong answer.
+    """
     import torch
     import torch.distributed as dist
 
@@ -152,19 +197,27 @@ def smoke(cfg, meta: dict) -> int:
         rank, world = dist.get_rank(), dist.get_world_size()
         total = torch.tensor([float(rank + 1)])
         dist.all_reduce(total)
-        digests: list = [None] * world
-        dist.all_gather_object(digests, digest)
+        answers: list = [None] * world
+        dist.all_gather_object(answers, (digest, os.uname().nodename, list(problems)))
+        expected = world * (world + 1) / 2
+        same = len({answer[0] for answer in answers}) == 1
+        missing = sorted({(node, problem) for _, node, found in answers for problem in found})
+        _line(f"smoke rank {rank}/{world} on {os.uname().nodename} (master {rdv['MASTER_ADDR']}:{rdv['MASTER_PORT']}): "
+              f"all_reduce {total.item():g} (expected {expected:g}), config {digest[:12]} "
+              f"{'identical on every rank' if same else 'DIFFERS between ranks'}")
+        if total.item() != expected or not same:
+            print(f"error: smoke check failed on rank {rank}", file=sys.stderr, flush=True)
+        elif missing and rank == 0:
+            lines = [f"error: on node {node}: {problem}" for node, problem in missing]
+            nodes = sorted({node for node, _ in missing})
+            print("\n".join(lines) + f"\n  fix: make these paths exist on {', '.join(nodes)} (a filesystem every node "
+                  "mounts at the same path; in a container, --container-mounts)", file=sys.stderr, flush=True)
+        dist.barrier()  # every line is out before any rank exits (torchrun stops the others when one fails)
     finally:
         dist.destroy_process_group()
-    expected = world * (world + 1) / 2
-    same = len(set(digests)) == 1
-    _line(f"smoke rank {rank}/{world} on {os.uname().nodename} (master {rdv['MASTER_ADDR']}:{rdv['MASTER_PORT']}): "
-          f"all_reduce {total.item():g} (expected {expected:g}), config {digest[:12]} "
-          f"{'identical on every rank' if same else 'DIFFERS between ranks'}")
     if total.item() != expected or not same:
-        print(f"error: smoke check failed on rank {rank}", file=sys.stderr)
         return 1
-    return 0
+    return 2 if missing else 0
 
 
 def rank_arguments(group) -> None:
@@ -172,6 +225,10 @@ def rank_arguments(group) -> None:
     group.add_argument("--data-path", nargs="+", metavar="PREFIX", help="real data: Megatron dataset prefixes "
                        "(.bin/.idx), optionally weighted: 0.7 /data/a 0.3 /data/b (default: mock data)")
     group.add_argument("--tokenizer", metavar="NAME_OR_DIR", help="Hugging Face tokenizer for real data")
+    group.add_argument("--save-dir", metavar="DIR", help="absolute folder on shared storage for this run's "
+                       "checkpoints (DIR/checkpoints: checkpoint.save, and checkpoint.load so a resubmitted job "
+                       "resumes) and logs (DIR/tensorboard, DIR/wandb); default: nemo_experiments/<recipe>/ in the "
+                       "ranks' working folder (the job's code folder under Slurm)")
     group.add_argument("--replan", action="store_true", help="when the world size or GPU the ranks find differs "
                        "from the plan, plan again for it instead of refusing to start")
     group.add_argument("--smoke", action="store_true", help="CPU-only check instead of training: every rank builds "
@@ -199,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from . import emit
 
-        # The cheap refusals first, before megatron-bridge loads (15-40 s): the YAML's header, torchrun, the GPU.
+        # The cheap refusals first, before megatron-bridge loads (15-40 s) and before torch.distributed or any GPU
+        # work: the YAML's header (the versions it was built with), torchrun, the GPU.
         if args.config:
             meta = emit.read_meta(args.config)
         else:
@@ -207,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
 
             plan = recipe_plan(args.recipe)
             meta = emit.target_meta(plan)
+        if (note := check_versions(meta, installed_stack())) and rank0:
+            _line(note)
         world = detected_world_size()
         device = None
         if args.smoke:
@@ -219,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                 check_target(meta, world, device)
                 _require_gpu(device)
 
-        extra = emit.data_overrides(args.data_path, args.tokenizer) + list(args.overrides)
+        extra = (emit.save_overrides(args.save_dir) + emit.data_overrides(args.data_path, args.tokenizer)
+                 + list(args.overrides))
         if args.config:
             cfg, meta = emit.read_yaml(args.config)
         else:
@@ -228,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.smoke:
             emit.validate_config(cfg, meta.get("hardware", "h100"), meta.get("world_size") or world or 1,
                                  meta.get("recipe", "config"))
-            return smoke(cfg, meta)
+            return smoke(cfg, meta, problems_here(cfg))
 
         if args.replan and world is not None:
             found_hw = hardware_of_device(device) or meta.get("hardware")
@@ -240,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         _require_gpu(device)
         emit.validate_config(cfg, meta.get("hardware", "h100"), world or meta.get("world_size", 1),
                              meta.get("recipe", "config"))
+        if problems := problems_here(cfg):
+            raise LcmoeError(f"on node {os.uname().nodename}: " + "; ".join(problems),
+                             "make the paths exist on every node (a shared filesystem; in a container, "
+                             "--container-mounts), or check the job first with --smoke")
     except LcmoeError as exc:
         return exc.report()
     from megatron.bridge.training.gpt_step import forward_step

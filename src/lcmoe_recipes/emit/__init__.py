@@ -10,7 +10,7 @@ from .stack import install_te_guard
 install_te_guard()
 
 from .config import build_config, config_findings, plan_from_config, validate_config
-from .overrides import apply_overrides, data_overrides
+from .overrides import apply_overrides, data_overrides, save_overrides
 from .yaml_io import read_meta, read_yaml, target_meta, target_of, write_yaml
 
-__all__ = ["build_config", "config_findings", "plan_from_config", "validate_config", "apply_overrides", "read_meta", "read_yaml", "write_yaml"]
+__all__ = ["build_config", "config_findings", "plan_from_config", "validate_config", "apply_overrides", "data_overrides", "save_overrides", "read_meta", "read_yaml", "write_yaml"]

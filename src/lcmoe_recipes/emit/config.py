@@ -19,6 +19,7 @@ from ..checks import Finding, check_plan, raise_for_errors
 from ..checks.known_issues import StackVersions, config_view, known_issue_findings
 from ..checks.config_asserts import config_assert_findings
 from ..errors import InfeasibleConfig, UnknownName
+from ..job_paths import path_findings
 from ..layout import ParallelLayout
 from ..plan import PRECISIONS, Plan, Positions, Schedule
 from .settings import apply_settings
@@ -276,6 +277,7 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     2. read back into a Plan and run :func:`lcmoe_recipes.checks.check_plan` (rank folding, divisibility,
        batch, placement, dispatcher-on-hardware, recompute, offload, CUDA-graph rules: what upstream ``validate()``
        leaves to run time), then the memory model against the target's HBM (:func:`lcmoe_recipes.cost.memory_findings`);
+       with them the data, tokenizer and checkpoint paths (:func:`lcmoe_recipes.job_paths.path_findings`);
     3. if those pass: the pipeline layout with megatron-core's ``PipelineParallelLayerLayout`` (rule
        ``pipeline/layout``);
     4. if those pass: megatron-bridge's ``runtime_config_update`` (mixed-precision resolution, DP size, comm-overlap
@@ -308,6 +310,7 @@ def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str) -
     from ..explain import all_findings  # the checks, then the predicted peak against the target's HBM
 
     findings = all_findings(plan_from_config(cfg, hw, world_size, name))
+    findings = path_findings(cfg) + findings  # data prefixes, tokenizer, checkpoint.load (lcmoe_recipes.job_paths)
     if any(f.severity == "error" for f in findings):
         return findings
     try:
@@ -318,7 +321,8 @@ def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str) -
 
     trial = copy.deepcopy(cfg)
     error = None
-    with target_environment(hw, world_size), quiet_upstream():
+    # checkpoint.pretrained_checkpoint is read on the cluster: its existence is checked where the job runs.
+    with target_environment(hw, world_size, cluster_paths=[trial.checkpoint.pretrained_checkpoint]), quiet_upstream():
         try:
             runtime_config_update(trial)
         except (AssertionError, ValueError, RuntimeError, TypeError, AttributeError, KeyError) as exc:

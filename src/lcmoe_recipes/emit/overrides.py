@@ -162,3 +162,29 @@ def data_overrides(data_path: list[str] | None = None, tokenizer: str | None = N
         overrides += ["tokenizer.tokenizer_type=HuggingFaceTokenizer",
                       f"tokenizer.tokenizer_model={_hydra_string(tokenizer)}"]
     return overrides
+
+
+def save_overrides(save_dir: str | None = None) -> list[str]:
+    """Hydra overrides that put a run's checkpoints and logs under ``save_dir`` (``--save-dir``).
+
+    ``checkpoint.save`` and ``checkpoint.load`` = ``DIR/checkpoints`` (megatron-bridge resumes from the latest
+    checkpoint there and starts afresh, or from ``checkpoint.pretrained_checkpoint``, while there is none: a job
+    resubmitted after its time limit continues), ``logger.tensorboard_dir`` = ``DIR/tensorboard``,
+    ``logger.wandb_save_dir`` = ``DIR/wandb``. Put them before the user's overrides so an explicit
+    ``checkpoint.load=...`` wins.
+
+    Raises:
+        OverrideError: a relative ``save_dir`` (the ranks of a Slurm job run in the job's code folder), or one with a
+            quote.
+    """
+    if not save_dir:
+        return []
+    if not save_dir.startswith("/"):
+        raise OverrideError(f"--save-dir {save_dir!r} is relative; the ranks of a Slurm job run in the job's code "
+                            "folder, so checkpoints would land there",
+                            "give an absolute folder on storage every node sees, e.g. --save-dir /lustre/$USER/run1")
+    folder = save_dir.rstrip("/")
+    checkpoints = _hydra_string(f"{folder}/checkpoints")
+    return [f"checkpoint.save={checkpoints}", f"checkpoint.load={checkpoints}",
+            f"logger.tensorboard_dir={_hydra_string(folder + '/tensorboard')}",
+            f"logger.wandb_save_dir={_hydra_string(folder + '/wandb')}"]

@@ -200,8 +200,7 @@ def _data(cfg, plan: Plan) -> None:
 
 def _checkpoint(cfg, plan: Plan) -> None:
     run_dir = f"nemo_experiments/{plan.name}"
-    cfg.checkpoint.save = f"{run_dir}/checkpoints"
-    cfg.checkpoint.load = None
+    cfg.checkpoint.save = cfg.checkpoint.load = f"{run_dir}/checkpoints"  # a restarted job resumes from its saves
     cfg.checkpoint.pretrained_checkpoint = plan.pretrained_checkpoint
     if plan.schedule is not None:  # at least four checkpoints per phase, never fewer than upstream's cadence
         cfg.checkpoint.save_interval = max(1, min(cfg.checkpoint.save_interval or plan.schedule.train_iters,
@@ -285,8 +284,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("checkpoint", ("checkpoint.save", "checkpoint.load", "checkpoint.pretrained_checkpoint",
                            "checkpoint.save_interval", "logger.tensorboard_dir"), _checkpoint,
             _answer("a real run saves: checkpoints and TensorBoard under nemo_experiments/<recipe>/ of the launch folder "
-                    "(launch --save-dir moves them), at least four saves per phase; weights from "
-                    "checkpoint.pretrained_checkpoint when the run extends a pretrained model",
+                    "(launch --save-dir moves them), at least four saves per phase, and a restarted job resumes from "
+                    "them (checkpoint.load = checkpoint.save; megatron-bridge reads checkpoint.pretrained_checkpoint "
+                    "only when no saved checkpoint exists yet)",
                     f"{UPSTREAM} perf_recipes/_common.py _benchmark_common turns saving off for benchmarks")),
     Setting("real_training", ("model.moe_router_force_load_balancing", "ddp.check_for_nan_in_grad",
                               "rerun_state_machine.check_for_nan_in_loss", "validation.eval_iters", "train.eval_iters"),

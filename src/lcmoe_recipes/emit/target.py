@@ -1,7 +1,7 @@
 """Answer upstream's probes of the *local* machine for the *target* one, while upstream validation runs.
 
 megatron-bridge's ``runtime_config_update`` / ``ConfigContainer.validate()`` (what ``pretrain`` runs) looks at the
-machine it runs on in four places that say nothing about the config itself:
+machine it runs on in five places that say nothing about the config itself:
 
 1. the world size: ``torch.distributed``, else ``WORLD_SIZE``, else ``SLURM_NTASKS``, else 1
    -> answered with the planned GPU count (``WORLD_SIZE``);
@@ -15,7 +15,12 @@ machine it runs on in four places that say nothing about the config itself:
    for when a fusion is on -- permutation (``moe_utils.fused_permute`` and friends, ``moe_permute_fusion=True``) and
    RoPE (``rope_utils.fused_apply_rotary_pos_emb[_thd]``, ``apply_rope_fusion=True``) -- and TE's ``FusedAdam``
    signature (imported by ``OptimizerConfig`` for the precision-aware optimizer) -> answered by placeholders that
-   exist for the duration of the check and raise if anything tries to run them.
+   exist for the duration of the check and raise if anything tries to run them;
+5. the filesystem: ``CheckpointConfig.finalize`` asserts that ``checkpoint.pretrained_checkpoint`` exists
+   (``training/utils/checkpoint_utils.file_exists``) -> answered "exists" for exactly the paths given as
+   ``cluster_paths`` (they are read on the cluster, which a login node or laptop may not see); every other path
+   gets the real answer. The entry script checks them where the job runs
+   (:func:`lcmoe_recipes.job_paths.problems_here`, also under ``--smoke``).
 
 Everything is restored on exit, ``os.environ`` included (``runtime_config_update`` writes ``cfg.env_vars`` into it).
 Validation runs on a deep copy of the ConfigContainer (:func:`lcmoe_recipes.emit.validate_config`), so the emitted
@@ -28,7 +33,7 @@ import contextlib
 import os
 import sys
 from types import ModuleType, SimpleNamespace
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from ..catalog import Hardware
 from .stack import te_installed
@@ -74,11 +79,20 @@ class _FusedAdamSignature:
         raise RuntimeError("TE FusedAdam stand-in (config validation only)")
 
 
+def _exists_on_cluster(real_file_exists, cluster_paths: frozenset[str]):
+    def file_exists(path: str) -> bool:
+        return str(path) in cluster_paths or real_file_exists(path)
+
+    return file_exists
+
+
 @contextlib.contextmanager
-def target_environment(hardware: Hardware, world_size: int) -> Iterator[None]:
-    """Make upstream validation see ``world_size`` ranks of ``hardware`` (see the module doc for what is answered)."""
+def target_environment(hardware: Hardware, world_size: int, cluster_paths: Iterable[str | None] = ()) -> Iterator[None]:
+    """Make upstream validation see ``world_size`` ranks of ``hardware`` (see the module doc for what is answered),
+    with the files in ``cluster_paths`` (None entries ignored) taken to exist."""
     import torch
     import megatron.core.utils as mcore_utils
+    import megatron.bridge.training.utils.checkpoint_utils as checkpoint_utils
 
     saved_env = dict(os.environ)
     saved_props = torch.cuda.get_device_properties
@@ -87,7 +101,9 @@ def target_environment(hardware: Hardware, world_size: int) -> Iterator[None]:
     saved_fused: dict[tuple[object, str], object] = {}
     adam_module_name = "transformer_engine.pytorch.optimizers"
     added_adam = False
+    saved_file_exists = checkpoint_utils.file_exists
     try:
+        checkpoint_utils.file_exists = _exists_on_cluster(saved_file_exists, frozenset(str(p) for p in cluster_paths if p))
         os.environ["WORLD_SIZE"] = str(world_size)
         os.environ.pop("SLURM_NTASKS", None)
         torch.cuda.get_device_properties = _target_device_properties(hardware)
@@ -110,6 +126,7 @@ def target_environment(hardware: Hardware, world_size: int) -> Iterator[None]:
                 added_adam = True
         yield
     finally:
+        checkpoint_utils.file_exists = saved_file_exists
         torch.cuda.get_device_properties = saved_props
         if light:
             mcore_utils._te_version = saved_te_version

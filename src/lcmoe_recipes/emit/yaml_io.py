@@ -2,10 +2,11 @@
 
 The body is megatron-bridge's own ``ConfigContainer.to_yaml`` output (``_target_`` entries, loadable with
 ``ConfigContainer.from_yaml``). One comment line on top records what the YAML alone cannot say -- the world size,
-hardware, model, seq_length and recipe it was validated for -- so that the entry script can refuse (or re-plan
-for) a mismatching cluster:
+hardware, model, seq_length and recipe it was validated for, and the megatron-core / megatron-bridge versions it
+was built and validated with -- so that the entry script can refuse (or re-plan for) a mismatching cluster, and
+refuse a container with other versions:
 
-    # lcmoe_recipes: {"hardware": "h100", "model": "dsv3", "overrides": [], "recipe": "dsv3_128k_h100", ...}
+    # lcmoe_recipes: {"hardware": "h100", "megatron_bridge": "0.6.2", "megatron_core": "0.19.2", "model": "dsv3", ...}
 
 A ConfigContainer built by :func:`lcmoe_recipes.emit.build_config` carries the same dict as the attribute
 ``lcmoe_target`` (see :func:`target_of`), so ``launch.submit(cfg)`` knows its target without a YAML.
@@ -20,21 +21,23 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LcmoeError
-from .stack import load_bridge
+from .stack import installed_stack, load_bridge
 
 _MARK = "# lcmoe_recipes: "
 TARGET_ATTR = "lcmoe_target"
 
 
 def target_meta(plan, overrides=()) -> dict[str, Any]:
-    """The target a config was planned and validated for: recipe, model, seq_length, world_size, hardware, overrides.
+    """The target a config was planned and validated for: recipe, model, seq_length, world_size, hardware, overrides,
+    and the megatron-core / megatron-bridge versions here (``megatron_core``, ``megatron_bridge``: the entry script
+    refuses to run under others, see :func:`lcmoe_recipes.train.check_versions`).
 
     Args:
         plan: the :class:`lcmoe_recipes.plan.Plan` the config was built from.
         overrides: the Hydra overrides applied after building (strings, in order).
     """
     return {"recipe": plan.name, "model": plan.model, "seq_length": plan.seq_length, "world_size": plan.layout.world,
-            "hardware": plan.hardware_spec.key, "overrides": list(overrides)}
+            "hardware": plan.hardware_spec.key, "overrides": list(overrides), **installed_stack()}
 
 
 def target_of(cfg) -> dict[str, Any]:

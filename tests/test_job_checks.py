@@ -1,0 +1,189 @@
+"""A Slurm job that survives the cluster: one rule for every --time spelling, the exit duration before the limit,
+paths against the container's mounts, saves in the job folder, the job folder every node must see."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from lcmoe_recipes.errors import InfeasibleConfig, LcmoeError
+from lcmoe_recipes.executors import SlurmSettings
+from lcmoe_recipes.job_checks import (FINAL_SAVE_MARGIN_MIN, exit_duration, filesystem_of, job_folder_findings,
+                                      parse_mounts, slurm_job, slurm_minutes)
+
+
+@pytest.mark.parametrize("text, minutes", [
+    ("04:00:00", 240), ("48:00:00", 2880), ("00:00:30", 1), ("1-00", 1440), ("1-12:30", 2190),
+    ("2-00:00:00", 2880), ("0-01:00:00", 60), ("01:30:59", 91),
+])
+def test_slurm_times_with_hours(text, minutes):
+    assert slurm_minutes(text) == minutes
+
+
+@pytest.mark.parametrize("text, message", [
+    ("4", "--time '4' is 4 minute(s) to Slurm (a bare number counts minutes); write the hours: --time 04:00:00 for "
+          "4 hour(s), or --time 00:04:00 for 4 minute(s)"),
+    ("240", "--time '240' is 240 minute(s) to Slurm (a bare number counts minutes); write the hours: --time "
+            "240:00:00 for 240 hour(s), or --time 04:00:00 for 240 minute(s)"),
+    ("04:00", "--time '04:00' is 4 minute(s) 0 second(s) to Slurm (MM:SS); write the hours: --time 04:00:00 for 4 "
+              "hour(s) 0 minute(s), or --time 00:04:00 for 4 minute(s) 0 second(s)"),
+    ("90:30", "--time '90:30' is 90 minute(s) 30 second(s) to Slurm (MM:SS); write the hours: --time 90:30:00 for "
+              "90 hour(s) 30 minute(s), or --time 01:30:30 for 90 minute(s) 30 second(s)"),
+    ("0", "--time '0' is no time limit at all (0 means no limit to Slurm); give the limit, e.g. --time 04:00:00"),
+    ("00:00:00", "--time '00:00:00' is no time limit at all"),
+    ("1:75:00", "--time '1:75:00' has minutes or seconds above 59"),
+    ("1-25:00", "--time '1-25:00' has minutes or seconds above 59 (or hours above 23 after a day)"),
+    ("4h", "--time '4h' is not a Slurm time limit; use HH:MM:SS or D-HH:MM:SS"),
+    ("", "--time '' is not a Slurm time limit"),
+])
+def test_slurm_times_without_hours_are_refused(text, message):
+    with pytest.raises(LcmoeError) as caught:
+        slurm_minutes(text)
+    assert str(caught.value).startswith(message)
+
+
+def test_exit_duration_leaves_the_final_save_margin():
+    assert FINAL_SAVE_MARGIN_MIN == 20
+    assert exit_duration(240) == 220 and exit_duration(2880) == 2860 and exit_duration(21) == 1
+    assert exit_duration(20) is None and exit_duration(5) is None
+
+
+def test_parse_mounts():
+    assert parse_mounts(["/lustre/data:/data", "/scratch", "/a/:/b:ro"]) == [
+        ("/lustre/data", "/data"), ("/scratch", "/scratch"), ("/a", "/b")]
+    with pytest.raises(LcmoeError, match="--container-mounts entry 'data:/data' is not SRC:DST with absolute paths"):
+        parse_mounts(["data:/data"])
+
+
+def test_job_folder_every_node_sees(tmp_path):
+    refused = job_folder_findings("/tmp/me/nemorun", 8, local_tunnel=True)
+    assert [(f.severity, f.rule) for f in refused] == [("error", "job/folder-node-local")]
+    assert refused[0].message == ("the job folder /tmp/me/nemorun is node-local: the other 7 nodes of this 8-node job "
+                                  "cannot read its script and code")
+    assert refused[0].fix.startswith("use a job folder on a shared filesystem, the same path on every node: --job-dir")
+    assert job_folder_findings("/dev/shm/x", 2, local_tunnel=False)[0].rule == "job/folder-node-local"
+    assert job_folder_findings("/tmp/me/nemorun", 1, local_tunnel=True) == []  # one node: the node is the folder's
+    mount, fstype = filesystem_of(str(tmp_path / "not" / "yet"))  # the nearest existing folder's filesystem
+    assert mount == next(m for m in sorted(_mounts(), key=len, reverse=True) if str(tmp_path).startswith(m.rstrip("/")))
+    home = os.path.expanduser("~/.nemo_run/experiments")
+    found = filesystem_of(home)
+    warned = job_folder_findings(home, 4, local_tunnel=True)
+    if found[1] in ("ext4", "xfs", "overlay", "btrfs", "tmpfs", "zfs"):
+        assert [f.rule for f in warned] == ["job/folder-local-fs"]
+        assert warned[0].message == (f"the job folder {home} is on a local {found[1]} filesystem of this machine "
+                                     f"(mounted at {found[0]}): the 4 nodes must see it too")
+    else:  # a network filesystem: nothing to say
+        assert warned == []
+    assert job_folder_findings(home, 4, local_tunnel=False) == []  # ssh: the folder is on the cluster, not here
+
+
+def _mounts() -> list[str]:
+    with open("/proc/mounts") as handle:
+        return [line.split()[1] for line in handle]
+
+
+# -- with a real ConfigContainer ------------------------------------------------------------------------------------
+
+def _paths(cfg, blend=None, tokenizer=None, save=None, load=None, pretrained=None):
+    if blend is not None:
+        cfg.dataset.blend = [blend, None]
+    if tokenizer is not None:
+        cfg.tokenizer.tokenizer_type, cfg.tokenizer.tokenizer_model = "HuggingFaceTokenizer", tokenizer
+    if save is not None:
+        cfg.checkpoint.save = save
+    cfg.checkpoint.load, cfg.checkpoint.pretrained_checkpoint = load, pretrained
+    return cfg
+
+
+@pytest.mark.slow
+def test_paths_against_container_mounts(fresh_config, tmp_path):
+    _, cfg = fresh_config("qwen3_next_8k_gb200")
+    image = SlurmSettings(container_image="nvcr.io/nvidia/nemo:25.11", container_mounts=("/lustre/data:/data",))
+    here = tmp_path / "tok"
+    here.mkdir()
+
+    # Everything inside a mount: no finding about paths.
+    job = slurm_job(_paths(cfg, blend=["/data/web_text_document"], tokenizer="/data/tok", save="/data/ckpt"), image,
+                    "/lustre/me/nemorun")
+    assert [f.rule for f in job.findings] == []
+
+    # A folder this machine has, outside every mount: refused, naming the mount to add.
+    with pytest.raises(InfeasibleConfig) as caught:
+        slurm_job(_paths(cfg, tokenizer=str(here)), image, "/lustre/me/nemorun")
+    assert caught.value.message == (f"the Slurm job: tokenizer.tokenizer_model '{here}' is on this machine but not "
+                                    "inside any --container-mounts destination: the container "
+                                    "(nvcr.io/nvidia/nemo:25.11) will not see it")
+    assert caught.value.fix == f"add a mount: --container-mounts /lustre/data:/data,{here}:{here}"
+
+    # The host side of a mount: the container sees it elsewhere.
+    with pytest.raises(InfeasibleConfig, match="dataset prefix '/lustre/data/web' is a path of this host, which the "
+                                               "container mounts elsewhere: inside it, it is '/data/web'") as caught:
+        slurm_job(_paths(cfg, blend=["/lustre/data/web"], tokenizer="/data/tok"), image, "/lustre/me/nemorun")
+    assert caught.value.fix.startswith("use '/data/web' in the config, or add a mount: --container-mounts "
+                                       "/lustre/data:/data,/lustre/data:/lustre/data")
+
+    # Checkpoints written outside every mount: lost with the container.
+    with pytest.raises(InfeasibleConfig, match="checkpoint.save '/ckpt/run1' is not inside any --container-mounts "
+                                               "destination: the job would write it inside the container, lost when "
+                                               "the job ends; add a mount: --container-mounts "
+                                               "/lustre/data:/data,/ckpt/run1:/ckpt/run1"):
+        slurm_job(_paths(cfg, blend=["/data/web"], tokenizer="/data/tok", save="/ckpt/run1"), image, "/j")
+
+    # Not here, not mounted: it may be inside the image -- a warning.
+    job = slurm_job(_paths(cfg, blend=["/data/web"], tokenizer="/opt/tokenizers/x", save="/data/ckpt"), image, "/j")
+    assert [(f.severity, f.rule) for f in job.findings] == [("warning", "job/unmounted-read")]
+    assert job.findings[0].message == ("tokenizer.tokenizer_model '/opt/tokenizers/x' is not inside any "
+                                       "--container-mounts destination and not on this machine: it must be inside "
+                                       "the image nvcr.io/nvidia/nemo:25.11")
+
+    # Relative reads: the ranks run in the job's code folder.
+    with pytest.raises(InfeasibleConfig, match="dataset prefix 'data/web' is relative: the ranks of a Slurm job run "
+                                               "in the job's code folder, where it does not exist"):
+        slurm_job(_paths(cfg, blend=["data/web"], save="/data/ckpt"), SlurmSettings(), "/j")
+
+    # Without a container, no mount rules (the nodes' own filesystem; --smoke checks it there).
+    job = slurm_job(_paths(cfg, blend=["/lustre/data/web"], tokenizer=str(here), save="/lustre/ckpt"),
+                    SlurmSettings(), "/j")
+    assert job.findings == []
+
+
+@pytest.mark.slow
+def test_exit_duration_and_saves_in_the_job_folder(fresh_config):
+    plan, cfg = fresh_config("dsv3_128k_h100")
+    assert cfg.checkpoint.save == "nemo_experiments/dsv3_128k_h100/checkpoints" and cfg.train.exit_duration_in_mins is None
+
+    job = slurm_job(cfg, SlurmSettings(), "/home/me/.nemo_run/experiments")
+    assert job.overrides == ["train.exit_duration_in_mins=220"]
+    assert job.notes == [
+        "job folder /home/me/.nemo_run/experiments: every node must see it (a shared filesystem)",
+        "train.exit_duration_in_mins=220: megatron-bridge ends training after 220 min and then saves a checkpoint, "
+        "20 min before --time 04:00:00 (240 min)"]
+    assert [f.rule for f in job.findings] == ["job/saves-in-job-folder"]
+    assert job.findings[0].message == (
+        "checkpoint.save 'nemo_experiments/dsv3_128k_h100/checkpoints' is relative, so the ranks write it into the "
+        "job's code folder (/home/me/.nemo_run/experiments/<experiment>/<run>/train/code/nemo_experiments/"
+        "dsv3_128k_h100/checkpoints): every save of the model with its optimizer state (~14 bytes per parameter) "
+        "lands there")
+    assert job.findings[0].fix.startswith("pass --save-dir /shared/storage/RUN")
+
+    cfg.checkpoint.save = "/lustre/me/run1/checkpoints"
+    job = slurm_job(cfg, SlurmSettings(time="2-00:00:00"), "/home/me/.nemo_run/experiments")
+    assert job.overrides == ["train.exit_duration_in_mins=2860"] and job.findings == []
+    cfg.checkpoint.save = "/home/me/.nemo_run/experiments/ckpt"
+    assert [f.rule for f in slurm_job(cfg, SlurmSettings(), "/home/me/.nemo_run/experiments").findings] == [
+        "job/saves-in-job-folder"]
+    cfg.checkpoint.save = "/lustre/me/run1/checkpoints"
+
+    job = slurm_job(cfg, SlurmSettings(time="00:15:00"), "/j")  # no room for the final save
+    assert job.overrides == [] and [f.rule for f in job.findings] == ["job/no-final-save"]
+    assert job.findings[0].message.startswith("--time 00:15:00 (15 min) leaves no room for the 20-minute")
+
+    cfg.train.exit_duration_in_mins = 300  # the user's own value is kept, and said to be too late
+    job = slurm_job(cfg, SlurmSettings(), "/j")
+    assert job.overrides == [] and [f.rule for f in job.findings] == ["job/exit-after-limit"]
+    assert job.notes[1] == "train.exit_duration_in_mins=300 kept from the config (--time 04:00:00 = 240 min)"
+    cfg.train.exit_duration_in_mins = None
+
+    smoke = slurm_job(cfg, SlurmSettings(), "/j", smoke=True)  # a smoke job trains nothing
+    assert smoke.overrides == [] and smoke.notes == ["job folder /j: every node must see it (a shared filesystem)"]
