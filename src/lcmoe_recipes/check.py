@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .catalog import HARDWARE, get_hardware
 from .checks import Finding
+from .checks.feasibility import layout_is_legal
 from .checks.known_issues import catalogue_rows, stack_versions
 from .errors import LcmoeError
 from .explain import all_findings
@@ -57,7 +58,7 @@ def format_findings(plan: Plan, findings: list[Finding]) -> str:
         lines.append("  group  size  nodes spanned  NVLink blocks spanned   (megatron-core rank order tp-cp-ep-dp-pp)")
         for kind, (size, nodes, blocks) in placement(lay, hw.gpus_per_node, hw.job_block).items():
             lines.append(f"  {kind:<5} {size:>5} {nodes:>14} {blocks:>22}")
-    if not any(f.severity == "error" for f in findings):
+    if layout_is_legal(findings):
         lines.append(format_costs(plan))
     if not findings:
         lines.append("no findings")
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     except LcmoeError as exc:
         return exc.report()
     print(f"checked with {scope}")
-    if sys.stdout.isatty() and not any(f.severity == "error" for f in findings):
+    if sys.stdout.isatty() and layout_is_legal(findings):
         from .cost import estimate_host_memory, estimate_memory, estimate_step
         from .explain import print_table
 

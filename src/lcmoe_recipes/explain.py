@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from .checks import Finding, check_plan
+from .checks.feasibility import layout_is_legal
 from .cost import HOST_MARGIN, estimate_host_memory, estimate_memory, estimate_step, host_findings, memory_findings
 from .plan import PRECISIONS, Plan
 from .ranks import placement
@@ -50,9 +51,10 @@ def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
 
 
 def all_findings(plan: Plan) -> list[Finding]:
-    """The checks' findings plus the memory models' (GPU memory per rank, host memory per node), errors first."""
+    """The checks' findings plus, where the layout is legal, the memory models' (GPU memory per rank, host memory per
+    node), errors first."""
     found = check_plan(plan)
-    if not any(f.severity == "error" for f in found):
+    if layout_is_legal(found):
         found = memory_findings(plan) + host_findings(plan) + found
     return sorted(found, key=lambda f: f.severity != "error")
 

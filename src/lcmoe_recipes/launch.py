@@ -73,6 +73,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", metavar="DIR", help="write memory.png, time.png and sweep.png (4K-256K) into DIR")
     request_arguments(parser.add_argument_group("planning and run options (layout flags on a named recipe plan its "
                                                 "target instead)"), wishes_only=True)
+    ext = parser.add_argument_group("context extension (where the weights come from, phases, your own config)")
+    source = ext.add_mutually_exclusive_group()
+    source.add_argument("--from-hf", metavar="DIR", help="start from the weights of a local Hugging Face checkpoint "
+                        "folder (config.json must be the planned model's); megatron-bridge reads it at the first start")
+    source.add_argument("--from-checkpoint", metavar="DIR", help="start from the weights of a Megatron checkpoint (a "
+                        "previous phase); its saved run config must be the planned model's")
+    ext.add_argument("--convert-to", metavar="DIR", help="with --from-hf: convert the folder once into a Megatron "
+                     "checkpoint here at the job's start (megatron-bridge's AutoBridge; reused when complete) and "
+                     "start from that")
+    ext.add_argument("--phases", metavar="S1,S2,...", help="one config per phase, e.g. 32768,131072 (DeepSeek-V3's "
+                     "4K->32K->128K); each phase starts from the previous phase's checkpoints and is planned for its "
+                     "own length")
+    ext.add_argument("--from", dest="from_config", metavar="CONFIG.yaml", help="retarget your own ConfigContainer YAML "
+                     "(e.g. an upstream 4K recipe) to --seq N: layout, CP, batch, recompute, offload, CUDA graphs and "
+                     "positions re-planned, everything else kept; prints every field that changed and why")
     run = parser.add_argument_group("running (--executor local: torchrun on this node; slurm: NeMo-Run SlurmExecutor; "
                                     "GPUs per node from the hardware: 8 HGX, 4 GB200/GB300)")
     run.add_argument("--executor", choices=EXECUTORS, default="local", help="where to run (default: local)")
@@ -385,6 +400,156 @@ def _settings_from_args(args) -> SlurmSettings:
                          host=args.host, user=args.user, identity=args.identity, job_dir=args.job_dir,
                          sbatch=pairs(args.sbatch, "--sbatch"), segment=not args.no_segment)
 
+@dataclasses.dataclass
+class Built:
+    """One config ``main`` built: the plan asked for, the plan the config states (after overrides), the config, where
+    its YAML went, its header, findings, overrides, the command each node runs, and the Slurm job checks."""
+
+    plan: Plan
+    shown: Plan
+    cfg: object
+    output: Path
+    meta: dict
+    warnings: list
+    overrides: list
+    command: str
+    job: object = None
+    changes: list = dataclasses.field(default_factory=list)
+
+
+def _model_key(model: str | None) -> str:
+    if not model:
+        raise LcmoeError("no MODEL given", f"give one of {', '.join(MODELS)} with --seq N, or --list")
+    if model in NAMED_RECIPES:
+        return NAMED_RECIPES[model].model
+    from .catalog import get_model
+
+    return get_model(model).key
+
+
+def weights_source(args, model_key: str) -> tuple[str | None, dict, list]:
+    """(checkpoint.pretrained_checkpoint, the YAML header's ``weights`` entry, warnings) for ``--from-hf`` /
+    ``--from-checkpoint`` / ``--convert-to``. A folder this machine sees is checked now against the planned model
+    (:mod:`lcmoe_recipes.checkpoint_folders`); one it does not see is checked where the job starts.
+
+    Raises:
+        LcmoeError: a folder that is not the planned model, is incomplete, or ``--convert-to`` without ``--from-hf``.
+    """
+    from .catalog import get_model
+    from .checkpoint_folders import check_hf_folder, check_megatron_checkpoint
+    from .checks import Finding
+
+    spec = get_model(model_key)
+    if args.convert_to and not args.from_hf:
+        raise LcmoeError("--convert-to converts a Hugging Face folder and needs --from-hf DIR",
+                         "add --from-hf DIR, or drop --convert-to")
+    folder = args.from_hf or args.from_checkpoint
+    if not folder:
+        return None, {}, []
+    flag = "--from-hf" if args.from_hf else "--from-checkpoint"
+    notes = []
+    if Path(folder).exists():
+        (check_hf_folder if args.from_hf else check_megatron_checkpoint)(folder, spec)
+    else:
+        notes.append(Finding("warning", "weights/not-here", f"{flag} {folder} is not on this machine: it is checked "
+                             "against the planned model where the job starts", "build on a machine that sees it to "
+                             "have it checked now"))
+    if args.from_hf:
+        entry = {"from_hf": folder, **({"convert_to": args.convert_to} if args.convert_to else {})}
+        return args.convert_to or folder, entry, notes
+    return folder, {"from_checkpoint": folder}, notes
+
+
+def _weights_reason(entry: dict, spec_display: str) -> Reason | None:
+    if "from_hf" in entry:
+        how = (f"converted once into {entry['convert_to']} at the job's start (megatron-bridge AutoBridge, "
+               "lcmoe_recipes.convert), then loaded" if "convert_to" in entry else
+               "read by megatron-bridge at the first start (a Hugging Face folder as checkpoint.pretrained_checkpoint)")
+        return Reason(f"{spec_display} weights from the Hugging Face checkpoint {entry['from_hf']}, {how}; optimizer "
+                      "state fresh; later restarts resume from this run's own checkpoints",
+                      "megatron-bridge 0.6.2 training/checkpointing.py (_load_hf_pretrained_checkpoint, finetune on "
+                      "the first start)")
+    if "from_checkpoint" in entry:
+        return Reason(f"model weights from the Megatron checkpoint {entry['from_checkpoint']} (optimizer state "
+                      "fresh, iteration reset)", "megatron-bridge 0.6.2 training/checkpointing.py (pretrained "
+                      "checkpoint loaded with finetune=True when checkpoint.load holds none)")
+    return None
+
+
+def _phase_lengths(args) -> list[int]:
+    if not args.phases:
+        return [args.seq] if args.seq is not None else [None]
+    if args.seq is not None:
+        raise LcmoeError("give --seq N or --phases S1,S2,..., not both", "e.g. --phases 32768,131072")
+    try:
+        lengths = [int(x) for x in args.phases.split(",") if x.strip()]
+    except ValueError:
+        raise LcmoeError(f"--phases {args.phases!r} is not a comma-separated list of token counts",
+                         "e.g. --phases 32768,131072") from None
+    if not lengths or any(n <= 0 for n in lengths) or lengths != sorted(set(lengths)):
+        raise LcmoeError(f"--phases {args.phases}: give increasing positive lengths", "e.g. --phases 32768,131072")
+    return lengths
+
+
+def _phase_target(args, model_key: str, lengths: list[int]) -> tuple[int | None, str | None]:
+    """--gpus/--hardware for every phase: as given, else the named recipe's that covers one of the lengths."""
+    if args.gpus and args.hardware or len(lengths) == 1:
+        return args.gpus, args.hardware
+    for length in reversed(lengths):
+        try:
+            recipe = find_named_recipe(model_key, length, args.gpus, args.hardware)
+        except UnknownName:
+            continue
+        return recipe.num_gpus, recipe.hardware
+    raise LcmoeError(f"--phases {args.phases}: no named recipe gives the target of these phases",
+                     "give --gpus N and --hardware NAME (every phase runs on them)")
+
+
+def _build(plan: Plan, args, overrides: list[str], output: Path | None, versions, version_notes, weights: dict,
+           check_job) -> Built:
+    """Build, override, validate and write one config (the heavy part)."""
+    from . import emit
+
+    hw = plan.hardware_spec
+    if output is None:
+        if overrides:  # never overwrite the plain recipe's file with an overridden one
+            digest = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:8]
+            output = Path(f"out/{plan.name}+{digest}.yaml")
+        else:
+            output = Path(f"out/{plan.name}.yaml")
+    if output.exists() and output.is_dir():
+        raise LcmoeError(f"--output {output} is a directory", f"give a file name, e.g. {output / (plan.name + '.yaml')}")
+    cfg = emit.build_config(plan, validate=not overrides)
+    shown = plan
+    if overrides:
+        emit.apply_overrides(cfg, overrides)
+        shown = emit.plan_from_config(cfg, hw, plan.layout.world, plan.name)
+        shown = shown.with_changes(reasons=carry_reasons(plan, shown))
+    warnings = emit.validate_config(cfg, hw, plan.layout.world, plan.name, versions) + list(version_notes)
+    meta = {**emit.target_meta(shown, overrides), **({"weights": weights} if weights else {})}
+    job = check_job(cfg) if check_job is not None else None
+    if job is not None:
+        warnings = warnings + job.findings
+    emit.write_yaml(cfg, output, meta)
+    return Built(plan, shown, cfg, output, meta, warnings, overrides,
+                 torchrun_command(output, plan.layout.world, hw.gpus_per_node), job)
+
+
+def _report_error(exc: LcmoeError, as_json: bool, warnings: list = ()) -> int:
+    """Print an error (and the warnings found so far, and the other errors) as text on stderr, or as JSON on stdout."""
+    others = [f for f in getattr(exc, "findings", [])[1:]]
+    if as_json:
+        print(json.dumps({"valid": False, "error": exc.message, "fix": exc.fix,
+                          "findings": [dataclasses.asdict(f) for f in others + list(warnings)]}, indent=2))
+        return exc.exit_code
+    exc.report()
+    for finding in others:
+        print(f"  also: {finding}", file=sys.stderr)
+    for finding in warnings:
+        print(f"  warning: {finding}", file=sys.stderr)
+    return exc.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit code."""
     parser = _parser()
@@ -392,111 +557,183 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(list_recipes())
         return 0
+    built: list[Built] = []
     try:
-        plan = resolve_plan(args.model, args.seq, args.gpus, args.hardware, args.precision, args)
-        hw = plan.hardware_spec
+        for flag, value in (("--smoke-ranks", args.smoke_ranks), ("--smoke-nodes", args.smoke_nodes)):
+            if value < 1:
+                raise LcmoeError(f"{flag} {value} is not a positive count", f"e.g. {flag} 2")
         settings = _settings_from_args(args) if args.executor == "slurm" else None
         if settings is not None:
             check_settings(settings)  # before the 15-40 s build, and before anything is written
         # Known upstream bugs are judged for the versions the job runs: the listed container's, else the installed.
         versions, version_notes = stack_versions(args.container_image)
-        for flag, value in (("--smoke-ranks", args.smoke_ranks), ("--smoke-nodes", args.smoke_nodes)):
-            if value < 1:
-                raise LcmoeError(f"{flag} {value} is not a positive count", f"e.g. {flag} 2")
-        if settings is not None:  # the job folder, before the build
-            check_job = slurm_job_check(settings, {"world_size": plan.layout.world, "hardware": hw.key}, args.smoke,
-                                        args.smoke_nodes)
-        from . import emit  # heavy part starts here
-
-        overrides = (emit.save_overrides(args.save_dir) + list(args.overrides)
-                     + emit.data_overrides(args.data_path, args.tokenizer))
-        if args.output:
-            output = Path(args.output)
-        elif overrides:  # never overwrite the plain recipe's file with an overridden one
-            digest = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:8]
-            output = Path(f"out/{plan.name}+{digest}.yaml")
+        if args.from_config:
+            built = [_retargeted(args, versions, version_notes, settings)]
         else:
-            output = Path(f"out/{plan.name}.yaml")
-        if output.exists() and output.is_dir():
-            raise LcmoeError(f"--output {output} is a directory", f"give a file name, e.g. {output / (plan.name + '.yaml')}")
-        command = torchrun_command(output, plan.layout.world, hw.gpus_per_node)
+            model_key = _model_key(args.model)
+            lengths = _phase_lengths(args)
+            if len(lengths) > 1 and args.executor == "slurm" and not args.save_dir:
+                raise LcmoeError("--phases on Slurm needs --save-dir: each job runs in its own code folder, so the next "
+                                 "phase would not find the previous phase's checkpoints",
+                                 "add --save-dir /shared/folder (each phase saves under DIR/phaseN_<len>k)")
+            gpus, hardware = _phase_target(args, model_key, lengths)
+            pretrained, weights, notes = weights_source(args, model_key)
+            for index, length in enumerate(lengths):
+                phased = len(lengths) > 1
+                wishes = argparse.Namespace(**{**vars(args), "gpus": gpus, "hardware": hardware,
+                                               "pretrained_checkpoint": pretrained})
+                plan = resolve_plan(args.model if not phased or args.model not in NAMED_RECIPES else model_key,
+                                    length, gpus, hardware, args.precision, wishes)
+                why = _weights_reason(weights, plan.model_spec.display) if index == 0 else Reason(
+                    f"model weights from phase {index}'s checkpoints ({pretrained}); optimizer state fresh, "
+                    "iteration reset", "megatron-bridge 0.6.2 training/checkpointing.py (pretrained checkpoint "
+                    "loaded with finetune=True)")
+                if why is not None:
+                    plan = plan.with_changes(reasons={**plan.reasons, "pretrained_checkpoint": why})
+                if phased:
+                    plan = plan.with_changes(name=f"{plan.name}-phase{index + 1}")
+                save_dir = (f"{args.save_dir.rstrip('/')}/phase{index + 1}_{length // 1024}k"
+                            if args.save_dir and phased else args.save_dir)
+                check_job = None
+                if settings is not None:  # the job folder, before the build
+                    check_job = slurm_job_check(settings, {"world_size": plan.layout.world,
+                                                           "hardware": plan.hardware_spec.key},
+                                                args.smoke, args.smoke_nodes)
+                from . import emit  # heavy part starts here
 
-        cfg = emit.build_config(plan, validate=not overrides)
-        shown = plan
-        if overrides:
-            emit.apply_overrides(cfg, overrides)
-            shown = emit.plan_from_config(cfg, hw, plan.layout.world, plan.name)
-            shown = shown.with_changes(reasons=carry_reasons(plan, shown))
-        warnings = emit.validate_config(cfg, hw, plan.layout.world, plan.name, versions) + version_notes
-        meta = emit.target_meta(shown, overrides)
-        job = check_job(cfg) if settings is not None else None
-        if job is not None:
-            warnings = warnings + job.findings
-        emit.write_yaml(cfg, output, meta)
+                overrides = (emit.save_overrides(save_dir) + list(args.overrides)
+                             + emit.data_overrides(args.data_path, args.tokenizer))
+                output = Path(args.output) if args.output and not phased else None
+                one = _build(plan, args, overrides, output, versions, version_notes,
+                             (weights if index == 0 else {"from_checkpoint": pretrained}), check_job)
+                one.warnings = one.warnings + (notes if index == 0 else [])
+                built.append(one)
+                pretrained = one.cfg.checkpoint.save
     except LcmoeError as exc:
-        exc.report()
-        for finding in getattr(exc, "findings", [])[1:]:
-            if finding.severity == "error":
-                print(f"  also: {finding}", file=sys.stderr)
-        return exc.exit_code
+        return _report_error(exc, args.json, [w for b in built for w in b.warnings])
 
-    if not args.json:
-        from .report import format_plan
-
-        print(f"{plan.name}: valid for {plan.layout.world} x {hw.key} (our checks + memory model + "
-              "megatron-bridge validate())")
-        print(format_plan(shown.with_changes(reasons={}) if args.explain else shown, warnings, overrides))
-        if args.explain:
-            from .explain import explain_text
-
-            print("\n" + explain_text(shown, warnings))
-        print(f"\nConfigContainer YAML: {output}")
-        if args.executor == "local" and not args.smoke:  # for slurm, the sbatch script is the command
-            print(f"cluster command (on each of the {plan.layout.world // hw.gpus_per_node} nodes):\n  {command}")
+    for one in built:
+        _print_built(one, args)
     if args.plot:
         from .plots import write_plots
 
         try:
-            written = write_plots([shown], args.plot)
+            written = write_plots([b.shown for b in built], args.plot)
         except LcmoeError as exc:
-            return exc.report()
+            return _report_error(exc, args.json)
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
 
-    result = None
+    results = []
     if not (args.dry_run and args.executor == "local" and not args.smoke):
-        # data and save folders are in the YAML already; the job's exit duration goes on the ranks' command line
-        train_args = train_arguments(smoke=args.smoke, replan=args.replan, overrides=job.overrides if job else ())
-        try:
-            if args.executor == "local":
-                result = run_local(output, meta, dict(cfg.env_vars or {}), smoke=args.smoke,
-                                   smoke_ranks=args.smoke_ranks, nproc_per_node=args.nproc_per_node,
-                                   dry_run=args.dry_run, train_args=train_args, echo=not args.json)
-            else:
-                result = run_slurm(output, meta, dict(cfg.env_vars or {}), settings, smoke=args.smoke,
-                                   smoke_ranks=args.smoke_ranks, smoke_nodes=args.smoke_nodes, dry_run=args.dry_run,
-                                   wait=not args.no_wait,
-                                   train_args=train_args, notes=job.notes)
-        except LcmoeError as exc:
-            exc.report()
-            if args.json:
-                print(json.dumps({"valid": True, "yaml": str(output), "launch": {"error": exc.message,
-                                  "fix": exc.fix}}, indent=2))
-            return exc.exit_code
+        dependency = None
+        for one in built:
+            try:
+                result = _run(one, args, settings, dependency, wait=not args.no_wait and len(built) == 1)
+            except LcmoeError as exc:
+                if args.json:
+                    print(json.dumps({"valid": True, "yaml": str(one.output), "launch": {"error": exc.message,
+                                      "fix": exc.fix}}, indent=2))
+                else:
+                    exc.report()
+                return exc.exit_code
+            results.append(result)
+            if not result.ok:
+                break
+            dependency = result.job_id
     if args.json:
         from .explain import explain_json
 
-        doc = {**explain_json(shown, warnings), "valid": True, "yaml": str(output), "command": command,
-               "overrides": overrides}
-        if result is not None:
-            doc["launch"] = dataclasses.asdict(result)
-        print(json.dumps(doc, indent=2, default=str))
-    elif result is not None:
-        if result.script:
-            print(f"\nsbatch script ({result.command} $SBATCH_SCRIPT):\n{result.script}")
-        elif result.state == "DRY_RUN":
-            print(f"\nlocal command:\n  {result.command}")
-        print("\n" + result.summary())
-    return 0 if result is None or result.ok else 1
+        docs = []
+        for index, one in enumerate(built):
+            doc = {**explain_json(one.shown, one.warnings), "valid": True, "yaml": str(one.output),
+                   "command": one.command, "overrides": one.overrides}
+            if one.changes:
+                doc["changes"] = [{"field": d.path, "before": d.upstream, "after": d.ours, "setting": d.setting,
+                                   "reason": d.reason.why} for d in one.changes]
+            if index < len(results):
+                doc["launch"] = dataclasses.asdict(results[index])
+            docs.append(doc)
+        print(json.dumps(docs[0] if len(docs) == 1 else {"phases": docs}, indent=2, default=str))
+    else:
+        for result in results:
+            if result.script:
+                print(f"\nsbatch script ({result.command} $SBATCH_SCRIPT):\n{result.script}")
+            elif result.state == "DRY_RUN":
+                print(f"\nlocal command:\n  {result.command}")
+            print("\n" + result.summary())
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _print_built(one: Built, args) -> None:
+    if args.json:
+        return
+    from .report import format_plan
+
+    plan, hw = one.plan, one.plan.hardware_spec
+    print(f"{plan.name}: valid for {plan.layout.world} x {hw.key} (our checks + memory model + "
+          "megatron-bridge validate())")
+    if one.changes:
+        print(f"retargeted {one.meta.get('retargeted_from')}: {len(one.changes)} field(s) changed")
+        for d in one.changes:
+            print(f"  {d.path}: {d.upstream!r} -> {d.ours!r}  [{d.setting}: {d.reason.why}]")
+    print(format_plan(one.shown.with_changes(reasons={}) if args.explain else one.shown, one.warnings, one.overrides))
+    if args.explain:
+        from .explain import explain_text
+
+        print("\n" + explain_text(one.shown, one.warnings))
+    print(f"\nConfigContainer YAML: {one.output}")
+    if args.executor == "local" and not args.smoke:  # for slurm, the sbatch script is the command
+        print(f"cluster command (on each of the {plan.layout.world // hw.gpus_per_node} nodes):\n  {one.command}")
+
+
+def _run(one: Built, args, settings, after_job: str | None, wait: bool) -> LaunchResult:
+    """Run one built config (the next phase waits for the previous one: sequentially here, ``afterok`` on Slurm)."""
+    # data and save folders are in the YAML already; the job's exit duration goes on the ranks' command line
+    train_args = train_arguments(smoke=args.smoke, replan=args.replan, overrides=one.job.overrides if one.job else ())
+    if args.executor == "local":
+        return run_local(one.output, one.meta, dict(one.cfg.env_vars or {}), smoke=args.smoke,
+                         smoke_ranks=args.smoke_ranks, nproc_per_node=args.nproc_per_node, dry_run=args.dry_run,
+                         train_args=train_args, echo=not args.json)
+    if after_job:
+        settings = dataclasses.replace(settings, sbatch={**settings.sbatch, "dependency": f"afterok:{after_job}"})
+    return run_slurm(one.output, one.meta, dict(one.cfg.env_vars or {}), settings, smoke=args.smoke,
+                     smoke_ranks=args.smoke_ranks, smoke_nodes=args.smoke_nodes, dry_run=args.dry_run,
+                     wait=wait, train_args=train_args, notes=one.job.notes if one.job else [])
+
+
+def _retargeted(args, versions, version_notes, settings) -> Built:
+    """``--from CONFIG.yaml --seq N``: the user's config re-planned for N (:mod:`lcmoe_recipes.retarget`)."""
+    from . import emit
+    from .retarget import retarget
+
+    if args.seq is None:
+        raise LcmoeError("--from needs --seq N (the length to retarget the config to)", "e.g. --seq 131072")
+    meta_in = emit.read_meta(args.from_config)
+    gpus, hardware = args.gpus or meta_in.get("world_size"), args.hardware or meta_in.get("hardware")
+    missing = [flag for flag, value in (("--gpus N", gpus), ("--hardware NAME", hardware)) if not value]
+    if missing:
+        raise LcmoeError(f"'{args.from_config}' does not record its target", f"give {' and '.join(missing)}")
+    cfg_in, _ = emit.read_yaml(args.from_config)
+    cfg, plan, changes = retarget(cfg_in, get_hardware(hardware).key, gpus, args.seq, args,
+                                  name=f"{Path(args.from_config).stem}-{args.seq // 1024}k")
+    overrides = emit.save_overrides(args.save_dir) + list(args.overrides) + emit.data_overrides(args.data_path,
+                                                                                               args.tokenizer)
+    shown = plan
+    if overrides:
+        emit.apply_overrides(cfg, overrides)
+        shown = emit.plan_from_config(cfg, plan.hardware_spec, gpus, plan.name).with_changes(
+            reasons=carry_reasons(plan, emit.plan_from_config(cfg, plan.hardware_spec, gpus, plan.name)))
+    warnings = emit.validate_config(cfg, plan.hardware_spec, gpus, plan.name, versions) + list(version_notes)
+    job = None
+    if settings is not None:
+        job = slurm_job_check(settings, {"world_size": gpus, "hardware": plan.hardware_spec.key}, args.smoke,
+                              args.smoke_nodes)(cfg)
+        warnings = warnings + job.findings
+    output = Path(args.output or f"out/{plan.name}.yaml")
+    meta = {**emit.target_meta(shown, overrides), "retargeted_from": str(args.from_config)}
+    emit.write_yaml(cfg, output, meta)
+    return Built(plan, shown, cfg, output, meta, warnings, overrides,
+                 torchrun_command(output, gpus, plan.hardware_spec.gpus_per_node), job, changes)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from .request import TrainingRequest
 from .rules.cp import cp_candidates, cp_first_guess
 from .rules.cuda_graphs import choose_cuda_graphs
 from .rules.dispatcher import choose_dispatcher
-from .rules.extension import extension_fields
+from .rules.extension import extension_fields, with_cp_comm
 from .rules.offload import FRACTIONS, offload_reason
 from .rules.precision import choose_precision
 from .rules.recompute import recompute_ladder, recompute_reason
@@ -80,7 +80,8 @@ def enumerate_layouts(request: TrainingRequest) -> list[ParallelLayout]:
     tps = [t for t in (1, 2, 4, 8) if heads % t == 0 and (groups % t == 0 or t % groups == 0)
            and t <= hw.gpus_per_node * (1 if hw.nvlink_domain <= 8 else 2)]
     cps = cp_candidates(seq, world)
-    pps = [p for p in (1, 2, 4, 8, 16) if 2 * p <= model.num_layers]
+    # variable-length batches with PP > 1 deadlock or swap shapes (Megatron-LM #5100, docs/known_issues.md)
+    pps = [1] if request.variable_length else [p for p in (1, 2, 4, 8, 16) if 2 * p <= model.num_layers]
     eps = [e for e in (1, 2, 4, 8, 16, 32, 64, 128, 256) if model.num_moe_experts % e == 0]
     out = []
     for tp in [request.tp] if request.tp else tps:
@@ -144,7 +145,7 @@ def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str
                 "optimizer_cpu_offload": offload_reason(fraction),
                 "cuda_graphs": choose_cuda_graphs(hw, request.variable_length, granularity, modules, backend)[1],
             }
-            plan = plan.with_changes(reasons=reasons)
+            plan = with_cp_comm(plan.with_changes(reasons=reasons))
             return Candidate(plan, memory, estimate_step(plan))
     _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
     return None

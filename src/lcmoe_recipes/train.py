@@ -20,6 +20,7 @@ collective gave a wrong answer.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import os
 import sys
@@ -249,6 +250,71 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+CONVERT_POLL_SECONDS = 15
+CONVERT_TIMEOUT_SECONDS = float(os.environ.get("LCMOE_CONVERT_TIMEOUT", 6 * 3600))
+
+
+def weights_problems(weights: dict, model: str) -> list[str]:
+    """What is wrong on THIS node with the weights the YAML header says the run starts from (``launch --from-hf /
+    --from-checkpoint``): the folder is missing, incomplete or holds another model. A ``convert_to`` folder not yet
+    converted is fine (rank 0 converts it at the start)."""
+    from .catalog import get_model
+    from .checkpoint_folders import CheckpointError, check_hf_folder, check_megatron_checkpoint
+
+    spec = get_model(model)
+    try:
+        if weights.get("from_hf"):
+            check_hf_folder(weights["from_hf"], spec)
+        elif weights.get("from_checkpoint") and Path(weights["from_checkpoint"]).exists():
+            check_megatron_checkpoint(weights["from_checkpoint"], spec)  # a previous phase's: absent until it ran
+    except CheckpointError as exc:
+        return [f"{exc.message} ({exc.fix})"]
+    return []
+
+
+def _converted(folder: str) -> bool:
+    from .checkpoint_folders import CheckpointError, read_megatron_checkpoint
+
+    try:
+        read_megatron_checkpoint(folder)
+    except CheckpointError:
+        return False
+    return True
+
+
+def prepare_weights(weights: dict, model: str, rank0: bool) -> None:
+    """``--from-hf DIR --convert-to OUT``: rank 0 converts DIR into OUT with megatron-bridge's converter
+    (``python -m lcmoe_recipes.convert``, a process of its own, before torch.distributed starts) unless OUT already
+    holds a complete conversion; the other ranks wait for OUT's tracker file (at most ``LCMOE_CONVERT_TIMEOUT``
+    seconds, 6 h by default).
+
+    Raises:
+        LcmoeError: the conversion failed, or the wait timed out.
+    """
+    import subprocess
+    import time
+
+    out = weights.get("convert_to")
+    if not out or _converted(out):
+        return
+    if rank0:
+        _line(f"converting {weights['from_hf']} -> {out} (megatron-bridge AutoBridge; once, reused afterwards)")
+        done = subprocess.run([sys.executable, "-m", "lcmoe_recipes.convert", "--hf", weights["from_hf"], "--out", out,
+                               "--model", model])
+        if done.returncode != 0:
+            raise LcmoeError(f"converting {weights['from_hf']} into {out} failed (exit {done.returncode})",
+                             "see the convert step's message above; or convert beforehand with python -m "
+                             "lcmoe_recipes.convert and launch with --from-checkpoint")
+        return
+    deadline = time.monotonic() + CONVERT_TIMEOUT_SECONDS
+    while not _converted(out):
+        if time.monotonic() > deadline:
+            raise LcmoeError(f"rank {os.environ.get('RANK')} waited {CONVERT_TIMEOUT_SECONDS:.0f} s for rank 0 to "
+                             f"convert {weights['from_hf']} into {out}", "convert beforehand with python -m "
+                             "lcmoe_recipes.convert, or raise LCMOE_CONVERT_TIMEOUT")
+        time.sleep(CONVERT_POLL_SECONDS)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point on every rank; returns the exit code."""
     args = _parser().parse_intermixed_args(argv)
@@ -286,10 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = emit.build_config(plan, validate=False, quiet=True)
         emit.apply_overrides(cfg, extra)
+        weights = meta.get("weights") or {}
+        paths_cfg = cfg
+        if weights.get("convert_to") and not _converted(weights["convert_to"]):  # converted at the start: check DIR
+            paths_cfg = copy.deepcopy(cfg)
+            paths_cfg.checkpoint.pretrained_checkpoint = None
         if args.smoke:
             emit.validate_config(cfg, meta.get("hardware", "h100"), meta.get("world_size") or world or 1,
                                  meta.get("recipe", "config"))
-            return smoke(cfg, meta, problems_here(cfg))
+            return smoke(cfg, meta, problems_here(paths_cfg) + weights_problems(weights, meta.get("model", "")))
 
         if args.replan and world is not None:
             found_hw = hardware_of_device(device) or meta.get("hardware")
@@ -301,10 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         _require_gpu(device)
         emit.validate_config(cfg, meta.get("hardware", "h100"), world or meta.get("world_size", 1),
                              meta.get("recipe", "config"))
-        if problems := problems_here(cfg):
+        if problems := problems_here(paths_cfg) + weights_problems(weights, meta.get("model", "")):
             raise LcmoeError(f"on node {os.uname().nodename}: " + "; ".join(problems),
                              "make the paths exist on every node (a shared filesystem; in a container, "
                              "--container-mounts), or check the job first with --smoke")
+        prepare_weights(weights, meta.get("model", ""), rank0)
     except LcmoeError as exc:
         return exc.report()
     from megatron.bridge.training.gpt_step import forward_step

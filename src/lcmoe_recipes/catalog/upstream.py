@@ -57,16 +57,19 @@ class UpstreamRecipe:
 
 
 @lru_cache(maxsize=1)
+def _document() -> dict[str, Any]:
+    return json.loads(resources.files(__package__).joinpath("upstream_recipes.json").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
 def upstream_recipes() -> tuple[UpstreamRecipe, ...]:
     """Every recorded upstream recipe."""
-    text = resources.files(__package__).joinpath("upstream_recipes.json").read_text(encoding="utf-8")
-    return tuple(UpstreamRecipe(r) for r in json.loads(text)["recipes"])
+    return tuple(UpstreamRecipe(r) for r in _document()["recipes"])
 
 
 def upstream_versions() -> dict[str, str]:
     """The megatron-bridge / megatron-core versions ``upstream_recipes.json`` was generated from."""
-    text = resources.files(__package__).joinpath("upstream_recipes.json").read_text(encoding="utf-8")
-    return json.loads(text)["versions"]
+    return dict(_document()["versions"])
 
 
 def _architecture(spec: ModelSpec) -> str:

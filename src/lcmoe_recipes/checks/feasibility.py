@@ -294,8 +294,8 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         if plan.variable_length:
             add("error", "cuda-graphs/dynamic-shapes", f"CUDA graphs ({plan.cuda_graph_impl}) with variable-length "
                 "batches (packed / THD sequences not padded to a fixed size, or variable_seq_lengths)",
-                "pad to a static shape (dataset.pad_to_max_length and offline_packing_specs.pad_cu_seqlens), "
-                "or set model.cuda_graph_impl=none")
+                "set model.cuda_graph_impl=none; or, for megatron-bridge's SFT datasets with offline packing, pad to a "
+                "static shape (dataset.pad_to_max_length=true and dataset.offline_packing_specs.pad_cu_seqlens=true)")
         if "moe_preprocess" in graphs and "moe_router" not in graphs:
             add("error", "cuda-graphs/preprocess-needs-router", "moe_preprocess graphed without moe_router", "add moe_router")
         if plan.recompute_granularity == "selective" and "moe" in modules and "moe_router" in graphs:
@@ -312,6 +312,15 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
 
     findings.sort(key=lambda f: f.severity != "error")
     return findings
+
+
+# Errors after which the layout is not a legal Megatron layout: memory and step figures would describe nothing real.
+STRUCTURAL = ("rank-folding", "divisibility/", "pipeline/", "batch/", "config/")
+
+
+def layout_is_legal(findings: list[Finding]) -> bool:
+    """True when no finding is a structural error (:data:`STRUCTURAL`): the memory and step models apply."""
+    return not any(f.severity == "error" and f.rule.startswith(STRUCTURAL) for f in findings)
 
 
 def raise_for_errors(findings: list[Finding], what: str = "plan") -> None:

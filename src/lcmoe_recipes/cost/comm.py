@@ -27,7 +27,9 @@ Link: a group whose ranks sit in one NVLink block (:attr:`Hardware.job_block`) u
 (:attr:`Hardware.nvlink_gbps`); otherwise the transfer is limited by the per-GPU scale-out NIC
 (:attr:`Hardware.scaleout_gbps`) -- for EP, only the share of peers outside the block goes over it. A CP ring is the
 exception: only the ranks at block boundaries send across, one flow per boundary, which NCCL spreads over every
-NIC of the node (PXN): min(NVLink, gpus_per_node x NIC) for that flow.
+NIC of the node (PXN): min(NVLink, gpus_per_node x NIC) for that flow. (Held to 2 NICs -- NCCL's default
+NCCL_NCHANNELS_PER_NET_PEER -- the model predicts DSV3 at 64K-256K on H100 at 0.67-0.77 of its published
+throughput, which stays flat from 4K to 256K: the measurements say the ring is hidden.)
 """
 
 from __future__ import annotations
@@ -112,8 +114,18 @@ def layer_transfers(plan: Plan, layer: int) -> list[Transfer]:
     if cp > 1:
         if s.is_full_attention(layer):
             width = s.nq * (s.d_qk + s.d_v) if s.mla else 2 * s.nkv * s.d_qk
-            total = 3 * (cp - 1) * n * width * BF16 / tp
-            if where.cp_nvlink:
+            inner, ring = (plan.hierarchical_cp_sizes if plan.cp_comm_type == "a2a+p2p" and plan.hierarchical_cp_sizes
+                           else (1, cp))
+            if inner > 1:
+                # hierarchical (megatron-core cp_comm_type "a2a+p2p"): an all-to-all inside groups of `inner`
+                # consecutive CP ranks swaps sequence for heads (q, k, v in, the output back; dq, dk, dv and the
+                # output's gradient in backward), exposed; then a ring over the ring = CP/inner groups
+                qkvo = (2 * s.nq * s.d_qk + 2 * s.nq * s.d_v) if s.mla else (2 * s.nq + 2 * s.nkv) * s.d_qk
+                out.append(_transfer("CP-a2a", hw, 2 * (inner - 1) / inner * n * qkvo * BF16 / tp, True))
+            total = 3 * (ring - 1) * n * width * BF16 / tp
+            if ring == 1:
+                pass
+            elif where.cp_nvlink:
                 out.append(_transfer("CP", hw, total, True))
             else:
                 # A ring crosses a block boundary at one rank per block per step; NCCL sends that flow through all

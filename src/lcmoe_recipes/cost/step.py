@@ -19,7 +19,8 @@ Overlap, stated as assumptions (Megatron features the recipes turn on or off):
 
 * TP collectives: exposed (``tp_comm_overlap`` is off in our recipes);
 * CP ring: each step overlaps the attention of the previous chunk; exposed = max(0, CP time - attention time)
-  per layer; gated-DeltaNet all-to-all: exposed;
+  per layer; hierarchical CP (``a2a+p2p``): its all-to-all exposed, its shorter ring as above; gated-DeltaNet
+  all-to-all: exposed;
 * EP dispatch / combine: exposed (no ``overlap_moe_expert_parallel_comm``), else half hidden;
 * PP send/receive: hidden with interleaving (``overlap_p2p_comm``), exposed without;
 * DP / EDP gradient reduce-scatter and parameter all-gather: hidden behind one microbatch's compute
@@ -135,7 +136,8 @@ class _RankWork:
 
     rank: int
     gemm_flops: float                               # this GPU, recompute included
-    attention: tuple[tuple[float, float, int], ...]  # (attention FLOPs on this GPU, CP seconds, layers like it)
+    attention: tuple[tuple[float, float, float, int], ...]  # (attention FLOPs on this GPU, CP ring seconds,
+    #                                                        CP all-to-all seconds, layers like it)
     gdn_layers: int
     gdn_cp_seconds: float
     tp_seconds: float
@@ -166,27 +168,30 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
             (linear, attn), (recompute, recompute_attn), transfers = per_kind[kind]
             gemm += (linear + recompute) * tokens * share
             attn = attn + recompute_attn  # full recompute and core_attn re-run the attention forward
-            cp = 0.0
+            cp = a2a = 0.0
             for t in transfers:
-                bytes_by[t.kind] = bytes_by.get(t.kind, 0.0) + t.nvlink_bytes + t.scaleout_bytes
+                kind = "CP" if t.kind == "CP-a2a" else t.kind
+                bytes_by[kind] = bytes_by.get(kind, 0.0) + t.nvlink_bytes + t.scaleout_bytes
                 if t.kind == "TP":
                     tp += t.seconds
                 elif t.kind == "EP":
                     ep += t.seconds
+                elif t.kind == "CP-a2a":
+                    a2a = t.seconds  # hierarchical CP's all-to-all: not overlapped
                 else:
                     cp = t.seconds
             if s.is_full_attention(i):
-                key = (attn * tokens * share, cp)
+                key = (attn * tokens * share, cp, a2a)
                 attention[key] = attention.get(key, 0) + 1
             else:
                 gdn += 1
                 gdn_cp += cp
-                key = (attn * tokens * share, 0.0)
+                key = (attn * tokens * share, 0.0, 0.0)
                 attention[key] = attention.get(key, 0)  # GDN FLOPs are timed by _gdn_seconds
         if r == lay.pp - 1:  # output layer and MTP on the last stage
             gemm += (6 * s.embedding + plan.mtp_num_layers * (sum(_layer_flops(s, s.num_layers - 1, plan.seq_length))
                                                               + 6 * (2 * s.h * s.h + s.embedding))) * tokens * share
-        out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, gdn_cp, tp, ep,
+        out.append(_RankWork(r, gemm, tuple((f, c, a, n) for (f, c, a), n in attention.items() if n), gdn, gdn_cp, tp, ep,
                              0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items())))
     return tuple(out)
 
@@ -202,8 +207,8 @@ def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None 
     worst = None
     for w in _work(plan):
         gemm = w.gemm_flops / gemm_rate
-        attn = sum(n * f / attn_rate for f, _, n in w.attention) + w.gdn_layers * gdn_step
-        cp = sum(n * max(0.0, c - f / attn_rate) for f, c, n in w.attention) + w.gdn_cp_seconds
+        attn = sum(n * f / attn_rate for f, _, _, n in w.attention) + w.gdn_layers * gdn_step
+        cp = sum(n * (a + max(0.0, c - f / attn_rate)) for f, c, a, n in w.attention) + w.gdn_cp_seconds
         ep = w.ep_seconds * (0.5 if plan.moe_ep_overlap else 1.0)
         t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds
         if worst is None or t_mb > worst[0]:

@@ -14,7 +14,7 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
-from ..catalog import MODELS, Hardware, get_hardware
+from ..catalog import MODELS, Hardware, get_hardware, get_model
 from ..checks import Finding, check_plan, raise_for_errors
 from ..checks.known_issues import StackVersions, config_view, known_issue_findings
 from ..checks.config_asserts import config_assert_findings
@@ -301,36 +301,40 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
 
 
 def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str) -> list:
-    """Steps 1-4 of :func:`config_findings`."""
+    """Steps 1-4 of :func:`config_findings`: every finding of our checks (memory where the layout is legal), then,
+    when none is an error, the pipeline layout with megatron-core's parser and upstream validation; the hygiene
+    warnings of :mod:`lcmoe_recipes.checks.hygiene` always."""
+    from ..checks.hygiene import hygiene_findings
+    from ..explain import all_findings  # the checks, then the predicted peak against the target's HBM
+
     load_bridge(quiet=True)
     model_seq, data_seq = cfg.model.seq_length, getattr(cfg.dataset, "seq_length", cfg.model.seq_length)
     if model_seq != data_seq:
         return [Finding("error", "config/seq-length", f"'seq_length' is {model_seq} on the model but "
                         f"{data_seq} on the dataset", f"set both: model.seq_length={model_seq} dataset.seq_length={model_seq}")]
-    from ..explain import all_findings  # the checks, then the predicted peak against the target's HBM
-
-    findings = all_findings(plan_from_config(cfg, hw, world_size, name))
-    findings = path_findings(cfg) + findings  # data prefixes, tokenizer, checkpoint.load (lcmoe_recipes.job_paths)
-    if any(f.severity == "error" for f in findings):
-        return findings
-    try:
-        _check_pipeline_layout(cfg, name)
-    except InfeasibleConfig as exc:
-        return [Finding("error", "pipeline/layout", exc.message.removeprefix(f"{name}: "), exc.fix)] + findings
-    from megatron.bridge.training.config import runtime_config_update
-
-    trial = copy.deepcopy(cfg)
-    error = None
-    # checkpoint.pretrained_checkpoint is read on the cluster: its existence is checked where the job runs.
-    with target_environment(hw, world_size, cluster_paths=[trial.checkpoint.pretrained_checkpoint]), quiet_upstream():
+    plan = plan_from_config(cfg, hw, world_size, name)
+    findings = path_findings(cfg) + all_findings(plan)  # + data, tokenizer, checkpoint paths (lcmoe_recipes.job_paths)
+    if not any(f.severity == "error" for f in findings):
         try:
-            runtime_config_update(trial)
-        except (AssertionError, ValueError, RuntimeError, TypeError, AttributeError, KeyError) as exc:
-            error = exc
-    # Issue 11 part 1 (docs/checks.md): upstream's message mapped to our rule, else the asserts that fire after
-    # check time and the settings upstream overrides, read from the resolved trial copy.
-    findings[:0] = config_assert_findings(cfg, trial, hw, world_size, upstream_error=error)
-    return findings
+            _check_pipeline_layout(cfg, name)
+        except InfeasibleConfig as exc:
+            findings.insert(0, Finding("error", "pipeline/layout", exc.message.removeprefix(f"{name}: "), exc.fix))
+    if not any(f.severity == "error" for f in findings):
+        from megatron.bridge.training.config import runtime_config_update
+
+        trial = copy.deepcopy(cfg)
+        error = None
+        # checkpoint.pretrained_checkpoint is read on the cluster: its existence is checked where the job runs.
+        with target_environment(hw, world_size, cluster_paths=[trial.checkpoint.pretrained_checkpoint]), \
+                quiet_upstream():
+            try:
+                runtime_config_update(trial)
+            except (AssertionError, ValueError, RuntimeError, TypeError, AttributeError, KeyError) as exc:
+                error = exc
+        # docs/checks.md: upstream's message mapped to our rule, else the asserts that fire after check time and the
+        # settings upstream overrides, read from the resolved trial copy.
+        findings[:0] = config_assert_findings(cfg, trial, hw, world_size, upstream_error=error)
+    return sorted(findings + hygiene_findings(cfg, plan.model_spec), key=lambda f: f.severity != "error")
 
 
 def validate_config(cfg, hardware: str | Hardware, world_size: int, name: str = "config",

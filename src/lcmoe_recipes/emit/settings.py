@@ -103,6 +103,8 @@ def _positions(cfg, plan: Plan) -> None:
 
 
 def _cp_comm(cfg, plan: Plan) -> None:
+    if plan.cp_comm_type in (None, "p2p") and cfg.model.cp_comm_type in (None, "p2p"):
+        return  # megatron-core's default ring either way
     cfg.model.cp_comm_type = plan.cp_comm_type
     cfg.model.hierarchical_context_parallel_sizes = list(plan.hierarchical_cp_sizes) if plan.hierarchical_cp_sizes else None
 
@@ -190,8 +192,11 @@ def _schedule(cfg, plan: Plan) -> None:
     cfg.scheduler.lr_decay_iters = s.train_iters
 
 
-def _data(cfg, plan: Plan) -> None:
+def _attention_mask(cfg, plan: Plan) -> None:
     cfg.dataset.create_attention_mask = plan.create_attention_mask
+
+
+def _data(cfg, plan: Plan) -> None:
     cfg.dataset.num_workers = plan.num_workers
     tok = cfg.tokenizer
     if getattr(cfg.dataset, "blend", None) is None:  # mock data: nothing to download
@@ -274,13 +279,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("global_batch_size", ("train.global_batch_size", "train.micro_batch_size"), _batch),
     Setting("schedule", ("train.train_iters", "optimizer.lr", "optimizer.min_lr", "scheduler.lr_warmup_iters",
                          "scheduler.lr_decay_style", "scheduler.lr_decay_iters"), _schedule),
-    Setting("data", ("dataset.create_attention_mask", "dataset.num_workers", "tokenizer.tokenizer_type", "tokenizer.tokenizer_model",
+    Setting("attention_mask", ("dataset.create_attention_mask",), _attention_mask,
+            _answer("no dense seq_length x seq_length attention mask per sample: megatron-core's GPT dataset builds one "
+                    "in every data-loader worker when create_attention_mask is true (float32, then bool: 128 GiB at "
+                    "peak per worker at 128K), the attention kernel builds the causal mask itself, and megatron-bridge's "
+                    "gpt_step never reads the dataset's (its gpt_oss perf recipe also sets it false)",
+                    "megatron-core 0.19.2 datasets/gpt_dataset.py _get_ltor_masks_and_position_ids; megatron-bridge "
+                    "0.6.2 perf_recipes/gpt_oss/common.py; docs/cost_model.md (host memory)")),
+    Setting("data", ("dataset.num_workers", "tokenizer.tokenizer_type", "tokenizer.tokenizer_model",
                      "tokenizer.vocab_size"), _data,
             _answer("mock data with a NullTokenizer sized to the model's vocabulary until --data-path/--tokenizer give "
-                    "real ones (nothing is downloaded); no dense seq_length x seq_length attention mask per sample "
-                    "(megatron-core's GPT dataset builds one when create_attention_mask is true; flash attention never "
-                    "reads it; megatron-bridge's gpt_oss perf recipe also sets it false)",
-                    "megatron-core 0.19.2 datasets/gpt_dataset.py; megatron-bridge 0.6.2 perf_recipes/gpt_oss/common.py")),
+                    "real ones (nothing is downloaded)", "lcmoe_recipes docs/guide.md (real data)")),
     Setting("checkpoint", ("checkpoint.save", "checkpoint.load", "checkpoint.pretrained_checkpoint",
                            "checkpoint.save_interval", "logger.tensorboard_dir"), _checkpoint,
             _answer("a real run saves: checkpoints and TensorBoard under nemo_experiments/<recipe>/ of the launch folder "

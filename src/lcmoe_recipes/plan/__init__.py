@@ -307,8 +307,13 @@ def stage_decoder_layers(plan: "Plan") -> list[int]:
     """Decoder layers in each of the plan's PP·VPP chunks: its layout string's, else the even split of
     :func:`pipeline_stage_layers`."""
     if plan.pipeline_model_parallel_layout:
-        return [stage.count("t") for stage in layout_stages(plan.pipeline_model_parallel_layout)]
+        return list(_decoders_per_stage(plan.pipeline_model_parallel_layout))
     return pipeline_stage_layers(plan.model_spec.num_layers, plan.layout.num_pipeline_stages, plan.mtp_num_layers)
+
+
+@lru_cache(maxsize=1024)
+def _decoders_per_stage(layout: str) -> tuple[int, ...]:
+    return tuple(stage.count("t") for stage in layout_stages(layout))
 
 
 def build_pipeline_layout(num_layers: int, num_stages: int, mtp_num_layers: int = 0) -> str | None:

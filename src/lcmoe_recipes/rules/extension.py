@@ -76,3 +76,12 @@ def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: Par
             "scratch", "your request"),
     }
     return fields, reasons
+
+
+def with_cp_comm(plan):
+    """``plan`` with its context-parallel communication chosen (:func:`lcmoe_recipes.rules.cp.choose_cp_comm`)."""
+    from .cp import choose_cp_comm
+
+    kind, sizes, why = choose_cp_comm(plan)
+    return plan.with_changes(cp_comm_type=kind, hierarchical_cp_sizes=sizes,
+                             reasons={**plan.reasons, "cp_comm_type": why})
