@@ -43,6 +43,43 @@ def build_recipe(request, validate: bool = True):
     return build_config(plan(request).best.plan, validate=validate)
 
 
+def build_phases(model: str, lengths: list[int], num_gpus: int, hardware: str, **options) -> list:
+    """One validated ConfigContainer per context-extension phase (``launch --phases``), each planned for its length;
+    every phase after the first starts from the previous phase's ``checkpoint.save``.
+
+    Args:
+        model: catalogue model or alias.
+        lengths: increasing seq_lengths, e.g. ``[32768, 131072]`` (DeepSeek-V3's 4K -> 32K -> 128K).
+        num_gpus, hardware: the target of every phase.
+        options: run options of :class:`lcmoe_recipes.rules.extension.RunOptions` (``rope``, ``tokens_per_step``,
+            ``lr``, ``train_iters``, ``pretrained_checkpoint`` for the first phase) and ``precision``.
+
+    Raises:
+        LcmoeError: bad lengths or options; InfeasibleConfig: a phase with no fitting layout.
+    """
+    import argparse
+
+    from .errors import LcmoeError
+    from .launch import resolve_plan
+
+    if not lengths or any(n <= 0 for n in lengths) or list(lengths) != sorted(set(lengths)):
+        raise LcmoeError(f"phases {lengths}: give increasing positive lengths", "e.g. [32768, 131072]")
+    precision = options.pop("precision", None)
+    pretrained = options.pop("pretrained_checkpoint", None)
+    configs = []
+    for index, length in enumerate(lengths):
+        wishes = argparse.Namespace(gpus=num_gpus, hardware=hardware, precision=precision, gbs=None, mbs=1,
+                                    dispatcher=None, tp=None, pp=None, cp=None, ep=None, no_offload=False,
+                                    variable_length=False, rope=options.get("rope", "auto"),
+                                    tokens_per_step=options.get("tokens_per_step"), lr=options.get("lr"),
+                                    train_iters=options.get("train_iters"), pretrained_checkpoint=pretrained)
+        plan = resolve_plan(model, length, num_gpus, hardware, precision, wishes)
+        cfg = build_config(plan.with_changes(name=f"{plan.name}-phase{index + 1}"))
+        configs.append(cfg)
+        pretrained = cfg.checkpoint.save
+    return configs
+
+
 def _factory(name: str):
     recipe = NAMED_RECIPES[name]
 
@@ -67,6 +104,6 @@ qwen3_next_64k_gb200 = _factory("qwen3_next_64k_gb200")
 __all__ = [
     "dsv3_128k_h100", "dsv3_256k_h100", "qwen3_235b_128k_gb200",
     "qwen3_next_8k_gb200", "qwen3_next_32k_gb200", "qwen3_next_64k_gb200",
-    "NAMED_RECIPES", "recipe_plan", "build_config", "build_recipe", "check_plan", "Plan", "Finding",
+    "NAMED_RECIPES", "recipe_plan", "build_config", "build_recipe", "build_phases", "check_plan", "Plan", "Finding",
     "LcmoeError", "InfeasibleConfig", "OverrideError", "UnknownName",
 ]
