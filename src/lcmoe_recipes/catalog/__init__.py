@@ -2,5 +2,6 @@
 
 from .hardware import HARDWARE, Hardware, get_hardware
 from .models import MODELS, ModelSpec, get_model
+from .user import load_model_config
 
-__all__ = ["HARDWARE", "Hardware", "get_hardware", "MODELS", "ModelSpec", "get_model"]
+__all__ = ["HARDWARE", "Hardware", "get_hardware", "MODELS", "ModelSpec", "get_model", "load_model_config"]

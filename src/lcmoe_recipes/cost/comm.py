@@ -110,7 +110,7 @@ def layer_transfers(plan: Plan, layer: int) -> list[Transfer]:
         total = 4 * blocks * (tp - 1) / tp * n * s.h * BF16
         out.append(_transfer("TP", hw, total, where.tp_nvlink))
     if cp > 1:
-        if s.is_full_attention(layer):
+        if s.is_softmax(layer):
             width = s.nq * (s.d_qk + s.d_v) if s.mla else 2 * s.nkv * s.d_qk
             total = 3 * (cp - 1) * n * width * BF16 / tp
             if where.cp_nvlink:

@@ -97,7 +97,7 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
         "layer_input": (nsp * h * BF16, ()),
         "input_norm_out": (nsp * h * BF16, ("layernorm",)),
     }
-    if s.is_full_attention(layer):
+    if s.is_softmax(layer):
         if s.mla:
             if s.q_lora:
                 out["q_down_out"] = (n * s.q_lora * BF16 * 2, ())
@@ -107,7 +107,7 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
         else:
             # q, k, v; Qwen3's q/k RMSNorm keeps q and k both before and after the norm
             out["qkv"] = (n * (2 * s.nq + 3 * s.nkv) * s.d_qk * BF16 / tp, ())
-            if s.lin_nk:  # Qwen3-Next full attention: sigmoid output gate
+            if s.out_gate:  # Qwen3-Next full attention: sigmoid output gate
                 out["attn_gate"] = (n * s.nq * s.d_v * BF16 / tp, ())
         out["attn_out"] = (n * s.nq * s.d_v * BF16 / tp, ())
         out["softmax_lse"] = (n * s.nq * FP32 / tp, ("core_attn",))
@@ -183,7 +183,7 @@ class _RankStatic:
 
     dense: float
     experts: float
-    chunk_kinds: tuple[tuple[tuple[tuple[bool, bool], int], ...], ...]
+    chunk_kinds: tuple[tuple[tuple[tuple[bool, str], int], ...], ...]
     representative: tuple[int, ...]
     first: bool
     last: bool
@@ -205,18 +205,21 @@ def _rank_static(model_key: str, pp: int, vpp: int, mtp: int, pp_rank: int) -> _
         dense += s.embedding
     if last:
         mtp_layer = s.num_layers - 1  # an MTP layer is a full MoE transformer layer plus a 2h x h projection
-        dense += s.embedding + s.h + mtp * (s.layer_dense_params(mtp_layer) + 2 * s.h * s.h)
+        # the output layer; tied to the embedding, the last stage still holds its own copy when it is not also the
+        # first (megatron-core LanguageModule.setup_embeddings_and_output_layer)
+        out = s.embedding if (not s.tied or not first) else 0
+        dense += out + s.h + mtp * (s.layer_dense_params(mtp_layer) + 2 * s.h * s.h)
         experts += mtp * s.layer_expert_params(mtp_layer)
     kinds, reps = [], {}
     for ch in layers:
-        counts: dict[tuple[bool, bool], int] = {}
+        counts: dict[tuple[bool, str], int] = {}
         for i in ch:
-            kind = (s.is_moe(i), s.is_full_attention(i))
+            kind = (s.is_moe(i), s.kind(i))
             counts[kind] = counts.get(kind, 0) + 1
             reps.setdefault(kind, i)
         kinds.append(tuple(counts.items()))
     if last and mtp:
-        reps.setdefault((s.is_moe(s.num_layers - 1), s.is_full_attention(s.num_layers - 1)), s.num_layers - 1)
+        reps.setdefault((s.is_moe(s.num_layers - 1), s.kind(s.num_layers - 1)), s.num_layers - 1)
     return _RankStatic(dense, experts, tuple(kinds), tuple(reps.values()), first, last)
 
 
@@ -243,7 +246,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     by_kind = {}  # layers of one kind (MoE or dense, full or linear attention) keep the same tensors
     for layer in static.representative:
         tensors = layer_activations(s, layer, plan)
-        by_kind[(s.is_moe(layer), s.is_full_attention(layer))] = (_kept(tensors, plan), sum(b for b, _ in tensors.values()))
+        by_kind[(s.is_moe(layer), s.kind(layer))] = (_kept(tensors, plan), sum(b for b, _ in tensors.values()))
     per_chunk = [sum(n * by_kind[kind][0] for kind, n in chunk) for chunk in static.chunk_kinds]
     largest_layer = max((by_kind[kind][1] for chunk in static.chunk_kinds for kind, _ in chunk), default=0.0)
     n = plan.micro_batch_size * plan.seq_length / lay.cp

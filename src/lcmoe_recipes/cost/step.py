@@ -65,8 +65,8 @@ def efficiency(hw_key: str, precision: str) -> tuple[float, float]:
 def _layer_flops(s: LayerShapes, layer: int, seq: int) -> tuple[float, float]:
     """(linear, attention) model FLOPs per token of one layer, forward + backward."""
     linear = 6 * (s.layer_dense_params(layer) + (s.topk * s.expert if s.is_moe(layer) else 0))
-    if s.is_full_attention(layer):
-        attention = 3 * s.nq * (s.d_qk + s.d_v) * seq
+    if s.is_softmax(layer):
+        attention = 6 * s.nq * (s.d_qk + s.d_v) * s.layer_keys_seen(layer, seq)
     else:
         attention = 3 * 2 * s.lin_nv * (2 * s.lin_dk * s.lin_dv + GDN_CHUNK * (s.lin_dk + s.lin_dv))
     return linear, attention
@@ -92,7 +92,7 @@ def _model_flops(model_key: str, seq_length: int, mtp_num_layers: int) -> float:
     from ..catalog import get_model
 
     s = shapes(get_model(model_key))
-    total = 6 * s.embedding  # output layer
+    total = 6 * s.embedding  # output layer (the logits GEMM runs whether or not it is tied)
     for i in range(s.num_layers):
         total += sum(_layer_flops(s, i, seq_length))
     mtp = sum(_layer_flops(s, s.num_layers - 1, seq_length)) + 6 * (2 * s.h * s.h + s.embedding)
@@ -111,7 +111,7 @@ def _recompute_flops(s: LayerShapes, layer: int, plan: Plan) -> tuple[float, flo
         extra += 2 * (s.topk * s.expert + s.shared + s.router)
     if not s.is_moe(layer) and "mlp" in mods:
         extra += 2 * s.dense_mlp
-    if "mla_up_proj" in mods and s.mla and s.is_full_attention(layer):
+    if "mla_up_proj" in mods and s.mla:
         extra += 2 * s.nq * ((s.d_qk * (s.q_lora or s.h)) + s.kv_lora * (s.d_qk - s.d_rope + s.d_v))
     return extra, (attention / 3 if "core_attn" in mods else 0.0)
 
@@ -159,7 +159,7 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
         bytes_by: dict[str, float] = {"PP": pp_t.nvlink_bytes + pp_t.scaleout_bytes}
         layers = rank_layers(plan, r)
         for i in layers:
-            kind = (s.is_moe(i), s.is_full_attention(i))
+            kind = (s.is_moe(i), s.kind(i))
             if kind not in per_kind:  # layers of one kind cost the same
                 per_kind[kind] = (_layer_flops(s, i, plan.seq_length), _recompute_flops(s, i, plan),
                                   layer_transfers(plan, i))
@@ -175,7 +175,7 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
                     ep += t.seconds
                 else:
                     cp = t.seconds
-            if s.is_full_attention(i):
+            if s.is_softmax(i):
                 key = (attn * tokens * share, cp)
                 attention[key] = attention.get(key, 0) + 1
             else:
