@@ -15,7 +15,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .catalog import HARDWARE, get_hardware
+from .catalog import HARDWARE, get_hardware, load_model_config
 from .checks import Finding
 from .errors import LcmoeError
 from .explain import all_findings
@@ -72,12 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, help="target world size (default: the YAML header's or the recipe's)")
     parser.add_argument("--hardware", help=f"target GPU: {', '.join(HARDWARE)} (default: the YAML header's or the "
                         "recipe's)")
+    parser.add_argument("--model-config", metavar="PATH", help="the config.json of the YAML's model when it is not "
+                        "in the catalogue and the YAML has no lcmoe_recipes header carrying it")
     args = parser.parse_args(argv)
     try:
         for flag, value in (("--gpus", args.gpus),):
             if value is not None and value < 1:
                 raise LcmoeError(f"{flag} {value} is not a positive GPU count", "e.g. --gpus 256")
         hw_arg = get_hardware(args.hardware) if args.hardware else None  # fail fast, before any heavy import
+        if args.model_config:
+            load_model_config(args.model_config)  # a catalogue entry before the YAML is read back (bad file: exit 2)
         if args.config in NAMED_RECIPES and not Path(args.config).exists():
             plan = recipe_plan(args.config)
             if args.gpus or hw_arg:  # the same recipe on another target

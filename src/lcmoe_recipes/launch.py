@@ -53,8 +53,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m lcmoe_recipes.launch",
         description="Build, validate and launch a long-context MoE training config (megatron-bridge ConfigContainer).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", nargs="?", help=f"model ({', '.join(MODELS)}; aliases such as deepseek_v3 work) "
-                                                 "or a named recipe (see --list)")
+    parser.add_argument("model", nargs="?", help=f"model ({', '.join(MODELS)}; aliases such as deepseek_v3 work), "
+                                                 "a named recipe (see --list), or the path of a config.json "
+                                                 "(also --model-config PATH)")
     parser.add_argument("--seq", type=int, metavar="N", help="sequence length in tokens (seq_length), e.g. 131072")
     parser.add_argument("--gpus", type=int, metavar="N", help="GPU count (default: the named recipe's)")
     parser.add_argument("--hardware", metavar="NAME", help=f"GPU type: {', '.join(HARDWARE)} (default: the recipe's)")
@@ -134,8 +135,10 @@ def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware:
     Raises:
         LcmoeError: missing/unknown model, no matching named recipe, or a precision the hardware lacks.
     """
+    model = model or getattr(wishes, "model_config", None)
     if not model:
-        raise LcmoeError("no MODEL given", f"give one of {', '.join(MODELS)} with --seq N, or --list")
+        raise LcmoeError("no MODEL given", f"give one of {', '.join(MODELS)} with --seq N, --model-config PATH, "
+                         "or --list")
     if model in NAMED_RECIPES:
         recipe = NAMED_RECIPES[model]
         if (seq, gpus, hardware) != (None, None, None):

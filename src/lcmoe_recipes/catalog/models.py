@@ -401,3 +401,17 @@ def get_model(name: str) -> ModelSpec:
     if looks_like_path(name):
         return load_model_config(name)
     return lookup(name, MODELS, _ALIASES, "model")
+
+
+def match_model(num_layers: int, num_moe_experts: int | None, hidden_size: int, num_attention_heads: int,
+                vocab_size: int) -> ModelSpec | None:
+    """The catalogue entry (shipped or registered user entry) with these architecture numbers -- how a
+    ConfigContainer, which does not name its model, is read back (:func:`lcmoe_recipes.emit.plan_from_config`).
+    None when no entry matches. ``vocab_size`` may be padded by Megatron (a multiple of 128·TP): it matches
+    when it is the entry's vocabulary rounded up."""
+    for spec in (*MODELS.values(), *_USER.values()):
+        if ((spec.num_layers, spec.num_moe_experts, spec.hidden_size, spec.num_attention_heads)
+                == (num_layers, num_moe_experts or 0, hidden_size, num_attention_heads)
+                and spec.vocab_size <= vocab_size < spec.vocab_size + 128 * 64):
+            return spec
+    return None

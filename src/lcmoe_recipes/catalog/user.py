@@ -6,8 +6,9 @@ file, the bad key and the fix -- when it is missing, is not JSON, is not an obje
 names an architecture the installed megatron-bridge cannot build (the message lists those it can:
 :func:`lcmoe_recipes.catalog.architectures.supported_architectures`).
 
-The entry's key is ``user_<name>_<first 8 hex of the SHA-1 of the values>``: the same values always give the same
-key, and two different files never share one.
+The entry's key is ``user_<name>_<first 8 hex of the SHA-1 of the values>`` (the name from ``_name_or_path`` or
+``model_type``): the same values always give the same key, wherever the file lies, and two different files never
+share one.
 """
 
 from __future__ import annotations
@@ -117,8 +118,9 @@ def check_values(values: dict[str, Any], where: str) -> None:
                                "fix num_attention_heads / num_key_value_heads")
 
 
-def _slug(values: dict[str, Any], file: Path | None) -> str:
-    name = str(values.get("_name_or_path") or (file.parent.name if file else "") or values.get("model_type") or "model")
+def _slug(values: dict[str, Any]) -> str:
+    """A readable name from the values alone (so the key does not depend on where the file lies)."""
+    name = str(values.get("_name_or_path") or values.get("model_type") or "model")
     return re.sub(r"[^a-z0-9]+", "_", name.rsplit("/", 1)[-1].lower()).strip("_")[:40] or "model"
 
 
@@ -130,7 +132,7 @@ def spec_from_values(values: dict[str, Any], where: str = "the model config", fi
     """
     check_values(values, where)
     digest = hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
-    slug = _slug(values, file)
+    slug = _slug(values)
     key = f"user_{slug}_{digest}"
     display = f"{slug} ({values['architectures'][0]}, {file or 'config values'})"
     return register(ModelSpec(key, display, str(file or "(user config)"), values=dict(values)))

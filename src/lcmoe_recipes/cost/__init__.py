@@ -13,11 +13,15 @@ HBM_MARGIN = 0.95  # plan to at most 95% of HBM: the allocator's fragmentation a
 
 def memory_findings(plan: Plan) -> list[Finding]:
     """An error when the predicted peak on the most loaded rank exceeds HBM_MARGIN of the GPU's HBM; a warning
-    for models whose memory the model is known to under-predict (gated DeltaNet: Qwen3-Next)."""
+    for models whose memory the model is known to under-predict (gated DeltaNet: Qwen3-Next), and one per model
+    feature the cost model does not price (``model/feature-not-modelled``, saying what it assumes instead)."""
     mem = estimate_memory(plan)
     hw = plan.hardware_spec
     limit = HBM_MARGIN * hw.hbm_bytes
-    out = []
+    out = [Finding("warning", "model/feature-not-modelled",
+                   f"{plan.model_spec.display}: {what} (config.json '{key}') is not priced by the cost model",
+                   f"it assumes {assumed}; measure a short run before trusting the memory and step predictions")
+           for key, what, assumed in plan.model_spec.unmodelled_features]
     if plan.model_spec.gated_delta_net:
         out.append(Finding("warning", "memory/uncalibrated",
                            f"the memory model is not calibrated for {plan.model_spec.display}'s gated DeltaNet layers: "

@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 from ..catalog import MODELS, Hardware, get_hardware
+from ..catalog.models import match_model
 from ..checks import Finding, check_plan, raise_for_errors
 from ..errors import InfeasibleConfig, UnknownName
 from ..layout import ParallelLayout
@@ -79,13 +80,16 @@ def build_config(plan: Plan, validate: bool = True, quiet: bool = False):
     if plan.mtp_num_layers:
         m.mtp_loss_scaling_factor = 0.1  # DeepSeek-V3 paper §4.2 (lambda = 0.1 for the first 10T tokens)
 
-    # MoE dispatcher; shared-expert overlap is incompatible with the flex dispatcher.
-    m.moe_token_dispatcher_type = plan.moe_token_dispatcher_type
-    m.moe_flex_dispatcher_backend = plan.moe_flex_dispatcher_backend
-    if plan.moe_token_dispatcher_type == "flex":
-        m.moe_shared_expert_overlap = False
-    m.moe_grouped_gemm = True
-    m.moe_permute_fusion = True
+    # MoE dispatcher (MoE models only); shared-expert overlap is incompatible with the flex dispatcher.
+    if spec.is_moe:
+        m.moe_token_dispatcher_type = plan.moe_token_dispatcher_type
+        m.moe_flex_dispatcher_backend = plan.moe_flex_dispatcher_backend
+        if plan.moe_token_dispatcher_type == "flex":
+            m.moe_shared_expert_overlap = False
+        m.moe_grouped_gemm = True
+        m.moe_permute_fusion = True
+    if lay.cp > 1:  # how softmax attention exchanges K/V over CP (lcmoe_recipes.rules.cp.choose_cp_comm_type)
+        m.cp_comm_type = plan.cp_comm_type
 
     # Recompute.
     m.recompute_granularity = plan.recompute_granularity
@@ -187,16 +191,18 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
     """Read a ConfigContainer (ours, upstream's or a user's) back into a Plan, so the same checks run on it.
 
     Raises:
-        UnknownName: the model is not in our catalogue (matched by layer count, experts and hidden size).
+        UnknownName: the model is not in our catalogue, nor a registered config.json (matched by layer count,
+            experts, hidden size, heads and vocabulary).
     """
     m = cfg.model
     hw = hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
-    model_key = next((spec.key for spec in MODELS.values() if (spec.num_layers, spec.num_moe_experts, spec.hidden_size)
-                      == (m.num_layers, m.num_moe_experts, m.hidden_size)), None)
-    if model_key is None:
+    spec = match_model(m.num_layers, m.num_moe_experts, m.hidden_size, m.num_attention_heads, m.vocab_size)
+    if spec is None:
         raise UnknownName(f"the config's model (num_layers={m.num_layers}, num_moe_experts={m.num_moe_experts}, "
-                          f"hidden_size={m.hidden_size}) is not in the catalogue",
-                          f"supported: {', '.join(s.display for s in MODELS.values())}")
+                          f"hidden_size={m.hidden_size}, vocab_size={m.vocab_size}) is not in the catalogue",
+                          "give its config.json with --model-config PATH, or use one of: "
+                          + ", ".join(s.display for s in MODELS.values()))
+    model_key = spec.key
     etp = m.expert_tensor_parallel_size
     layout = ParallelLayout(world=world_size, tp=m.tensor_model_parallel_size, pp=m.pipeline_model_parallel_size,
                             cp=m.context_parallel_size, ep=m.expert_model_parallel_size,
@@ -222,7 +228,19 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         cuda_graph_impl=m.cuda_graph_impl or "none", cuda_graph_modules=tuple(graphs or ()),
         sequence_parallel=bool(m.sequence_parallel), mtp_num_layers=m.mtp_num_layers or 0,
         variable_length=_variable_length(cfg), etp_unset=etp is None,
+        cp_comm_type=_cp_comm_type(m.cp_comm_type),
     )
+
+
+def _cp_comm_type(value: Any) -> str:
+    """megatron-core's ``cp_comm_type`` (a string, or one per layer) as one string: the per-layer list's value when
+    every layer agrees, else its first entry."""
+    if value is None:
+        return "p2p"
+    if isinstance(value, str):
+        return value
+    values = list(value)
+    return str(values[0]) if values else "p2p"
 
 
 def _variable_length(cfg) -> bool:

@@ -33,8 +33,11 @@ def target_meta(plan, overrides=()) -> dict[str, Any]:
         plan: the :class:`lcmoe_recipes.plan.Plan` the config was built from.
         overrides: the Hydra overrides applied after building (strings, in order).
     """
-    return {"recipe": plan.name, "model": plan.model, "seq_length": plan.seq_length, "world_size": plan.layout.world,
+    meta = {"recipe": plan.name, "model": plan.model, "seq_length": plan.seq_length, "world_size": plan.layout.world,
             "hardware": plan.hardware_spec.key, "overrides": list(overrides)}
+    if plan.model_spec.is_user_config:  # a user's config.json travels with the YAML (the cluster may lack the file)
+        meta["model_config"] = plan.model_spec.config
+    return meta
 
 
 def target_of(cfg) -> dict[str, Any]:
@@ -70,7 +73,12 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         raise LcmoeError(f"config file '{path}' does not exist", "give the YAML written by `launch --dry-run --output`")
     with open(path, encoding="utf-8") as handle:
         first = handle.readline()
-    return json.loads(first[len(_MARK):]) if first.startswith(_MARK) else {}
+    meta = json.loads(first[len(_MARK):]) if first.startswith(_MARK) else {}
+    if isinstance(meta.get("model_config"), dict):  # a user's config.json: register it under the header's key
+        from ..catalog.user import spec_from_values
+
+        meta["model"] = spec_from_values(meta["model_config"], f"the header of '{path}'").key
+    return meta
 
 
 def read_yaml(path: str | os.PathLike):

@@ -71,6 +71,9 @@ class Plan:
         grad_dtype: main-gradient buffer dtype, "fp32" (``grad_reduce_in_fp32``) or "bf16".
         moment_dtype: Adam moment dtype ("fp32", or "bf16" with the precision-aware optimizer).
         moe_ep_overlap: ``overlap_moe_expert_parallel_comm`` (EP all-to-all hidden behind compute).
+        cp_comm_type: how softmax attention exchanges K/V over CP (megatron-core's field): "p2p" (ring, the
+            default), "a2a" (heads <-> sequence all-to-all) or "all_gather"; gated-DeltaNet layers always use their
+            own all-to-all.
         reasons: knob name -> :class:`Reason`.
     """
 
@@ -102,6 +105,7 @@ class Plan:
     grad_dtype: str = "fp32"
     moment_dtype: str = "fp32"
     moe_ep_overlap: bool = False
+    cp_comm_type: str = "p2p"
     reasons: dict[str, Reason] = field(default_factory=dict, compare=False)
 
     @property
@@ -138,6 +142,7 @@ REASON_FIELDS: dict[str, tuple[str, ...]] = {
     "cuda_graphs": ("cuda_graph_impl", "cuda_graph_modules"),
     "global_batch_size": ("global_batch_size", "micro_batch_size", "seq_length", "layout"),
     "sequence_parallel": ("sequence_parallel", "layout"),
+    "cp_comm_type": ("cp_comm_type", "layout"),
 }
 
 

@@ -11,7 +11,11 @@ SOURCE = ("moe-long-context skill ('CUDA graphs need static shapes'; Qwen3-235B 
 
 
 def choose_cuda_graphs(hw: Hardware, variable_length: bool, granularity: str | None,
-                       modules: tuple[str, ...], backend: str | None) -> tuple[tuple[str, tuple[str, ...]], Reason]:
+                       modules: tuple[str, ...], backend: str | None,
+                       is_moe: bool = True) -> tuple[tuple[str, tuple[str, ...]], Reason]:
+    if not is_moe:
+        return ("none", ()), Reason("no CUDA graphs: a dense model has no MoE router / dispatcher scopes to capture, "
+                                    "and no published long-context config graphs one", SOURCE)
     if variable_length:
         return ("none", ()), Reason("no CUDA graphs: variable-length batches change shapes every step", SOURCE)
     if granularity == "full":
