@@ -12,7 +12,8 @@ machine it runs on in four places that say nothing about the config itself:
    router fusion, CUDA graphs) -> in the light environment (no TE here), the cluster container's TE version
    :data:`TARGET_TE_VERSION`; with TE installed, the installed version is used unchanged;
 4. in the light environment only: TE's fused-permutation kernels (``moe_utils.fused_permute`` and friends, ``None``
-   without TE, checked when ``moe_permute_fusion=True``) and TE's ``FusedAdam`` signature (imported by
+   without TE, checked when ``moe_permute_fusion=True``), TE's fused RoPE kernels (``rope_utils.fused_apply_rotary_pos_emb``
+   and ``_thd``, checked when ``apply_rope_fusion=True``, which e.g. the Llama bridge sets) and TE's ``FusedAdam`` signature (imported by
    ``OptimizerConfig`` for the precision-aware optimizer) -> answered by placeholders that exist for the duration
    of the check and raise if anything tries to run them.
 
@@ -36,8 +37,13 @@ from .stack import te_installed
 # megatron-core 0.19.2 / torch 2.14 (requirements/te.txt). Override with LCMOE_TARGET_TE_VERSION.
 TARGET_TE_VERSION = os.environ.get("LCMOE_TARGET_TE_VERSION", "2.20.2")
 
-_FUSED_PERMUTE_NAMES = ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
-                        "fused_sort_chunks_by_index_with_probs", "fused_unpermute")
+# module -> TE kernels it imports (None without TE) that megatron-core's config checks only test for existence
+_TE_KERNELS = {
+    "megatron.core.transformer.moe.moe_utils": ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                                                "fused_sort_chunks_by_index_with_probs", "fused_unpermute"),
+    "megatron.core.models.common.embeddings.rope_utils": ("fused_apply_rotary_pos_emb",
+                                                          "fused_apply_rotary_pos_emb_thd"),
+}
 
 
 def _target_device_properties(hardware: Hardware):
@@ -77,8 +83,7 @@ def target_environment(hardware: Hardware, world_size: int) -> Iterator[None]:
     saved_props = torch.cuda.get_device_properties
     saved_te_version = mcore_utils._te_version
     light = not te_installed()
-    moe_utils = None
-    saved_fused: dict[str, object] = {}
+    saved_fused: dict[tuple[object, str], object] = {}
     adam_module_name = "transformer_engine.pytorch.optimizers"
     added_adam = False
     try:
@@ -86,14 +91,17 @@ def target_environment(hardware: Hardware, world_size: int) -> Iterator[None]:
         os.environ.pop("SLURM_NTASKS", None)
         torch.cuda.get_device_properties = _target_device_properties(hardware)
         if light:
+            import importlib
+
             from packaging.version import Version
-            import megatron.core.transformer.moe.moe_utils as moe_utils
 
             mcore_utils._te_version = Version(TARGET_TE_VERSION)
-            for name in _FUSED_PERMUTE_NAMES:
-                saved_fused[name] = getattr(moe_utils, name, None)
-                if saved_fused[name] is None:
-                    setattr(moe_utils, name, _target_only(name))
+            for module_name, names in _TE_KERNELS.items():
+                module = importlib.import_module(module_name)
+                for name in names:
+                    saved_fused[(module, name)] = getattr(module, name, None)
+                    if saved_fused[(module, name)] is None:
+                        setattr(module, name, _target_only(name))
             if adam_module_name not in sys.modules:
                 stand_in = ModuleType(adam_module_name)
                 stand_in.FusedAdam = _FusedAdamSignature
@@ -104,8 +112,8 @@ def target_environment(hardware: Hardware, world_size: int) -> Iterator[None]:
         torch.cuda.get_device_properties = saved_props
         if light:
             mcore_utils._te_version = saved_te_version
-            for name, value in saved_fused.items():
-                setattr(moe_utils, name, value)
+            for (module, name), value in saved_fused.items():
+                setattr(module, name, value)
             if added_adam:
                 sys.modules.pop(adam_module_name, None)
         os.environ.clear()
