@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from .catalog import MODELS, get_hardware, get_model
 from .checks import check_plan
 from .cost import HBM_MARGIN, estimate_memory, estimate_step
-from .cost.memory import MemoryBreakdown
+from .cost.memory import GDN_MEASURED_RATIOS, MemoryBreakdown
 from .cost.shapes import shapes
 from .cost.step import StepEstimate
 from .errors import InfeasibleConfig
@@ -160,9 +160,10 @@ def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str
 
 
 MEMORY_FIX = "use more GPUs, a shorter seq_length, or a GPU with more HBM"
-# gated DeltaNet (Qwen3-Next): the memory model predicts 0.46-0.78 of the published peaks (docs/accuracy.md N1-N3);
-# plan such models as if the prediction were at its most optimistic measured ratio.
-UNCALIBRATED_FACTOR = 0.78
+# gated DeltaNet (Qwen3-Next): with gated DeltaNet priced from megatron-core's implementation the memory model predicts
+# 0.50-0.82 of the published peaks (was 0.46-0.78; docs/accuracy.md N1-N3, layouts and method unpublished); plan such
+# models as if the prediction were at its most optimistic measured ratio.
+UNCALIBRATED_FACTOR = GDN_MEASURED_RATIOS[1]
 
 
 def memory_limit(model, hw) -> float:

@@ -4,8 +4,9 @@ FLOPs (model FLOPs, Megatron's convention: recompute not counted; forward + back
 
 * linear layers: 6 x the parameters a token multiplies with (dense parts, its top-k routed experts, the output
   layer) per token;
-* softmax attention, causal: 3 x nq·(d_qk + d_v)·seq_length per token per layer (QK^T and AV over seq/2 keys on
-  average: 2·2·(seq/2)·nq·d forward) -- it grows with seq_length, so at long context it dominates;
+* softmax attention, causal: 6 x nq·(d_qk + d_v) x keys seen per token per layer (QK^T and AV: 2·2·keys·nq·d
+  forward), keys seen = seq_length/2 on average -- it grows with seq_length, so at long context it dominates; a
+  sliding-window layer sees at most the window (:meth:`LayerShapes.keys_seen`);
 * gated DeltaNet (chunked, chunk 64): 3 x 2·nv·(2·dk·dv + 64·(dk + dv)) per token per layer (linear in seq_length);
   its *time* is the longer of those FLOPs and the sequential chunk scan (:func:`_gdn_seconds`).
 
@@ -19,7 +20,8 @@ Overlap, stated as assumptions (Megatron features the recipes turn on or off):
 
 * TP collectives: exposed (``tp_comm_overlap`` is off in our recipes);
 * CP ring: each step overlaps the attention of the previous chunk; exposed = max(0, CP time - attention time)
-  per layer; gated-DeltaNet all-to-all: exposed;
+  per layer; all-to-all (gated DeltaNet, and softmax attention with ``cp_comm_type="a2a"``) and all-gather:
+  exposed;
 * EP dispatch / combine: exposed (no ``overlap_moe_expert_parallel_comm``), else half hidden;
 * PP send/receive: hidden with interleaving (``overlap_p2p_comm``), exposed without;
 * DP / EDP gradient reduce-scatter and parameter all-gather: hidden behind one microbatch's compute
@@ -137,7 +139,7 @@ class _RankWork:
     gemm_flops: float                               # this GPU, recompute included
     attention: tuple[tuple[float, float, int], ...]  # (attention FLOPs on this GPU, CP seconds, layers like it)
     gdn_layers: int
-    gdn_cp_seconds: float
+    exposed_cp_seconds: float
     tp_seconds: float
     ep_seconds: float
     pp_seconds: float
@@ -153,7 +155,7 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
     out = []
     per_kind: dict = {}
     for r in range(lay.pp):
-        gemm = tp = ep = gdn_cp = 0.0
+        gemm = tp = ep = exposed_cp = 0.0
         attention: dict[tuple[float, float], int] = {}
         gdn = 0
         bytes_by: dict[str, float] = {"PP": pp_t.nvlink_bytes + pp_t.scaleout_bytes}
@@ -175,18 +177,22 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
                     ep += t.seconds
                 else:
                     cp = t.seconds
-            if s.is_softmax(i):
+            if s.is_softmax(i) and plan.cp_comm_type not in ("p2p", "a2a+p2p"):
+                key = (attn * tokens * share, 0.0)  # a2a / all_gather: the exchange is not overlapped: exposed
+                attention[key] = attention.get(key, 0) + 1
+                exposed_cp += cp
+            elif s.is_softmax(i):
                 key = (attn * tokens * share, cp)
                 attention[key] = attention.get(key, 0) + 1
             else:
                 gdn += 1
-                gdn_cp += cp
+                exposed_cp += cp
                 key = (attn * tokens * share, 0.0)
                 attention[key] = attention.get(key, 0)  # GDN FLOPs are timed by _gdn_seconds
         if r == lay.pp - 1:  # output layer and MTP on the last stage
             gemm += (6 * s.embedding + plan.mtp_num_layers * (sum(_layer_flops(s, s.num_layers - 1, plan.seq_length))
                                                               + 6 * (2 * s.h * s.h + s.embedding))) * tokens * share
-        out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, gdn_cp, tp, ep,
+        out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, exposed_cp, tp, ep,
                              0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items())))
     return tuple(out)
 
@@ -203,7 +209,7 @@ def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None 
     for w in _work(plan):
         gemm = w.gemm_flops / gemm_rate
         attn = sum(n * f / attn_rate for f, _, n in w.attention) + w.gdn_layers * gdn_step
-        cp = sum(n * max(0.0, c - f / attn_rate) for f, c, n in w.attention) + w.gdn_cp_seconds
+        cp = sum(n * max(0.0, c - f / attn_rate) for f, c, n in w.attention) + w.exposed_cp_seconds
         ep = w.ep_seconds * (0.5 if plan.moe_ep_overlap else 1.0)
         t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds
         if worst is None or t_mb > worst[0]:

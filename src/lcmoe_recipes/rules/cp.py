@@ -7,7 +7,7 @@ import math
 from ..plan import Reason
 
 SHARD_TOKENS = 4096
-SOURCE = "moe-long-context skill, rule 1 'start from a 4K shard target' (seeds/moe-long-context-skill.md)"
+SOURCE = "Megatron-Bridge skill nemo-mbridge-perf-moe-long-context, rule 1 'start from a 4K shard target'"
 
 
 def cp_first_guess(seq_length: int) -> tuple[int, Reason]:
