@@ -80,11 +80,8 @@ def test_supported_list_is_megatron_bridges_registry():
 
 
 # --- a user's own config.json ---------------------------------------------------------------------------------
-MADE_UP = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "_name_or_path": "acme/made-up-moe",
-           "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 4,
-           "head_dim": 128, "num_experts": 32, "num_experts_per_tok": 4, "moe_intermediate_size": 1024,
-           "intermediate_size": 6144, "vocab_size": 65536, "max_position_embeddings": 65536,
-           "rope_theta": 1000000.0, "norm_topk_prob": True, "tie_word_embeddings": False, "hidden_act": "silu"}
+# a made-up MoE (the docs' example too: docs/models.md)
+MADE_UP = json.loads((ROOT / "tests" / "fixtures" / "made_up_moe" / "config.json").read_text())
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
              "vocab_size": 128256, "max_position_embeddings": 131072, "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
