@@ -62,7 +62,7 @@ Units: bytes; "GB" in the published measurements is 1e9 bytes (torch peak alloca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from ..plan import Plan, pipeline_stage_layers
 from .shapes import LayerShapes, shapes
@@ -125,7 +125,7 @@ class MemoryBreakdown:
     dispatcher: float = 0.0
     detail: dict[str, float] = field(default_factory=dict, compare=False)
 
-    @property
+    @cached_property
     def total(self) -> float:
         """The caching allocator's peak (what ``torch.cuda.max_memory_allocated`` measures), bytes."""
         return sum(getattr(self, n) for n in COMPONENTS)
@@ -240,24 +240,34 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
 
 def dispatcher_buffer_bytes(plan: Plan) -> float:
     """Bytes of the flex dispatcher's static buffers on one rank (outside PyTorch's allocator; module doc)."""
-    s, lay = shapes(plan.model_spec), plan.layout
-    if plan.moe_token_dispatcher_type != "flex" or not s.num_experts or lay.ep * lay.etp <= 1:
+    lay = plan.layout
+    if plan.moe_token_dispatcher_type != "flex" or lay.ep * lay.etp <= 1:
         return 0.0
-    ranks = lay.ep * lay.etp
-    if plan.moe_flex_dispatcher_backend == "deepep":
+    n = plan.micro_batch_size * plan.seq_length / lay.cp
+    local = n / lay.tp if (plan.sequence_parallel or lay.tp == 1) else n
+    return _dispatcher_bytes(plan.model, plan.moe_flex_dispatcher_backend, lay.ep * lay.etp, local)
+
+
+@lru_cache(maxsize=4096)
+def _dispatcher_bytes(model_key: str, backend: str | None, ranks: int, local_tokens: float) -> float:
+    from ..catalog import get_model
+
+    s = shapes(get_model(model_key))
+    if not s.num_experts:
+        return 0.0
+    if backend == "deepep":
         hidden = s.h * BF16
         nvl_ranks, rdma_ranks = min(ranks, DEEPEP_NVL_PEERS), max(ranks // DEEPEP_NVL_PEERS, 1)
-        nvl_recv, rdma_recv = DEEPEP_RECV.get(ranks, DEEPEP_RECV[min(DEEPEP_RECV, key=lambda r: abs(r - ranks))])
+        nearest = ranks if ranks in DEEPEP_RECV else min(DEEPEP_RECV, key=lambda r: abs(r - ranks))
+        nvl_recv, rdma_recv = DEEPEP_RECV[nearest]
         channels = DEEPEP_SMS // 2
         per_token = hidden + 8 + 128 * 8 + 128 * 4 + 128 * 4   # data, source meta, top-k idx/weights, scales
         nvl = channels * nvl_ranks * (nvl_recv * per_token + (2 * rdma_ranks + 3) * 4)
         rdma = 0 if ranks <= DEEPEP_NVL_PEERS else channels * rdma_ranks * (
             rdma_recv * 2 * (per_token + 16) + (DEEPEP_NVL_PEERS * 2 + 2) * 2 * 4)
         return float(nvl + rdma)
-    if plan.moe_flex_dispatcher_backend == "hybridep":
-        n = plan.micro_batch_size * plan.seq_length / lay.cp
-        local = n / lay.tp if (plan.sequence_parallel or lay.tp == 1) else n
-        tokens = local * ranks
+    if backend == "hybridep":
+        tokens = local_tokens * ranks
         return tokens * (s.h * BF16 + s.num_experts * FP32 + s.h / 128 * FP32)
     return 0.0
 

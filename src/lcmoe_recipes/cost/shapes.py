@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from ..catalog import ModelSpec
-from ..catalog.models import GDN, MLA, SLIDING
+from ..catalog.models import GDN, SLIDING
 
 
 @dataclass(frozen=True)
