@@ -13,7 +13,7 @@ FLOPs (model FLOPs, Megatron's convention: recompute not counted; forward + back
 Each GPU does 1/(TP·CP) of its pipeline stage's work for a microbatch. GEMM time = GEMM FLOPs / (peak at the
 recipe's precision x efficiency), attention time = attention FLOPs / (BF16 peak x attention efficiency): the
 efficiencies are the calibrated constants, one per GPU type and precision (:data:`EFFICIENCY`), fitted to the
-published throughputs (REFERENCE.md §9) by ``scripts/calibrate_step.py``. Recompute adds the forward FLOPs of the
+published throughputs (Megatron-Bridge skill nemo-mbridge-perf-moe-long-context, card.yaml; tests/published.py) by ``scripts/calibrate_step.py``. Recompute adds the forward FLOPs of the
 recomputed modules to the time.
 
 Overlap, stated as assumptions (Megatron features the recipes turn on or off):
@@ -28,7 +28,7 @@ Overlap, stated as assumptions (Megatron features the recipes turn on or off):
   (``overlap_grad_reduce`` / ``overlap_param_gather``), the rest exposed;
 * pipeline bubble: (PP - 1) / VPP microbatches;
 * optimizer CPU offload: +0.15 s per step x offloaded fraction ("optimizer offload ... 0.1-0.2 s/iter",
-  moe-optimization-workflow card, REFERENCE.md §9).
+  Megatron-Bridge skill moe-optimization-workflow, card.yaml).
 """
 
 from __future__ import annotations

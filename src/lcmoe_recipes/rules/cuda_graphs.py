@@ -7,7 +7,7 @@ from ..catalog import Hardware
 from ..plan import Reason
 
 SOURCE = ("moe-long-context skill ('CUDA graphs need static shapes'; Qwen3-235B GB200 graphs attn + moe_router + "
-          "moe_preprocess); megatron-core CUDA-graph rules (REFERENCE.md §6)")
+          "moe_preprocess); megatron-core 0.19.2 CUDA-graph rules (transformer/transformer_config.py, TransformerConfig.__post_init__; megatron-bridge 0.6.2 validate_cuda_graph_configuration)")
 
 
 def choose_cuda_graphs(hw: Hardware, variable_length: bool, granularity: str | None,

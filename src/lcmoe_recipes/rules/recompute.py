@@ -7,7 +7,7 @@ from ..catalog import ModelSpec
 from ..plan import Reason
 
 SOURCE = ("moe-long-context skill rules 3-4 (selective before full; avoid SDPA recompute at long context); "
-          "megatron-core recompute module rules (REFERENCE.md §3)")
+          "megatron-core 0.19.2 recompute modules (transformer/transformer_config.py, TransformerConfig.recompute_modules; transformer/transformer_layer.py)")
 
 
 def recompute_ladder(model: ModelSpec) -> list[tuple[str | None, tuple[str, ...]]]:
