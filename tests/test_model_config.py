@@ -197,7 +197,7 @@ def test_shipped_model_plans_validate_upstream(model, seq, hw, n):
     assert (cfg.model.num_layers, cfg.model.num_moe_experts, cfg.model.seq_length) == (spec.num_layers,
                                                                                        spec.num_moe_experts, seq)
     if p.layout.cp > 1:
-        assert cfg.model.cp_comm_type == p.cp_comm_type
+        assert (cfg.model.cp_comm_type or "p2p") == p.cp_comm_type
 
 
 @pytest.mark.slow

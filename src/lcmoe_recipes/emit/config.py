@@ -88,8 +88,8 @@ def build_config(plan: Plan, validate: bool = True, quiet: bool = False):
             m.moe_shared_expert_overlap = False
         m.moe_grouped_gemm = True
         m.moe_permute_fusion = True
-    if lay.cp > 1:  # how softmax attention exchanges K/V over CP (lcmoe_recipes.rules.cp.choose_cp_comm_type)
-        m.cp_comm_type = plan.cp_comm_type
+    if lay.cp > 1 and plan.cp_comm_type != "p2p":  # None (megatron-core's default) is the p2p ring
+        m.cp_comm_type = plan.cp_comm_type  # lcmoe_recipes.rules.cp.choose_cp_comm_type
 
     # Recompute.
     m.recompute_granularity = plan.recompute_granularity
