@@ -12,7 +12,7 @@ megatron-bridge on first use (~15-40 s) and say so on stderr.
 from __future__ import annotations
 
 from .checks import Finding, check_plan
-from .errors import InfeasibleConfig, LcmoeError, OverrideError, UnknownName
+from .errors import InfeasibleConfig, LcmoeError, ModelConfigError, OverrideError, UnknownName
 from .plan import Plan
 from .recipes import NAMED_RECIPES, recipe_plan
 
@@ -26,20 +26,25 @@ def build_config(plan: Plan, validate: bool = True):
     return _build(plan, validate=validate)
 
 
-def build_recipe(request, validate: bool = True):
+def build_recipe(request=None, validate: bool = True, **fields):
     """The validated ConfigContainer for any request: the planner's best layout (:func:`lcmoe_recipes.planner.plan`).
 
     Args:
-        request: a :class:`lcmoe_recipes.request.TrainingRequest`, or a dict of its fields.
+        request: a :class:`lcmoe_recipes.request.TrainingRequest`, or a dict of its fields; or None and the fields
+            as keywords, e.g. ``build_recipe(model_config="my/config.json", seq_length=32768, hardware="h100",
+            num_gpus=64)``.
 
     Raises:
-        pydantic.ValidationError: bad request fields. InfeasibleConfig: no legal layout fits (names the constraint).
+        pydantic.ValidationError: bad request fields. ModelConfigError: a bad model_config file.
+        InfeasibleConfig: no legal layout fits (names the constraint).
     """
     from .planner import plan
     from .request import TrainingRequest
 
-    if not isinstance(request, TrainingRequest):
-        request = TrainingRequest(**request)
+    if request is None:
+        request = TrainingRequest(**fields)
+    elif not isinstance(request, TrainingRequest):
+        request = TrainingRequest(**request, **fields)
     return build_config(plan(request).best.plan, validate=validate)
 
 
@@ -105,5 +110,5 @@ __all__ = [
     "dsv3_128k_h100", "dsv3_256k_h100", "qwen3_235b_128k_gb200",
     "qwen3_next_8k_gb200", "qwen3_next_32k_gb200", "qwen3_next_64k_gb200",
     "NAMED_RECIPES", "recipe_plan", "build_config", "build_recipe", "build_phases", "check_plan", "Plan", "Finding",
-    "LcmoeError", "InfeasibleConfig", "OverrideError", "UnknownName",
+    "LcmoeError", "InfeasibleConfig", "ModelConfigError", "OverrideError", "UnknownName",
 ]

@@ -17,7 +17,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from .catalog import HARDWARE, get_hardware
+from .catalog import HARDWARE, get_hardware, load_model_config
 from .checks import Finding
 from .checks.feasibility import layout_is_legal
 from .checks.known_issues import catalogue_rows, stack_versions
@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--known-issues", action="store_true", help="list the known upstream bugs (id, severity, "
                         "affected versions, whether the installed or --container-image versions are affected, "
                         "source) and exit")
+    parser.add_argument("--model-config", metavar="PATH", help="the config.json of the YAML's model when it is not "
+                        "in the catalogue and the YAML has no lcmoe_recipes header carrying it")
     args = parser.parse_args(argv)
     if args.known_issues:
         return list_known_issues(args.container_image)
@@ -115,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             if value is not None and value < 1:
                 raise LcmoeError(f"{flag} {value} is not a positive GPU count", "e.g. --gpus 256")
         hw_arg = get_hardware(args.hardware) if args.hardware else None  # fail fast, before any heavy import
+        if args.model_config:
+            load_model_config(args.model_config)  # a catalogue entry before the YAML is read back (bad file: exit 2)
         if args.config in NAMED_RECIPES and not Path(args.config).exists():
             plan = recipe_plan(args.config)
             if args.gpus or hw_arg:  # the same recipe on another target

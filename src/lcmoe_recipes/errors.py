@@ -31,6 +31,11 @@ class UnknownName(LcmoeError):
     """An unknown model, hardware, recipe or precision name."""
 
 
+class ModelConfigError(LcmoeError):
+    """A model config.json that cannot be used: missing, not JSON, not an object, a missing or bad key, or an
+    architecture megatron-bridge cannot build (the fix lists those it can)."""
+
+
 class InfeasibleConfig(LcmoeError):
     """A plan or ConfigContainer that breaks a rule (ours or Megatron's). ``findings`` holds every error found."""
 

@@ -24,6 +24,7 @@ def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
         "layout": lay.describe(),
         "pipeline_model_parallel_layout": plan.pipeline_model_parallel_layout or "even split (no pipeline)",
         "cp": str(lay.cp),
+        "cp_comm_type": plan.cp_comm_type if lay.cp > 1 else f"{plan.cp_comm_type} (unused at CP=1)",
         "precision": f"{plan.precision} ({PRECISIONS.get(plan.precision, plan.precision)})",
         "dispatcher": plan.moe_token_dispatcher_type + (f" + {plan.moe_flex_dispatcher_backend}"
                                                          if plan.moe_flex_dispatcher_backend else ""),

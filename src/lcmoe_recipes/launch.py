@@ -54,8 +54,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m lcmoe_recipes.launch",
         description="Build, validate and launch a long-context MoE training config (megatron-bridge ConfigContainer).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", nargs="?", help=f"model ({', '.join(MODELS)}; aliases such as deepseek_v3 work) "
-                                                 "or a named recipe (see --list)")
+    parser.add_argument("model", nargs="?", help=f"model ({', '.join(MODELS)}; aliases such as deepseek_v3 work), "
+                                                 "a named recipe (see --list), or the path of a config.json "
+                                                 "(also --model-config PATH)")
     parser.add_argument("--seq", type=int, metavar="N", help="sequence length in tokens (seq_length), e.g. 131072")
     parser.add_argument("--gpus", type=int, metavar="N", help="GPU count (default: the named recipe's)")
     parser.add_argument("--hardware", metavar="NAME", help=f"GPU type: {', '.join(HARDWARE)} (default: the recipe's)")
@@ -179,8 +180,10 @@ def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware:
         LcmoeError: missing/unknown model, a non-positive --seq/--gpus, no matching named recipe, or a precision the
             hardware lacks.
     """
+    model = model or getattr(wishes, "model_config", None)
     if not model:
-        raise LcmoeError("no MODEL given", f"give one of {', '.join(MODELS)} with --seq N, or --list")
+        raise LcmoeError("no MODEL given", f"give one of {', '.join(MODELS)} with --seq N, --model-config PATH, "
+                         "or --list")
     for flag, value, example in (("--seq", seq, "--seq 131072"), ("--gpus", gpus, "--gpus 256")):
         if value is not None and value <= 0:
             raise LcmoeError(f"{flag} {value} is not a positive number", f"e.g. {example}")

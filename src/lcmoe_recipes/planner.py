@@ -19,16 +19,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .catalog import get_hardware, get_model
+from .catalog import MODELS, get_hardware, get_model
 from .checks import check_plan
 from .cost import HBM_MARGIN, estimate_memory, estimate_step, host_findings
-from .cost.memory import MemoryBreakdown
+from .cost.memory import GDN_MEASURED_RATIOS, MemoryBreakdown
 from .cost.step import StepEstimate
 from .errors import InfeasibleConfig
 from .layout import ParallelLayout
 from .plan import Plan, Reason
 from .request import TrainingRequest
-from .rules.cp import cp_candidates, cp_first_guess
+from .rules.cp import a2a_heads_fit, cp_candidates, cp_first_guess
 from .rules.cuda_graphs import choose_cuda_graphs
 from .rules.dispatcher import choose_dispatcher
 from .rules.extension import extension_fields, with_cp_comm
@@ -82,12 +82,14 @@ def enumerate_layouts(request: TrainingRequest) -> list[ParallelLayout]:
     cps = cp_candidates(seq, world)
     # variable-length batches with PP > 1 deadlock or swap shapes (Megatron-LM #5100, docs/known_issues.md)
     pps = [1] if request.variable_length else [p for p in (1, 2, 4, 8, 16) if 2 * p <= model.num_layers]
-    eps = [e for e in (1, 2, 4, 8, 16, 32, 64, 128, 256) if model.num_moe_experts % e == 0]
+    eps = [e for e in (1, 2, 4, 8, 16, 32, 64, 128, 256) if model.num_moe_experts % e == 0] if model.is_moe else [1]
     out = []
     for tp in [request.tp] if request.tp else tps:
         for cp in [request.cp] if request.cp else cps:
             if model.gated_delta_net and any(h % (tp * cp) for h in model.linear_num_heads):
                 continue
+            if model.attention_sinks and cp > 1 and not a2a_heads_fit(model, tp, cp):
+                continue  # sinks need the a2a CP exchange, which splits heads over CP
             for pp in [request.pp] if request.pp else pps:
                 if world % (tp * pp * cp):
                     continue
@@ -101,7 +103,7 @@ def enumerate_layouts(request: TrainingRequest) -> list[ParallelLayout]:
 
 def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str, int]) -> Candidate | None:
     model, hw = get_model(request.model), get_hardware(request.hardware)
-    (dispatcher, backend), why_dispatch = choose_dispatcher(hw, layout, request.dispatcher)
+    (dispatcher, backend), why_dispatch = choose_dispatcher(hw, layout, request.dispatcher, model.is_moe)
     precision, why_precision = choose_precision(model, hw, request.precision)
     try:
         common, why_common = extension_fields(model, hw, request.seq_length, layout, precision, request.run_options())
@@ -143,7 +145,8 @@ def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str
                 "dispatcher": why_dispatch, "precision": why_precision,
                 "recompute": recompute_reason(level, len(ladder), granularity, modules),
                 "optimizer_cpu_offload": offload_reason(fraction),
-                "cuda_graphs": choose_cuda_graphs(hw, request.variable_length, granularity, modules, backend)[1],
+                "cuda_graphs": choose_cuda_graphs(hw, request.variable_length, granularity, modules, backend,
+                                                  model.is_moe)[1],
             }
             plan = with_cp_comm(plan.with_changes(reasons=reasons))
             return Candidate(plan, memory, estimate_step(plan))
@@ -152,9 +155,10 @@ def _plan_for(request: TrainingRequest, layout: ParallelLayout, reject: dict[str
 
 
 MEMORY_FIX = "use more GPUs, a shorter seq_length, or a GPU with more HBM"
-# gated DeltaNet (Qwen3-Next): the memory model predicts 0.46-0.78 of the published peaks (docs/accuracy.md N1-N3);
-# plan such models as if the prediction were at its most optimistic measured ratio.
-UNCALIBRATED_FACTOR = 0.78
+# gated DeltaNet (Qwen3-Next): with gated DeltaNet priced from megatron-core's implementation the memory model predicts
+# 0.50-0.82 of the published peaks (was 0.46-0.78; docs/accuracy.md N1-N3, layouts and method unpublished); plan such
+# models as if the prediction were at its most optimistic measured ratio.
+UNCALIBRATED_FACTOR = GDN_MEASURED_RATIOS[1]
 
 
 def memory_limit(model, hw) -> float:
@@ -194,7 +198,7 @@ def _fitting_knobs(base: Plan, ladder, fractions, limit: float, hw, request):
 def _with_knobs(base: Plan, recompute: tuple, fraction: float, hw, request: TrainingRequest) -> Plan:
     granularity, modules = recompute
     (impl, graphs), _ = choose_cuda_graphs(hw, request.variable_length, granularity, modules,
-                                           base.moe_flex_dispatcher_backend)
+                                           base.moe_flex_dispatcher_backend, base.model_spec.is_moe)
     return base.with_changes(
         recompute_granularity=granularity, recompute_modules=tuple(modules),
         recompute_method="uniform" if granularity == "full" else None,
@@ -335,6 +339,8 @@ def request_arguments(parser, wishes_only: bool = False, required: bool = False)
         parser.add_argument("--hardware", metavar="NAME", required=required,
                             help="GPU type: h100, h200, b200, gb200, gb300")
         parser.add_argument("--precision", help="bf16, fp8_blockwise, fp8_cs or mxfp8 (default: by hardware)")
+    parser.add_argument("--model-config", metavar="PATH", help="your model's Hugging Face config.json (or a folder "
+                        "holding one), instead of a catalogue MODEL: any architecture megatron-bridge can build")
     parser.add_argument("--gbs", type=int, help="global batch size (default: ~4-8M tokens per step)")
     parser.add_argument("--mbs", type=int, default=1, help="micro batch size (default 1)")
     parser.add_argument("--dispatcher", help="deepep, hybridep or alltoall (default: by hardware)")
@@ -365,6 +371,17 @@ def request_from_args(model: str, seq: int, args) -> TrainingRequest:
 
     from .errors import LcmoeError
 
+    if getattr(args, "model_config", None):
+        if model and get_model(model).key != get_model(args.model_config).key:  # both given: they must agree
+            raise LcmoeError(f"MODEL '{model}' and --model-config '{args.model_config}' name different models",
+                             "give one of them")
+        model = get_model(args.model_config).key  # loads and registers the file (ModelConfigError when bad)
+    if not model:
+        raise LcmoeError("no model given", "give a catalogue MODEL or --model-config PATH")
+    from .catalog.user import looks_like_path
+
+    if looks_like_path(model):
+        model = get_model(model).key  # a config.json given as MODEL: a bad file raises ModelConfigError itself
     try:
         return TrainingRequest(model=model, seq_length=seq, hardware=args.hardware, num_gpus=args.gpus,
                                precision=args.precision, global_batch_size=args.gbs, micro_batch_size=args.mbs,
@@ -390,8 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         "length, GPU type and count: candidate layouts, per-GPU memory, exposed communication per collective, "
         "predicted step time and MFU, and why the winner won. Imports neither torch nor megatron.",
         epilog="example: python -m lcmoe_recipes.plan qwen3_235b --seq 65536 --gpus 64 --hardware gb200 --top 8")
-    parser.add_argument("model", help="a catalogue model: dsv3, qwen3_235b, qwen3_next, qwen3_30b, moonlight, "
-                        "course_moe (aliases work)")
+    parser.add_argument("model", nargs="?", help="a catalogue model (" + ", ".join(MODELS) + "; aliases work), "
+                        "or the path of a config.json; or give --model-config PATH")
     parser.add_argument("--seq", type=int, required=True, metavar="N", help="seq_length in tokens")
     request_arguments(parser, required=True)
     parser.add_argument("--top", type=int, default=5, help="candidates to show (default 5)")

@@ -8,15 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from .cost import HBM_MARGIN, estimate_memory, estimate_step
+from .cost.memory import COMPONENTS as MEMORY_PARTS  # the allocator-peak components, in order
 from .plan import Plan
 
-MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "transient", "overhead")
 TIME_PARTS = ("gemm", "attention", "tp_exposed", "cp_exposed", "ep_exposed", "pp_exposed", "dp_exposed", "bubble",
               "optimizer_offload")
 # one fixed colour per component, the same in every file
-COLOURS = dict(zip(MEMORY_PARTS + TIME_PARTS, ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860",
-                                               "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#da8bc3",
-                                               "#8c8c8c", "#ccb974", "#64b5cd"]))
+COLOURS = {**dict(zip(MEMORY_PARTS, ["#4c72b0", "#a6c8e8", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#da8bc3",
+                                     "#8c8c8c", "#937860"])),
+           **dict(zip(TIME_PARTS, ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#da8bc3", "#8c8c8c",
+                                   "#ccb974", "#64b5cd"]))}
 
 
 def _pyplot():

@@ -29,7 +29,9 @@ def format_plan(plan: Plan, warnings: list[Finding] = (), overrides: list[str] =
         ("recipe", plan.name),
         ("model", f"{model.display}: {model.num_layers} layers"
                   + (f" + {plan.mtp_num_layers} MTP" if plan.mtp_num_layers else "")
-                  + f", {model.num_moe_experts} experts top-{model.moe_router_topk}, {model.attention_kind} attention"),
+                  + (f", {model.num_moe_experts} experts top-{model.moe_router_topk}" if model.is_moe else ", dense MLP")
+                  + f", {model.attention_kind} attention"
+                  + (f" (window {model.sliding_window})" if model.sliding_window else "")),
         ("target", f"{lay.world} x {hw.display} ({nodes} nodes x {hw.gpus_per_node}, NVLink domain {hw.nvlink_domain}, "
                    f"{_gib(hw.hbm_bytes)} HBM each)"),
         ("seq_length", f"{plan.seq_length:,} tokens (model and dataset)"),

@@ -19,9 +19,13 @@ class TrainingRequest(BaseModel):
         pydantic.ValidationError: with one line per bad field, naming the valid values.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, protected_namespaces=())
 
-    model: str = Field(description="catalogue model or alias (dsv3, qwen3_235b, qwen3_next, ...)")
+    model: str = Field(description="catalogue model or alias (dsv3, qwen3_235b, qwen3_next, ...), or the path of a "
+                       "config.json; with model_config, the catalogue key of that file")
+    model_config_path: str | None = Field(default=None, alias="model_config",
+                                          description="a model's Hugging Face config.json (or a folder holding one): "
+                                          "any architecture megatron-bridge builds (lcmoe_recipes.catalog.user)")
     seq_length: int = Field(gt=0, description="tokens per sample")
     hardware: str = Field(description="h100, h200, b200, gb200 or gb300")
     num_gpus: int = Field(gt=0, description="world size")
@@ -54,6 +58,27 @@ class TrainingRequest(BaseModel):
             raise ValueError(f"unknown rope '{value}'; valid: {', '.join(ROPE_CHOICES)}")
         return value
 
+    def __init__(self, **data) -> None:
+        path = data.get("model_config", data.get("model_config_path"))
+        if path is not None:
+            get_model(str(path))  # a bad file raises ModelConfigError itself (exit 2 on the command line), not wrapped
+        super().__init__(**data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_from_config(cls, data):
+        """``model_config=PATH``: load and register the file; ``model`` becomes its catalogue key (a ``model`` given
+        as well must name the same entry)."""
+        if isinstance(data, dict):
+            path = data.get("model_config", data.get("model_config_path"))
+            if path is not None:
+                key = get_model(str(path)).key  # loads and registers; raises ModelConfigError (a ValueError)
+                if data.get("model") not in (None, key):
+                    raise ValueError(f"model {data['model']!r} and model_config {str(path)!r} name different models; "
+                                     "give one of them")
+                data = {**data, "model": key}
+        return data
+
     @field_validator("model")
     @classmethod
     def _model(cls, value: str) -> str:
@@ -77,6 +102,13 @@ class TrainingRequest(BaseModel):
         if value is not None and value not in DISPATCHER_BACKENDS:
             raise ValueError(f"unknown dispatcher '{value}'; valid: {', '.join(DISPATCHER_BACKENDS)}")
         return value
+
+    @model_validator(mode="after")
+    def _dispatcher_needs_experts(self) -> "TrainingRequest":
+        if self.dispatcher and not get_model(self.model).is_moe:
+            raise ValueError(f"dispatcher {self.dispatcher!r} requested for {get_model(self.model).display}, a dense "
+                             "model (no experts, no token dispatcher); drop --dispatcher")
+        return self
 
     @model_validator(mode="after")
     def _whole_nodes(self) -> "TrainingRequest":

@@ -133,6 +133,12 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
             add("error", "divisibility/linear-heads-tp-cp",
                 f"gated DeltaNet linear heads (key {k_heads}, value {v_heads}) do not split over TP·CP = {tp}·{cp} = {tp * cp}",
                 f"use CP={_near(ok, cp)} at TP={tp}" if ok else "lower TP")
+    # --- features: a dense model has no experts; the CP exchange of softmax attention -------------------------
+    if not model.is_moe and ep > 1:
+        add("error", "parallel/ep-dense-model", f"EP={ep} on {model.display}, which has no experts",
+            "use EP=1 (megatron-core: expert_model_parallel_size > 1 needs num_moe_experts)")
+    if cp > 1 and any(k != "gdn" for k in model.layer_attention):
+        _cp_exchange_checks(plan, model, tp, cp, add)
     if cp > 1 and plan.seq_length % (2 * cp):
         ok = [c for c in (2**i for i in range(1, 12)) if plan.seq_length % (2 * c) == 0]
         folds = [c for c in ok if world % (tp * pp * c) == 0]
@@ -321,6 +327,31 @@ STRUCTURAL = ("rank-folding", "divisibility/", "pipeline/", "batch/", "config/")
 def layout_is_legal(findings: list[Finding]) -> bool:
     """True when no finding is a structural error (:data:`STRUCTURAL`): the memory and step models apply."""
     return not any(f.severity == "error" and f.rule.startswith(STRUCTURAL) for f in findings)
+
+
+def _cp_exchange_checks(plan: Plan, model, tp: int, cp: int, add) -> None:
+    """Transformer Engine's context-parallel attention rules (context_parallel.py, attn_forward_func_with_cp and
+    AttnFuncWithCPAndQKVOA2A): sliding windows only over a2a / all_gather, learnable softmax (sinks) only over a2a,
+    and a2a splits this TP rank's query and K/V heads over CP."""
+    from ..rules.cp import a2a_heads_fit
+
+    kind = plan.cp_comm_type
+    if kind not in ("p2p", "a2a", "all_gather", "a2a+p2p"):
+        add("error", "cp/comm-type", f"cp_comm_type={kind!r}", "use p2p, a2a, all_gather or a2a+p2p")
+        return
+    if model.sliding_window and kind not in ("a2a", "all_gather"):
+        add("error", "cp/sliding-window-exchange", f"{model.display}'s sliding-window layers with CP={cp} over "
+            f"cp_comm_type={kind}: Transformer Engine runs sliding windows only over a2a or all_gather",
+            "set model.cp_comm_type=a2a (or all_gather)")
+    if model.attention_sinks and kind != "a2a":
+        add("error", "cp/attention-sinks-exchange", f"{model.display}'s learnable softmax offsets (attention sinks) "
+            f"with CP={cp} over cp_comm_type={kind}: Transformer Engine supports them only over a2a",
+            "set model.cp_comm_type=a2a")
+    if kind == "a2a" and not a2a_heads_fit(model, tp, cp):
+        ok = [c for c in (1, 2, 4, 8, 16, 32, 64) if a2a_heads_fit(model, tp, c)]
+        add("error", "divisibility/heads-cp-a2a", f"cp_comm_type=a2a splits heads over CP: {model.num_attention_heads} "
+            f"query and {model.num_query_groups} K/V heads over TP={tp} do not divide by CP={cp}",
+            f"use CP in {ok} at TP={tp}, or lower TP")
 
 
 def raise_for_errors(findings: list[Finding], what: str = "plan") -> None:

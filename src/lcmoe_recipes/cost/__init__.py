@@ -8,25 +8,42 @@ collective), step time.
 from ..checks import Finding
 from ..plan import Plan
 from .host import HOST_MARGIN, HostMemoryBreakdown, estimate_host_memory, host_findings
-from .memory import MemoryBreakdown, estimate_memory
+from .memory import GDN_MEASURED_RATIOS, MemoryBreakdown, estimate_memory
 from .step import StepEstimate, estimate_step
 
-HBM_MARGIN = 0.95  # plan to at most 95% of HBM: the allocator's fragmentation and NCCL buffers live outside the model
+# Plan the caching allocator's peak to at most 95% of HBM: the rest holds what lives outside it -- the flex
+# dispatcher's buffers (priced: MemoryBreakdown.dispatcher), NCCL's buffers, the CUDA context -- and fragmentation.
+HBM_MARGIN = 0.95
 
 
 def memory_findings(plan: Plan) -> list[Finding]:
-    """An error when the predicted peak on the most loaded rank exceeds HBM_MARGIN of the GPU's HBM; a warning
-    for models whose memory the model is known to under-predict (gated DeltaNet: Qwen3-Next)."""
+    """An error when the predicted peak on the most loaded rank exceeds HBM_MARGIN of the GPU's HBM; a warning when
+    the dispatcher's buffers (outside the allocator) take over half of the HBM left beside that peak; a warning
+    for models whose memory the model is known to under-predict (gated DeltaNet: Qwen3-Next), and one per model
+    feature the cost model does not price (``model/feature-not-modelled``, saying what it assumes instead)."""
     mem = estimate_memory(plan)
     hw = plan.hardware_spec
     limit = HBM_MARGIN * hw.hbm_bytes
-    out = []
+    out = [Finding("warning", "model/feature-not-modelled",
+                   f"{plan.model_spec.display}: {what} (config.json '{key}') is not priced by the cost model",
+                   f"it assumes {assumed}; measure a short run before trusting the memory and step predictions")
+           for key, what, assumed in plan.model_spec.unmodelled_features]
     if plan.model_spec.gated_delta_net:
         out.append(Finding("warning", "memory/uncalibrated",
                            f"the memory model is not calibrated for {plan.model_spec.display}'s gated DeltaNet layers: "
-                           "it predicts 0.46-0.78 of the published Qwen3-Next peaks (docs/accuracy.md, N1-N3)",
+                           f"it predicts {GDN_MEASURED_RATIOS[0]:.2f}-{GDN_MEASURED_RATIOS[1]:.2f} of the published "
+                           "Qwen3-Next peaks, whose layouts and measurement method are unpublished (docs/accuracy.md, "
+                           "N1-N3)",
                            "keep more headroom than the prediction suggests, or measure a short run first"))
     if mem.total <= limit:
+        reserve = hw.hbm_bytes - mem.total
+        if mem.dispatcher > reserve / 2:
+            out.append(Finding("warning", "memory/outside-allocator",
+                               f"the {plan.moe_flex_dispatcher_backend} dispatcher's buffers ({mem.dispatcher / 2**30:.1f} "
+                               f"GiB, outside PyTorch's allocator) take over half of the {reserve / 2**30:.1f} GiB of HBM "
+                               f"left beside the predicted {mem.total / 2**30:.1f} GiB peak, for NCCL, the CUDA context "
+                               "and fragmentation", "keep more headroom (raise CP or recompute more), or measure a "
+                               "short run first"))
         return out
     gib = mem.gib()
     top = max((k for k in gib if k != "total"), key=gib.get)

@@ -1,7 +1,9 @@
 """Fit the memory model's two constants to measured rows (least mean relative error), and leave-one-out checks.
 
-The fit is a grid search over (overhead, activation scale): both enter the total linearly except through the
-transient term, so each grid point re-evaluates the model exactly (:func:`lcmoe_recipes.cost.memory.estimate_memory`).
+The published peaks are torch peak *allocated* memory, so predictions compare :attr:`MemoryBreakdown.total` (the
+caching allocator's peak; the dispatcher buffers outside it are not included). The fit is a grid search over
+(overhead, activation scale): both enter linearly except through the transient term, so each grid point
+re-evaluates the model exactly (:func:`lcmoe_recipes.cost.memory.estimate_memory`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def fit(rows: Iterable[tuple[Plan, float]]) -> MemoryConstants:
     base = []
     for plan, pub in rows:
         unit = estimate_memory(plan, MemoryConstants(0.0, 1.0))
-        fixed = unit.parameters + unit.gradients + unit.optimizer + unit.detail["logits_bytes"]
+        fixed = (unit.parameters + unit.weight_cache + unit.gradients + unit.optimizer + unit.cuda_graphs
+                 + unit.workspace + unit.detail["logits_bytes"])
         base.append((fixed, unit.detail["listed_activations"], unit.detail["largest_layer"],
                      2 * unit.detail["logits_bytes"], pub))
     best = None
@@ -41,11 +44,12 @@ def fit(rows: Iterable[tuple[Plan, float]]) -> MemoryConstants:
     return best[1]
 
 
+def leave_one_out_constants(rows: dict[str, tuple[Plan, float]]) -> dict[str, MemoryConstants]:
+    """For each row: the constants fitted on all the *other* rows (their spread is the constants' uncertainty)."""
+    return {held: fit(v for k, v in rows.items() if k != held) for held in rows}
+
+
 def leave_one_out(rows: dict[str, tuple[Plan, float]]) -> dict[str, float]:
     """For each row: predicted/published with constants fitted on all the *other* rows."""
-    out = {}
-    for held in rows:
-        constants = fit(v for k, v in rows.items() if k != held)
-        plan, pub = rows[held]
-        out[held] = estimate_memory(plan, constants).total / pub
-    return out
+    return {held: estimate_memory(rows[held][0], c).total / rows[held][1]
+            for held, c in leave_one_out_constants(rows).items()}

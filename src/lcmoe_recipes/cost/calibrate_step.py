@@ -15,7 +15,8 @@ GRIDS = {"fp8": [i / 100 for i in range(10, 81)], "bf16": [i / 100 for i in rang
          "attention": [i / 100 for i in range(10, 81)], "gdn_step": [i * 1e-6 for i in range(0, 41)]}
 
 
-def _used(rows) -> set[tuple[str, str]]:
+def used_constants(rows) -> set[tuple[str, str]]:
+    """The EFFICIENCY keys some row exercises (its GPU family and precision, attention, gated-DeltaNet scan)."""
     keys = set()
     for plan, _ in rows:
         gemm = _eff_key(plan.hardware, plan.precision)
@@ -35,7 +36,7 @@ def fit(rows: list[tuple[Plan, float]], rounds: int = 4) -> dict[tuple[str, str]
     """A copy of EFFICIENCY with the constants used by ``rows`` fitted."""
     rows = list(rows)
     table = dict(EFFICIENCY)
-    keys = sorted(_used(rows))
+    keys = sorted(used_constants(rows))
     for _ in range(rounds):
         for key in keys:
             best = min(GRIDS[key[1]], key=lambda v: error(rows, {**table, key: v}))
@@ -43,9 +44,12 @@ def fit(rows: list[tuple[Plan, float]], rounds: int = 4) -> dict[tuple[str, str]
     return table
 
 
+def leave_one_out_tables(rows: dict[str, tuple[Plan, float]]) -> dict[str, dict[tuple[str, str], float]]:
+    """For each row: the efficiencies fitted on all the *other* rows (their spread is the constants' uncertainty)."""
+    return {held: fit([v for k, v in rows.items() if k != held], rounds=2) for held in rows}
+
+
 def leave_one_out(rows: dict[str, tuple[Plan, float]]) -> dict[str, float]:
-    out = {}
-    for held, (plan, pub) in rows.items():
-        table = fit([v for k, v in rows.items() if k != held], rounds=2)
-        out[held] = estimate_step(plan, table).tflops_per_gpu / pub
-    return out
+    """For each row: predicted/published TFLOP/s with efficiencies fitted on all the *other* rows."""
+    return {held: estimate_step(rows[held][0], table).tflops_per_gpu / rows[held][1]
+            for held, table in leave_one_out_tables(rows).items()}

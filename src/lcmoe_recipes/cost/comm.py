@@ -13,8 +13,10 @@ Per layer and microbatch, forward + backward:
   all-reduces.) Routed experts with ETP = 1 take their tokens from the sequence shard: no TP traffic.
 * **CP**: ring (``cp_comm_type="p2p"``, Megatron's default): each of CP-1 steps passes this rank's K and V,
   n·(K+V width)·2/TP bytes, forward; backward passes K, V and dK, dV: 3·(CP-1)·kv in all. K+V width is 2·nkv·d for
-  GQA and nq·(d_qk+d_v) for MLA (up-projected per head). Gated DeltaNet layers use all-to-all (sequence <-> heads):
-  q,k,v,gate in and the output back, forward and backward.
+  GQA and nq·(d_qk+d_v) for MLA (up-projected per head). ``a2a`` (sequence <-> heads): q, k, v in and the output
+  back, forward and backward, 2·(CP-1)/CP of them; ``all_gather``: K and V gathered forward, their gradients
+  reduce-scattered backward, 2·(CP-1)·kv. Gated DeltaNet layers always use all-to-all: q,k,v,gate in and the output
+  back, forward and backward.
 * **EP**: dispatch and combine each move the n/TP local tokens' k copies, n/TP·k·h·2 bytes, of which (EP-1)/EP
   leave the GPU (uniform routing), forward and backward: 4 transfers.
 * **PP**: each model chunk sends its output activation (n/TP·h·2 with SP) forward and receives a gradient of the
@@ -112,7 +114,17 @@ def layer_transfers(plan: Plan, layer: int) -> list[Transfer]:
         total = 4 * blocks * (tp - 1) / tp * n * s.h * BF16
         out.append(_transfer("TP", hw, total, where.tp_nvlink))
     if cp > 1:
-        if s.is_full_attention(layer):
+        if s.is_softmax(layer) and plan.cp_comm_type == "a2a":
+            # all-to-all (sequence <-> heads) of q, k, v in and the output back, forward and backward
+            width = s.nq * (2 * s.d_qk + s.d_v) if s.mla else (s.nq + 2 * s.nkv) * s.d_qk + s.nq * s.d_v
+            total = 2 * (cp - 1) / cp * n * width * BF16 / tp
+            out.append(_transfer("CP", hw, total, where.cp_nvlink))
+        elif s.is_softmax(layer) and plan.cp_comm_type == "all_gather":
+            # K and V all-gathered forward, their gradients reduce-scattered backward
+            width = s.nq * (s.d_qk + s.d_v) if s.mla else 2 * s.nkv * s.d_qk
+            total = 2 * (cp - 1) * n * width * BF16 / tp
+            out.append(_transfer("CP", hw, total, where.cp_nvlink))
+        elif s.is_softmax(layer):
             width = s.nq * (s.d_qk + s.d_v) if s.mla else 2 * s.nkv * s.d_qk
             inner, ring = (plan.hierarchical_cp_sizes if plan.cp_comm_type == "a2a+p2p" and plan.hierarchical_cp_sizes
                            else (1, cp))

@@ -1,31 +1,61 @@
 """Per-GPU memory of a Plan on its most loaded pipeline rank: a breakdown in bytes (GiB in the report).
 
-What is counted, for every PP rank (the largest total is reported):
+Every component but one is derived from the model, the layout and megatron-core 0.19.2's implementation (file and
+function named per component); what is left is one fitted constant, :data:`CALIBRATED` (docs/accuracy.md).
 
 * **parameters** -- bf16 (2 bytes). Dense parts (attention, norms, router, shared / dense MLP, embedding on the
   first stage, output layer on the last, MTP layers on the last) are split by TP; routed experts by EP·ETP.
   Layers per rank come from the pipeline split (:func:`lcmoe_recipes.plan.stage_decoder_layers`: the layout
   string's, else an even split).
+* **weight_cache** -- FP8 copies of the GEMM weights that Transformer Engine caches across the microbatches of a
+  step (megatron-core ``extensions/transformer_engine.py``: ``TELinear.forward`` passes ``is_first_microbatch``, so
+  TE quantises each weight once per step and keeps it), row-wise and column-wise: 2 bytes per weight, for FP8
+  recipes whose parameters stay bf16 (``fp8_blockwise``: megatron-bridge 0.6.2 ``mixed_precision.py``,
+  ``bf16_with_fp8_subchannel_scaling_mixed`` sets ``fp8_param_gather=False``). With ``fp8_param_gather`` (fp8_cs,
+  mxfp8) the parameters themselves are FP8 and there is no second copy: counted as bf16-sized parameters.
 * **gradients** -- one main-gradient buffer per parameter, fp32 (``grad_reduce_in_fp32``) or bf16. The
   distributed optimizer does not shard it.
 * **optimizer state** -- fp32 master weights plus two Adam moments (fp32, or bf16 with the precision-aware
   optimizer), sharded by the distributed optimizer over DP·CP (dense) and EDP (experts); the CPU-offloaded fraction
   ``optimizer_offload_fraction`` leaves the GPU.
-* **activations** -- the tensors each layer keeps for its backward pass, listed by name in :func:`layer_activations`
-  (bytes per layer per microbatch) with the recompute module that drops each one; times the microbatch-chunks in
-  flight on that rank (1F1B: PP - rank; interleaved: megatron-core's warm-up count, ``schedules.py``); plus the
-  loss logits on the last stage. Tokens per rank: MBS·seq_length/CP; tensors in the sequence-sharded regions are
-  also divided by TP (sequence parallel), the rest by TP through the heads / hidden split.
+* **activations** -- the tensors each layer keeps for its backward pass, listed by name and by attention kind in
+  :func:`layer_activations` (bytes per layer per microbatch) with the recompute module that drops each one; times
+  the microbatch-chunks in flight on that rank (1F1B: PP - rank; interleaved: megatron-core's warm-up count,
+  ``pipeline_parallel/schedules.py``); plus the loss logits on the last stage. Tokens per rank: MBS·seq_length/CP;
+  tensors in the sequence-sharded regions are also divided by TP (sequence parallel), the rest by TP through the
+  heads / hidden split. Scaled by the fitted ``activation_scale`` (the list over-counts slightly: some tensors are
+  views or freed early).
 * **transient** -- the largest extra live at the peak: the fp32 logit gradient on the last stage, or one layer's
   activations being recomputed / its gradients in flight.
-* **overhead** -- a constant: workspaces (cuBLAS, TE), dispatcher buffers, allocator slack.
+* **cuda_graphs** -- Transformer Engine graphs (``cuda_graph_impl="transformer_engine"``) give every captured layer a
+  static input per microbatch in flight, reused once that microbatch's backward is done (megatron-core
+  ``transformer/cuda_graphs.py``, ``TECudaGraphHelper._get_sample_arguments``), and with TE >= 2.7 megatron-core
+  asks ``make_graphed_callables`` to reuse input/output buffers between graphs
+  (``_reuse_graph_input_output_buffers``). The captured modules save their input in that static buffer, so for
+  microbatches in flight it *is* the layer input already counted as an activation, and the tensors they save live
+  in the graph pool instead of the caching allocator (counted as activations too). The extra is one static input
+  and one static output per captured segment kind (attn, the MoE router/preprocess, the dense MLP, or the whole
+  layer). Full-iteration graphs put the whole step in one pool: priced as the eager step.
+* **workspace** -- cuBLAS workspaces: Transformer Engine's 32 MiB per GEMM stream on SM >= 9 (one, plus four for
+  grouped GEMMs: ``pytorch/cpp_extensions/gemm.py``, ``get_cublas_workspace_size_bytes`` / ``get_cublas_workspace``,
+  and ``common/util/multi_stream.cpp``'s four compute streams) and PyTorch's own 32 MiB.
+* **overhead** -- the fitted remainder: what the caching allocator holds that none of the above names (the loss
+  and its fp32 reductions, rotary tables, MoE auxiliary-loss tensors, per-step temporaries of the distributed
+  optimizer, allocator rounding).
+* **dispatcher** -- the static all-to-all buffers of the flex dispatcher's backends, allocated outside PyTorch's
+  caching allocator (so not in ``torch.cuda.max_memory_allocated``, but in HBM): DeepEP's NVLink and RDMA buffers,
+  sized by ``Config.get_nvl_buffer_size_hint`` / ``get_rdma_buffer_size_hint`` with the dispatch/combine configs of
+  ``Buffer.get_dispatch_config`` / ``get_combine_config`` for the EP size (DeepEP ``csrc/legacy/config.hpp``,
+  ``deep_ep/buffers/legacy.py``; hidden bytes h·2 as megatron-core ``fused_a2a.get_hidden_bytes``); HybridEP's
+  shared dispatch/combine buffer for the worst case of every token of the EP group landing on one rank
+  (``max_num_of_tokens_per_rank`` = this rank's tokens x EP; tokens x h bf16 + tokens x experts fp32 probabilities +
+  tokens x h/128 fp32 scales: DeepEP hybrid-ep ``csrc/hybrid_ep/buffer/intranode.cu``,
+  ``NVLCoordinator::allocate_dispatch_buffers``; megatron-core ``fused_a2a.init_hybrid_ep_buffer`` sizes it from
+  the first dispatch). The alltoall dispatcher uses NCCL and keeps nothing static.
 
-Two constants are calibrated (:data:`CALIBRATED`, fitted by :mod:`lcmoe_recipes.cost.calibrate` to the documented
-rows M1-M6, Q1-Q6 of ``../shared/REFERENCE.md`` §10 and checked leave-one-out in ``tests/test_memory_accuracy.py``):
-the overhead, and one scale on the listed activation tensors (below 1: the list over-counts what Megatron keeps --
-some tensors are views, freed early or fused away). Everything else is derived from the model, the layout and
-Megatron's rules. The loss keeps :data:`LOGIT_COPIES` fp32 logit-sized tensors alive at its peak (the softmax and
-its gradient), not fitted.
+``total`` (every component but the dispatcher buffers) is the caching allocator's peak -- what the published peaks
+measure (torch peak allocated) and what the checks hold to ``HBM_MARGIN`` of HBM; ``hbm_total`` adds the dispatcher
+buffers, which must fit in the rest of HBM beside NCCL's buffers and the CUDA context.
 
 Units: bytes; "GB" in the published measurements is 1e9 bytes (torch peak allocated).
 """
@@ -33,21 +63,31 @@ Units: bytes; "GB" in the published measurements is 1e9 bytes (torch peak alloca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from ..plan import Plan, stage_decoder_layers
 from .shapes import LayerShapes, shapes
 
 BF16, FP32 = 2, 4
 LOGIT_COPIES = 2  # fp32 logit-sized tensors alive at the loss peak: the softmax and its gradient
+FP8_CACHED = ("fp8_blockwise",)  # precisions whose bf16 weights get TE FP8 copies (fp8_param_gather=False)
+TE_WORKSPACE = 32 * 2**20 + 1024  # bytes per TE cuBLAS workspace on SM >= 9
+TE_WORKSPACES = 1 + 4             # one for plain GEMMs, four for grouped GEMMs (TE's compute streams)
+TORCH_WORKSPACE = 32 * 2**20      # PyTorch's cuBLAS workspace (SM >= 9)
+GDN_CHUNK = 64                    # FLA chunk size of the gated-delta-rule kernels (chunk_gated_delta_rule)
+DEEPEP_SMS = 20                   # megatron-core's default moe_deepep_num_sms (Buffer.num_sms)
+DEEPEP_NVL_PEERS = 8              # DeepEP's NUM_MAX_NVL_PEERS
+# DeepEP Buffer.get_dispatch_config / get_combine_config: EP size -> (NVL recv tokens, RDMA recv tokens) per channel
+DEEPEP_RECV = {2: (256, 128), 4: (256, 128), 8: (256, 128), 16: (288, 128), 24: (288, 128), 32: (288, 128),
+               48: (288, 128), 64: (288, 128), 96: (480, 128), 128: (560, 128), 144: (720, 128), 160: (720, 128)}
 
 
 @dataclass(frozen=True)
 class MemoryConstants:
-    """The two calibrated constants of the memory model.
+    """The fitted constants of the memory model.
 
     Attributes:
-        overhead_bytes: fixed per-GPU bytes (workspaces, dispatcher buffers, allocator slack).
+        overhead_bytes: fixed per-GPU bytes nothing else names (see the module doc, **overhead**).
         activation_scale: multiplier on the listed activation tensors.
     """
 
@@ -55,13 +95,23 @@ class MemoryConstants:
     activation_scale: float
 
 
-# Fitted 2026-11-30 by `python scripts/calibrate_memory.py` (least mean |predicted/published - 1| over M1-M6, Q1-Q6).
-CALIBRATED = MemoryConstants(overhead_bytes=4.0e9, activation_scale=0.66)
+# Fitted by `python scripts/calibrate_memory.py` (least mean |predicted/published - 1| over M1-M6, Q1-Q6).
+CALIBRATED = MemoryConstants(overhead_bytes=3.8e9, activation_scale=0.82)
+
+# Predicted / published peak of the three Qwen3-Next rows (docs/accuracy.md, N1-N3: layout unpublished, measurement
+# method unknown) with gated DeltaNet priced from megatron-core's implementation: the range the memory/uncalibrated
+# warning quotes and the planner's safety factor (lcmoe_recipes.planner.UNCALIBRATED_FACTOR). A test recomputes it.
+GDN_MEASURED_RATIOS = (0.50, 0.82)
+
+# What the caching allocator holds at the peak (sums to ``total``); ``dispatcher`` lives outside it.
+COMPONENTS = ("parameters", "weight_cache", "gradients", "optimizer", "activations", "transient", "cuda_graphs",
+              "workspace", "overhead")
 
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes per component on one pipeline rank; ``total`` is their sum."""
+    """Bytes per component on one pipeline rank: :data:`COMPONENTS` sum to ``total`` (the caching allocator's peak);
+    ``dispatcher`` (outside the allocator) adds to it in ``hbm_total``."""
 
     pp_rank: int
     parameters: float
@@ -70,24 +120,91 @@ class MemoryBreakdown:
     activations: float
     transient: float
     overhead: float
+    weight_cache: float = 0.0
+    cuda_graphs: float = 0.0
+    workspace: float = 0.0
+    dispatcher: float = 0.0
     detail: dict[str, float] = field(default_factory=dict, compare=False)
 
-    @property
+    @cached_property
     def total(self) -> float:
-        return self.parameters + self.gradients + self.optimizer + self.activations + self.transient + self.overhead
+        """The caching allocator's peak (what ``torch.cuda.max_memory_allocated`` measures), bytes."""
+        return sum(getattr(self, n) for n in COMPONENTS)
+
+    @property
+    def hbm_total(self) -> float:
+        """``total`` plus the dispatcher buffers outside the allocator, bytes."""
+        return self.total + self.dispatcher
 
     def gib(self) -> dict[str, float]:
-        """Components in GiB (2**30 bytes)."""
-        names = ("parameters", "gradients", "optimizer", "activations", "transient", "overhead", "total")
-        return {n: getattr(self, n) / 2**30 for n in names}
+        """:data:`COMPONENTS` and their total in GiB (2**30 bytes); the dispatcher buffers are not among them."""
+        return {n: getattr(self, n) / 2**30 for n in (*COMPONENTS, "total")}
+
+
+def _softmax_attention(s: LayerShapes, n: float, tp: int, out: dict) -> None:
+    """Softmax attention (MLA, GQA full or sliding window): what it keeps for backward.
+
+    GQA (megatron-core ``transformer/attention.py``, ``SelfAttention``; TE ``DotProductAttention``): the fused
+    linear_qkv output (nq + 2·nkv heads; its v is a view the attention saves), one more q and k after the q/k norm
+    and RoPE, the attention output (saved by linear_proj) and the fp32 log-sum-exp -- never the s x s scores (flash /
+    fused attention). The same with a sliding window (TE keeps the same tensors; only the FLOPs shrink), and with
+    context parallelism: the p2p ring saves the last received K/V buffer in place of this rank's own, a2a swaps
+    sequence and heads at the same size (TE ``context_parallel.py``, ``AttnFuncWithCPAndKVP2P`` /
+    ``AttnFuncWithCPAndQKVOA2A``). ``core_attn`` recompute frees only the log-sum-exp.
+    """
+    if s.mla:  # megatron-core transformer/multi_latent_attention.py, MLASelfAttention
+        if s.q_lora:
+            out["q_down_out"] = (n * s.q_lora * BF16 * 2, ())
+        out["kv_down_out"] = (n * (s.kv_lora + s.d_rope) * BF16 * 2, ())
+        out["mla_up_proj_out"] = (n * s.nq * (s.d_qk + s.d_qk + s.d_v) * BF16 / tp, ("mla_up_proj",))
+        out["qkv_rope"] = (n * s.nq * (2 * s.d_qk + s.d_v) * BF16 / tp, ("mla_up_proj",))
+    else:
+        out["qkv"] = (n * (2 * s.nq + 3 * s.nkv) * s.d_qk * BF16 / tp, ())
+        if s.out_gate:  # Qwen3-Next full attention: sigmoid output gate
+            out["attn_gate"] = (n * s.nq * s.d_v * BF16 / tp, ())
+    out["attn_out"] = (n * s.nq * s.d_v * BF16 / tp, ())
+    out["softmax_lse"] = (n * s.nq * FP32 / tp, ("core_attn",))
+
+
+def _gated_delta_net(s: LayerShapes, n: float, tp: int, out: dict) -> None:
+    """Gated DeltaNet: what megatron-core 0.19.2 ``ssm/gated_delta_net/gdn.py`` (``GatedDeltaNet.forward``) and the
+    FLA kernels it calls keep for backward, per token (the CP all-to-all hands each rank the whole sequence for 1/CP
+    of the heads: the same element count as n tokens of all heads).
+
+    * the in_proj output (q, k, v, gate z, beta, alpha: 2·nk·dk + 2·nv·dv + 2·nv), kept alive by the causal
+      convolution, which saves its input (FLA ``causal_conv1d``);
+    * the L2-normalised q and k (FLA ``l2norm`` saves its output), and the gated-delta-rule kernel's own q and k
+      -- copies repeated to nv heads when nv > nk (``repeat_interleave``), v (a contiguous copy), the fp32 chunk
+      cumulative decay g and beta, and the chunk-local WY matrix A (nv x 64 per token): FLA
+      ``ChunkGatedDeltaRuleFunction.forward`` saves q, k, v, g, beta, A (the chunk states h are recomputed in
+      backward);
+    * the gate z (a contiguous copy) and the kernel's output, saved by the gated RMSNorm;
+    * the normalised, gated output after the all-to-all back (saved by out_proj): what ``gdn_norm_out`` recompute
+      drops (``CheckpointWithoutOutput`` around ``_gated_norm_and_a2a``).
+    """
+    nk, nv, dk, dv = s.lin_nk, s.lin_nv, s.lin_dk, s.lin_dv
+    t = n / tp
+    out["gdn_in_proj_out"] = (t * (2 * nk * dk + 2 * nv * dv + 2 * nv) * BF16, ())
+    out["gdn_qk_l2norm"] = (t * 2 * nk * dk * BF16, ())
+    out["gdn_kernel_qkv"] = (t * ((2 * nv * dk if nv > nk else 0) + nv * dv) * BF16, ())
+    out["gdn_kernel_g_beta_a"] = (t * nv * (FP32 + BF16 + GDN_CHUNK * BF16), ())
+    out["gdn_gate"] = (t * nv * dv * BF16, ())
+    out["gdn_core_out"] = (t * nv * dv * BF16, ())
+    out["gdn_norm_out"] = (t * nv * dv * BF16, ("gdn_norm_out",))
 
 
 def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple[float, tuple[str, ...]]]:
     """Tensors layer ``layer`` keeps for backward, per microbatch: name -> (bytes, recompute modules that drop it).
 
-    Full attention uses flash attention (TE): it keeps q, k, v, its output and the fp32 log-sum-exp, never the
-    s x s scores; ``core_attn`` recompute therefore frees only the log-sum-exp. With CP the ring / all-to-all
-    exchange keeps only this rank's 1/CP of the sequence.
+    By layer part: the layer input and the input norm's output (a separate norm -- MLA -- is dropped by
+    ``layernorm`` recompute; GQA and gated DeltaNet fuse it into their first linear layer, megatron-core
+    ``models/gpt/gpt_layer_specs.py`` / ``experimental_attention_variant_module_specs.py``, so it stays); the
+    attention by kind (:func:`_softmax_attention`, :func:`_gated_delta_net`); the MLP input and the pre-MLP norm
+    output (a separate norm in MoE layers: dropped by ``layernorm``); the MoE block -- router scores, the routed
+    token copies the experts' grouped GEMMs save (fc1 input: the dispatcher's permuted output; fc1 output; the
+    activation output already multiplied by the routing probabilities, fc2's input -- megatron-core 0.19.2
+    ``transformer/moe/experts.py`` applies the probabilities after the activation, so the unpermute keeps no fc2
+    output), the permuted probabilities, shared experts -- or the dense MLP.
     """
     lay = plan.layout
     tp, etp = lay.tp, lay.etp
@@ -96,28 +213,12 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
     h = s.h
     out: dict[str, tuple[float, tuple[str, ...]]] = {
         "layer_input": (nsp * h * BF16, ()),
-        "input_norm_out": (nsp * h * BF16, ("layernorm",)),
+        "input_norm_out": (nsp * h * BF16, ("layernorm",) if s.mla else ()),
     }
-    if s.is_full_attention(layer):
-        if s.mla:
-            if s.q_lora:
-                out["q_down_out"] = (n * s.q_lora * BF16 * 2, ())
-            out["kv_down_out"] = (n * (s.kv_lora + s.d_rope) * BF16 * 2, ())
-            out["mla_up_proj_out"] = (n * s.nq * (s.d_qk + s.d_qk + s.d_v) * BF16 / tp, ("mla_up_proj",))
-            out["qkv_rope"] = (n * s.nq * (2 * s.d_qk + s.d_v) * BF16 / tp, ("mla_up_proj",))
-        else:
-            # q, k, v; Qwen3's q/k RMSNorm keeps q and k both before and after the norm
-            out["qkv"] = (n * (2 * s.nq + 3 * s.nkv) * s.d_qk * BF16 / tp, ())
-            if s.lin_nk:  # Qwen3-Next full attention: sigmoid output gate
-                out["attn_gate"] = (n * s.nq * s.d_v * BF16 / tp, ())
-        out["attn_out"] = (n * s.nq * s.d_v * BF16 / tp, ())
-        out["softmax_lse"] = (n * s.nq * FP32 / tp, ("core_attn",))
-    else:  # gated DeltaNet
-        width = 2 * s.lin_nk * s.lin_dk + 2 * s.lin_nv * s.lin_dv
-        out["gdn_in_proj_out"] = (n * width * BF16 / tp, ())
-        out["gdn_conv_out"] = (n * (2 * s.lin_nk * s.lin_dk + s.lin_nv * s.lin_dv) * BF16 / tp, ())
-        out["gdn_core_out"] = (n * s.lin_nv * s.lin_dv * BF16 / tp, ())
-        out["gdn_norm_out"] = (n * s.lin_nv * s.lin_dv * BF16 / tp, ("gdn_norm_out",))
+    if s.is_softmax(layer):
+        _softmax_attention(s, n, tp, out)
+    else:
+        _gated_delta_net(s, n, tp, out)
     out["pre_mlp_input"] = (nsp * h * BF16, ())
     out["pre_mlp_norm_out"] = (nsp * h * BF16, ("layernorm",))
     if s.is_moe(layer):
@@ -125,9 +226,9 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
         moe = ("moe",)
         out["router_probs"] = (nsp * s.num_experts * FP32 * 2, moe)
         out["expert_fc1_in"] = (routed * h * BF16, moe)
+        out["expert_probs"] = (routed * FP32, moe)
         out["expert_fc1_out"] = (routed * 2 * s.f_expert * BF16 / etp, moe)
         out["expert_act_out"] = (routed * s.f_expert * BF16 / etp, moe + ("moe_act",))
-        out["expert_fc2_out"] = (routed * h * BF16, moe)
         if s.f_shared:
             shared = ("moe", "shared_experts")
             out["shared_fc1_out"] = (n * 2 * s.f_shared * BF16 / tp, shared)
@@ -136,6 +237,56 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
         out["mlp_fc1_out"] = (n * 2 * s.f_dense * BF16 / tp, ("mlp",))
         out["mlp_act_out"] = (n * s.f_dense * BF16 / tp, ("mlp",))
     return out
+
+
+def dispatcher_buffer_bytes(plan: Plan) -> float:
+    """Bytes of the flex dispatcher's static buffers on one rank (outside PyTorch's allocator; module doc)."""
+    lay = plan.layout
+    if plan.moe_token_dispatcher_type != "flex" or lay.ep * lay.etp <= 1:
+        return 0.0
+    n = plan.micro_batch_size * plan.seq_length / lay.cp
+    local = n / lay.tp if (plan.sequence_parallel or lay.tp == 1) else n
+    return _dispatcher_bytes(plan.model, plan.moe_flex_dispatcher_backend, lay.ep * lay.etp, local)
+
+
+@lru_cache(maxsize=4096)
+def _dispatcher_bytes(model_key: str, backend: str | None, ranks: int, local_tokens: float) -> float:
+    from ..catalog import get_model
+
+    s = shapes(get_model(model_key))
+    if not s.num_experts:
+        return 0.0
+    if backend == "deepep":
+        hidden = s.h * BF16
+        nvl_ranks, rdma_ranks = min(ranks, DEEPEP_NVL_PEERS), max(ranks // DEEPEP_NVL_PEERS, 1)
+        nearest = ranks if ranks in DEEPEP_RECV else min(DEEPEP_RECV, key=lambda r: abs(r - ranks))
+        nvl_recv, rdma_recv = DEEPEP_RECV[nearest]
+        channels = DEEPEP_SMS // 2
+        per_token = hidden + 8 + 128 * 8 + 128 * 4 + 128 * 4   # data, source meta, top-k idx/weights, scales
+        nvl = channels * nvl_ranks * (nvl_recv * per_token + (2 * rdma_ranks + 3) * 4)
+        rdma = 0 if ranks <= DEEPEP_NVL_PEERS else channels * rdma_ranks * (
+            rdma_recv * 2 * (per_token + 16) + (DEEPEP_NVL_PEERS * 2 + 2) * 2 * 4)
+        return float(nvl + rdma)
+    if backend == "hybridep":
+        tokens = local_tokens * ranks
+        return tokens * (s.h * BF16 + s.num_experts * FP32 + s.h / 128 * FP32)
+    return 0.0
+
+
+def cuda_graph_bytes(plan: Plan, graphed_layers: float) -> float:
+    """Static buffers of Transformer Engine CUDA graphs beyond the saved activations (module doc, **cuda_graphs**):
+    ``graphed_layers`` layer-input-sized buffers (an input and an output per captured segment kind)."""
+    if plan.cuda_graph_impl != "transformer_engine":
+        return 0.0
+    lay = plan.layout
+    n = plan.micro_batch_size * plan.seq_length / lay.cp
+    nsp = n / lay.tp if plan.sequence_parallel else n
+    return graphed_layers * nsp * shapes(plan.model_spec).h * BF16
+
+
+def workspace_bytes(plan: Plan) -> float:
+    """cuBLAS workspaces (module doc, **workspace**): TE's per GEMM stream and PyTorch's."""
+    return float(TE_WORKSPACES * TE_WORKSPACE + TORCH_WORKSPACE)
 
 
 def master_weight_bytes(plan: Plan) -> int:
@@ -184,7 +335,8 @@ class _RankStatic:
 
     dense: float
     experts: float
-    chunk_kinds: tuple[tuple[tuple[tuple[bool, bool], int], ...], ...]
+    embed: float          # embedding / output-layer params among ``dense`` (lookups and a bf16 GEMM: not FP8-cached)
+    chunk_kinds: tuple[tuple[tuple[tuple[bool, str], int], ...], ...]
     representative: tuple[int, ...]
     first: bool
     last: bool
@@ -201,23 +353,43 @@ def _rank_static(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp
     first, last = 0 in chunks, (pp * vpp - 1) in chunks
     dense = float(sum(s.layer_dense_params(i) for ch in layers for i in ch))
     experts = float(sum(s.layer_expert_params(i) for ch in layers for i in ch))
+    embed = 0.0
     if first:
         dense += s.embedding
+        embed += s.embedding
     if last:
         mtp_layer = s.num_layers - 1  # an MTP layer is a full MoE transformer layer plus a 2h x h projection
-        dense += s.embedding + s.h + mtp * (s.layer_dense_params(mtp_layer) + 2 * s.h * s.h)
+        # the output layer; tied to the embedding, the last stage still holds its own copy when it is not also the
+        # first (megatron-core LanguageModule.setup_embeddings_and_output_layer)
+        out = s.embedding if (not s.tied or not first) else 0
+        dense += out + s.h + mtp * (s.layer_dense_params(mtp_layer) + 2 * s.h * s.h)
+        embed += out
         experts += mtp * s.layer_expert_params(mtp_layer)
     kinds, reps = [], {}
     for ch in layers:
-        counts: dict[tuple[bool, bool], int] = {}
+        counts: dict[tuple[bool, str], int] = {}
         for i in ch:
-            kind = (s.is_moe(i), s.is_full_attention(i))
+            kind = (s.is_moe(i), s.kind(i))
             counts[kind] = counts.get(kind, 0) + 1
             reps.setdefault(kind, i)
         kinds.append(tuple(counts.items()))
     if last and mtp:
-        reps.setdefault((s.is_moe(s.num_layers - 1), s.is_full_attention(s.num_layers - 1)), s.num_layers - 1)
-    return _RankStatic(dense, experts, tuple(kinds), tuple(reps.values()), first, last)
+        reps.setdefault((s.is_moe(s.num_layers - 1), s.kind(s.num_layers - 1)), s.num_layers - 1)
+    return _RankStatic(dense, experts, embed, tuple(kinds), tuple(reps.values()), first, last)
+
+
+def _segments(plan: Plan, kind: tuple[bool, str]) -> set[str]:
+    """Captured segment kinds of a layer of ``kind`` = (is MoE, attention kind) under the plan's TE CUDA-graph
+    modules (megatron-core 0.19.2 ``CudaGraphModule``; [] = the whole layer)."""
+    modules = set(plan.cuda_graph_modules)
+    if not modules:
+        return {"layer"}
+    out = {"attn"} if "attn" in modules else set()
+    if kind[0] and modules & {"moe_router", "moe_preprocess", "moe"}:
+        out.add("moe")
+    if not kind[0] and "mlp" in modules:
+        out.add("mlp")
+    return out
 
 
 def estimate_memory(plan: Plan, constants: MemoryConstants = CALIBRATED) -> MemoryBreakdown:
@@ -243,7 +415,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     by_kind = {}  # layers of one kind (MoE or dense, full or linear attention) keep the same tensors
     for layer in static.representative:
         tensors = layer_activations(s, layer, plan)
-        by_kind[(s.is_moe(layer), s.is_full_attention(layer))] = (_kept(tensors, plan), sum(b for b, _ in tensors.values()))
+        by_kind[(s.is_moe(layer), s.kind(layer))] = (_kept(tensors, plan), sum(b for b, _ in tensors.values()))
     per_chunk = [sum(n * by_kind[kind][0] for kind, n in chunk) for chunk in static.chunk_kinds]
     largest_layer = max((by_kind[kind][1] for chunk in static.chunk_kinds for kind, _ in chunk), default=0.0)
     n = plan.micro_batch_size * plan.seq_length / lay.cp
@@ -256,10 +428,16 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     listed = sum(k * c for k, c in zip(per_chunk, in_flight))
     activations = scale * listed + logits
     transient = max(LOGIT_COPIES * logits, scale * largest_layer)
+    gemm_weights = (static.dense - static.embed) / lay.tp + experts
+    graphed = 2 * len({seg for chunk in static.chunk_kinds for kind, _ in chunk for seg in _segments(plan, kind)})
     return MemoryBreakdown(
         pp_rank=pp_rank, parameters=params * BF16, gradients=params * grad_bytes,
         optimizer=shard * state_bytes * on_gpu, activations=activations, transient=transient,
         overhead=constants.overhead_bytes,
-        detail={"listed_activations": listed, "largest_layer": largest_layer, "dense_params": dense, "expert_params": experts, "optimizer_shard_params": shard,
-                "chunks_in_flight": float(sum(in_flight)), "logits_bytes": logits},
+        weight_cache=2 * gemm_weights if plan.precision in FP8_CACHED else 0.0,
+        cuda_graphs=cuda_graph_bytes(plan, graphed), workspace=workspace_bytes(plan),
+        dispatcher=dispatcher_buffer_bytes(plan),
+        detail={"listed_activations": listed, "largest_layer": largest_layer, "dense_params": dense,
+                "expert_params": experts, "optimizer_shard_params": shard, "chunks_in_flight": float(sum(in_flight)),
+                "logits_bytes": logits},
     )

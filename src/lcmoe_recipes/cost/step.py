@@ -4,30 +4,31 @@ FLOPs (model FLOPs, Megatron's convention: recompute not counted; forward + back
 
 * linear layers: 6 x the parameters a token multiplies with (dense parts, its top-k routed experts, the output
   layer) per token;
-* softmax attention, causal: 3 x nq·(d_qk + d_v)·seq_length per token per layer (QK^T and AV over seq/2 keys on
-  average: 2·2·(seq/2)·nq·d forward) -- it grows with seq_length, so at long context it dominates;
+* softmax attention, causal: 6 x nq·(d_qk + d_v) x keys seen per token per layer (QK^T and AV: 2·2·keys·nq·d
+  forward), keys seen = seq_length/2 on average -- it grows with seq_length, so at long context it dominates; a
+  sliding-window layer sees at most the window (:meth:`LayerShapes.keys_seen`);
 * gated DeltaNet (chunked, chunk 64): 3 x 2·nv·(2·dk·dv + 64·(dk + dv)) per token per layer (linear in seq_length);
   its *time* is the longer of those FLOPs and the sequential chunk scan (:func:`_gdn_seconds`).
 
 Each GPU does 1/(TP·CP) of its pipeline stage's work for a microbatch. GEMM time = GEMM FLOPs / (peak at the
 recipe's precision x efficiency), attention time = attention FLOPs / (BF16 peak x attention efficiency): the
 efficiencies are the calibrated constants, one per GPU type and precision (:data:`EFFICIENCY`), fitted to the
-published throughputs (REFERENCE.md §9) by ``scripts/calibrate_step.py``. Recompute adds the forward FLOPs of the
+published throughputs (Megatron-Bridge skill nemo-mbridge-perf-moe-long-context, card.yaml; tests/published.py) by ``scripts/calibrate_step.py``. Recompute adds the forward FLOPs of the
 recomputed modules to the time.
 
 Overlap, stated as assumptions (Megatron features the recipes turn on or off):
 
 * TP collectives: exposed (``tp_comm_overlap`` is off in our recipes);
 * CP ring: each step overlaps the attention of the previous chunk; exposed = max(0, CP time - attention time)
-  per layer; hierarchical CP (``a2a+p2p``): its all-to-all exposed, its shorter ring as above; gated-DeltaNet
-  all-to-all: exposed;
+  per layer; hierarchical CP (``a2a+p2p``): its all-to-all exposed, its shorter ring as above; all-to-all (gated
+  DeltaNet, and softmax attention with ``cp_comm_type="a2a"``) and all-gather: exposed;
 * EP dispatch / combine: exposed (no ``overlap_moe_expert_parallel_comm``), else half hidden;
 * PP send/receive: hidden with interleaving (``overlap_p2p_comm``), exposed without;
 * DP / EDP gradient reduce-scatter and parameter all-gather: hidden behind one microbatch's compute
   (``overlap_grad_reduce`` / ``overlap_param_gather``), the rest exposed;
 * pipeline bubble: (PP - 1) / VPP microbatches;
 * optimizer CPU offload: +0.15 s per step x offloaded fraction ("optimizer offload ... 0.1-0.2 s/iter",
-  moe-optimization-workflow card, REFERENCE.md §9).
+  Megatron-Bridge skill moe-optimization-workflow, card.yaml).
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ def efficiency(hw_key: str, precision: str) -> tuple[float, float]:
 def _layer_flops(s: LayerShapes, layer: int, seq: int) -> tuple[float, float]:
     """(linear, attention) model FLOPs per token of one layer, forward + backward."""
     linear = 6 * (s.layer_dense_params(layer) + (s.topk * s.expert if s.is_moe(layer) else 0))
-    if s.is_full_attention(layer):
-        attention = 3 * s.nq * (s.d_qk + s.d_v) * seq
+    if s.is_softmax(layer):
+        attention = 6 * s.nq * (s.d_qk + s.d_v) * s.layer_keys_seen(layer, seq)
     else:
         attention = 3 * 2 * s.lin_nv * (2 * s.lin_dk * s.lin_dv + GDN_CHUNK * (s.lin_dk + s.lin_dv))
     return linear, attention
@@ -93,7 +94,7 @@ def _model_flops(model_key: str, seq_length: int, mtp_num_layers: int) -> float:
     from ..catalog import get_model
 
     s = shapes(get_model(model_key))
-    total = 6 * s.embedding  # output layer
+    total = 6 * s.embedding  # output layer (the logits GEMM runs whether or not it is tied)
     for i in range(s.num_layers):
         total += sum(_layer_flops(s, i, seq_length))
     mtp = sum(_layer_flops(s, s.num_layers - 1, seq_length)) + 6 * (2 * s.h * s.h + s.embedding)
@@ -112,7 +113,7 @@ def _recompute_flops(s: LayerShapes, layer: int, plan: Plan) -> tuple[float, flo
         extra += 2 * (s.topk * s.expert + s.shared + s.router)
     if not s.is_moe(layer) and "mlp" in mods:
         extra += 2 * s.dense_mlp
-    if "mla_up_proj" in mods and s.mla and s.is_full_attention(layer):
+    if "mla_up_proj" in mods and s.mla:
         extra += 2 * s.nq * ((s.d_qk * (s.q_lora or s.h)) + s.kv_lora * (s.d_qk - s.d_rope + s.d_v))
     return extra, (attention / 3 if "core_attn" in mods else 0.0)
 
@@ -136,10 +137,9 @@ class _RankWork:
 
     rank: int
     gemm_flops: float                               # this GPU, recompute included
-    attention: tuple[tuple[float, float, float, int], ...]  # (attention FLOPs on this GPU, CP ring seconds,
-    #                                                        CP all-to-all seconds, layers like it)
+    attention: tuple[tuple[float, float, int], ...]  # (attention FLOPs on this GPU, CP ring seconds, layers like it)
     gdn_layers: int
-    gdn_cp_seconds: float
+    exposed_cp_seconds: float
     tp_seconds: float
     ep_seconds: float
     pp_seconds: float
@@ -155,13 +155,13 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
     out = []
     per_kind: dict = {}
     for r in range(lay.pp):
-        gemm = tp = ep = gdn_cp = 0.0
+        gemm = tp = ep = exposed_cp = 0.0
         attention: dict[tuple[float, float], int] = {}
         gdn = 0
         bytes_by: dict[str, float] = {"PP": pp_t.nvlink_bytes + pp_t.scaleout_bytes}
         layers = rank_layers(plan, r)
         for i in layers:
-            kind = (s.is_moe(i), s.is_full_attention(i))
+            kind = (s.is_moe(i), s.kind(i))
             if kind not in per_kind:  # layers of one kind cost the same
                 per_kind[kind] = (_layer_flops(s, i, plan.seq_length), _recompute_flops(s, i, plan),
                                   layer_transfers(plan, i))
@@ -180,18 +180,23 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
                     a2a = t.seconds  # hierarchical CP's all-to-all: not overlapped
                 else:
                     cp = t.seconds
-            if s.is_full_attention(i):
-                key = (attn * tokens * share, cp, a2a)
+            exposed_cp += a2a  # hierarchical CP's all-to-all is not overlapped
+            if s.is_softmax(i) and plan.cp_comm_type not in (None, "p2p", "a2a+p2p"):
+                key = (attn * tokens * share, 0.0)  # a2a / all_gather: the exchange is not overlapped: exposed
+                attention[key] = attention.get(key, 0) + 1
+                exposed_cp += cp
+            elif s.is_softmax(i):
+                key = (attn * tokens * share, cp)
                 attention[key] = attention.get(key, 0) + 1
             else:
                 gdn += 1
-                gdn_cp += cp
-                key = (attn * tokens * share, 0.0, 0.0)
+                exposed_cp += cp
+                key = (attn * tokens * share, 0.0)
                 attention[key] = attention.get(key, 0)  # GDN FLOPs are timed by _gdn_seconds
         if r == lay.pp - 1:  # output layer and MTP on the last stage
             gemm += (6 * s.embedding + plan.mtp_num_layers * (sum(_layer_flops(s, s.num_layers - 1, plan.seq_length))
                                                               + 6 * (2 * s.h * s.h + s.embedding))) * tokens * share
-        out.append(_RankWork(r, gemm, tuple((f, c, a, n) for (f, c, a), n in attention.items() if n), gdn, gdn_cp, tp, ep,
+        out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, exposed_cp, tp, ep,
                              0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items())))
     return tuple(out)
 
@@ -207,8 +212,8 @@ def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None 
     worst = None
     for w in _work(plan):
         gemm = w.gemm_flops / gemm_rate
-        attn = sum(n * f / attn_rate for f, _, _, n in w.attention) + w.gdn_layers * gdn_step
-        cp = sum(n * (a + max(0.0, c - f / attn_rate)) for f, c, a, n in w.attention) + w.gdn_cp_seconds
+        attn = sum(n * f / attn_rate for f, _, n in w.attention) + w.gdn_layers * gdn_step
+        cp = sum(n * max(0.0, c - f / attn_rate) for f, c, n in w.attention) + w.exposed_cp_seconds
         ep = w.ep_seconds * (0.5 if plan.moe_ep_overlap else 1.0)
         t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds
         if worst is None or t_mb > worst[0]:

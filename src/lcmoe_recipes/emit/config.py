@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..catalog import MODELS, Hardware, get_hardware, get_model
+from ..catalog.models import match_model
 from ..checks import Finding, check_plan, raise_for_errors
 from ..checks.known_issues import StackVersions, config_view, known_issue_findings
 from ..checks.config_asserts import config_assert_findings
@@ -46,7 +47,8 @@ def base_config(plan: Plan):
         cfg = _pretrain_common()
         with quiet_upstream():  # transformers' "torch_dtype is deprecated", Bridge's local-fusion notices
             cfg.model = AutoBridge.from_hf_config(spec.hf_config()).to_megatron_provider(load_weights=False)
-        cfg.model.moe_grouped_gemm = cfg.model.moe_permute_fusion = True
+        if spec.is_moe:
+            cfg.model.moe_grouped_gemm = cfg.model.moe_permute_fusion = True
     _answer_local_probes_for_target(cfg.model)
     return cfg
 
@@ -126,16 +128,18 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
     """Read a ConfigContainer (ours, upstream's or a user's) back into a Plan, so the same checks run on it.
 
     Raises:
-        UnknownName: the model is not in our catalogue (matched by layer count, experts and hidden size).
+        UnknownName: the model is not in our catalogue, nor a registered config.json (matched by layer count,
+            experts, hidden size, heads and vocabulary).
     """
     m = cfg.model
     hw = hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
-    model_key = next((spec.key for spec in MODELS.values() if (spec.num_layers, spec.num_moe_experts, spec.hidden_size)
-                      == (m.num_layers, m.num_moe_experts, m.hidden_size)), None)
-    if model_key is None:
+    spec = match_model(m.num_layers, m.num_moe_experts, m.hidden_size, m.num_attention_heads, m.vocab_size)
+    if spec is None:
         raise UnknownName(f"the config's model (num_layers={m.num_layers}, num_moe_experts={m.num_moe_experts}, "
-                          f"hidden_size={m.hidden_size}) is not in the catalogue",
-                          f"supported: {', '.join(s.display for s in MODELS.values())}")
+                          f"hidden_size={m.hidden_size}, vocab_size={m.vocab_size}) is not in the catalogue",
+                          "give its config.json with --model-config PATH, or use one of: "
+                          + ", ".join(s.display for s in MODELS.values()))
+    model_key = spec.key
     from megatron.bridge.models.transformer_config import _set_moe_expert_tensor_parallel_default
 
     # ETP as the run will have it: megatron-bridge's own default (1 when EP > 1 and ETP is unset), then
@@ -174,7 +178,7 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         variable_length=_variable_length(cfg), etp_unset=m.expert_tensor_parallel_size is None,
         grad_dtype="fp32" if _grad_reduce_in_fp32(cfg) else "bf16",
         moment_dtype=("bf16" if precision_aware and str(opt.exp_avg_dtype).endswith("bfloat16") else "fp32"),
-        positions=_positions_of(m), cp_comm_type=m.cp_comm_type if isinstance(m.cp_comm_type, str) else None,
+        positions=_positions_of(m), cp_comm_type=_cp_comm_type(m.cp_comm_type),
         hierarchical_cp_sizes=tuple(hcp) if hcp else None, schedule=_schedule_of(cfg),
         pretrained_checkpoint=cfg.checkpoint.pretrained_checkpoint,
         create_attention_mask=bool(getattr(cfg.dataset, "create_attention_mask", False)),
@@ -225,6 +229,17 @@ def _eval_iters(cfg) -> int | None:
     ``ConfigContainer.validate()`` copies that over the validation one (upstream's perf recipes set it to 0)."""
     deprecated = getattr(cfg.train, "eval_iters", None)
     return deprecated if deprecated is not None else cfg.validation.eval_iters
+
+
+def _cp_comm_type(value: Any) -> str:
+    """megatron-core's ``cp_comm_type`` (a string, or one per layer) as one string: the per-layer list's value when
+    every layer agrees, else its first entry."""
+    if value is None:
+        return "p2p"
+    if isinstance(value, str):
+        return value
+    values = list(value)
+    return str(values[0]) if values else "p2p"
 
 
 def _variable_length(cfg) -> bool:

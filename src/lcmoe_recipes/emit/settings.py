@@ -103,7 +103,7 @@ def _positions(cfg, plan: Plan) -> None:
 
 
 def _cp_comm(cfg, plan: Plan) -> None:
-    if plan.cp_comm_type in (None, "p2p") and cfg.model.cp_comm_type in (None, "p2p"):
+    if plan.cp_comm_type == "p2p" and cfg.model.cp_comm_type in (None, "p2p"):
         return  # megatron-core's default ring either way
     cfg.model.cp_comm_type = plan.cp_comm_type
     cfg.model.hierarchical_context_parallel_sizes = list(plan.hierarchical_cp_sizes) if plan.hierarchical_cp_sizes else None
@@ -115,6 +115,8 @@ def _mtp(cfg, plan: Plan) -> None:
 
 def _dispatcher(cfg, plan: Plan) -> None:
     m = cfg.model
+    if not plan.model_spec.is_moe:
+        return  # dense decoder: no dispatcher
     m.moe_token_dispatcher_type = plan.moe_token_dispatcher_type
     m.moe_flex_dispatcher_backend = plan.moe_flex_dispatcher_backend
     if plan.moe_token_dispatcher_type == "flex":

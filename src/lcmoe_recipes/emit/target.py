@@ -13,7 +13,7 @@ machine it runs on in five places that say nothing about the config itself:
    :data:`TARGET_TE_VERSION`; with TE installed, the installed version is used unchanged;
 4. in the light environment only: TE's fused kernels that megatron-core imports as ``None`` without TE and checks
    for when a fusion is on -- permutation (``moe_utils.fused_permute`` and friends, ``moe_permute_fusion=True``) and
-   RoPE (``rope_utils.fused_apply_rotary_pos_emb[_thd]``, ``apply_rope_fusion=True``) -- and TE's ``FusedAdam``
+   RoPE (``rope_utils.fused_apply_rotary_pos_emb[_thd]``, ``apply_rope_fusion=True``, which e.g. the Llama bridge sets) -- and TE's ``FusedAdam``
    signature (imported by ``OptimizerConfig`` for the precision-aware optimizer) -> answered by placeholders that
    exist for the duration of the check and raise if anything tries to run them;
 5. the filesystem: ``CheckpointConfig.finalize`` asserts that ``checkpoint.pretrained_checkpoint`` exists

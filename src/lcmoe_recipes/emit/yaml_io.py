@@ -36,8 +36,11 @@ def target_meta(plan, overrides=()) -> dict[str, Any]:
         plan: the :class:`lcmoe_recipes.plan.Plan` the config was built from.
         overrides: the Hydra overrides applied after building (strings, in order).
     """
-    return {"recipe": plan.name, "model": plan.model, "seq_length": plan.seq_length, "world_size": plan.layout.world,
+    meta = {"recipe": plan.name, "model": plan.model, "seq_length": plan.seq_length, "world_size": plan.layout.world,
             "hardware": plan.hardware_spec.key, "overrides": list(overrides), **installed_stack()}
+    if plan.model_spec.is_user_config:  # a user's config.json travels with the YAML (the cluster may lack the file)
+        meta["model_config"] = plan.model_spec.config
+    return meta
 
 
 def target_of(cfg) -> dict[str, Any]:
@@ -88,6 +91,10 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise LcmoeError(f"'{path}': the '{_MARK.strip()}' header line is not a JSON object",
                          "delete that line (then give --gpus and --hardware), or write the file again with launch")
+    if isinstance(meta.get("model_config"), dict):  # a user's config.json: register it under the header's key
+        from ..catalog.user import spec_from_values
+
+        meta["model"] = spec_from_values(meta["model_config"], f"the header of '{path}'").key
     return meta
 
 

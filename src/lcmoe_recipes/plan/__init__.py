@@ -126,8 +126,10 @@ class Plan:
         base_recipe: the megatron-bridge recipe this run starts from ("module:function"; None: its generic
             pre-training template), see :mod:`lcmoe_recipes.catalog.upstream`.
         positions: RoPE setup (None: as the base model was trained, left as megatron-bridge builds it).
-        cp_comm_type: Megatron's context-parallel communication ("p2p" ring, or hierarchical "a2a+p2p" with
-            ``hierarchical_context_parallel_sizes`` = (a2a size, p2p size)); None leaves megatron-core's default (p2p).
+        cp_comm_type: how softmax attention exchanges K/V over CP (megatron-core's field): "p2p" (ring, the
+            default), "a2a" (heads <-> sequence all-to-all), "all_gather", or hierarchical "a2a+p2p" (with
+            ``hierarchical_context_parallel_sizes`` = (a2a size, p2p size)); gated-DeltaNet layers always use their
+            own all-to-all.
         hierarchical_cp_sizes: the (a2a, p2p) split of CP for "a2a+p2p".
         schedule: optimizer schedule (None: the base recipe's).
         pretrained_checkpoint: Megatron checkpoint whose model weights the run starts from (optimizer fresh).
@@ -174,7 +176,7 @@ class Plan:
     moe_ep_overlap: bool = False
     base_recipe: str | None = field(default=None, compare=False)  # provenance: a config does not record it
     positions: Positions | None = None
-    cp_comm_type: str | None = None
+    cp_comm_type: str = "p2p"
     hierarchical_cp_sizes: tuple[int, ...] | None = None
     schedule: Schedule | None = None
     pretrained_checkpoint: str | None = None

@@ -29,6 +29,35 @@ def cp_candidates(seq_length: int, world: int) -> list[int]:
     return out
 
 
+COMM_SOURCE = ("Transformer Engine attention/dot_product_attention/context_parallel.py, attn_forward_func_with_cp "
+               "(sliding window only with a2a or all_gather; learnable softmax only with a2a) and "
+               "AttnFuncWithCPAndQKVOA2A (a2a needs q and k/v heads divisible by CP); megatron-bridge 0.6.2 "
+               "recipes/gpt_oss/h100/gpt_oss.py (cp_comm_type='a2a' for gpt-oss)")
+
+
+def a2a_heads_fit(model, tp: int, cp: int) -> bool:
+    """Whether the all-to-all CP exchange can split this TP rank's query and K/V heads over CP."""
+    return (model.num_attention_heads // tp) % cp == 0 and max(1, model.num_query_groups // tp) % cp == 0
+
+
+def choose_cp_comm_type(model, tp: int, cp: int) -> tuple[str, Reason]:
+    """megatron-core's ``cp_comm_type`` for softmax attention: the ring (p2p, the default) unless a feature of the
+    model needs another exchange. Gated-DeltaNet layers use their own all-to-all whatever this says."""
+    if cp == 1:
+        return "p2p", Reason("CP=1: no context-parallel exchange (p2p, the default)", COMM_SOURCE)
+    if model.attention_sinks:
+        return "a2a", Reason(f"a2a: {model.display} has learnable softmax offsets (attention sinks), which Transformer "
+                             "Engine runs with context parallelism only over the all-to-all exchange", COMM_SOURCE)
+    if model.sliding_window:
+        if a2a_heads_fit(model, tp, cp):
+            return "a2a", Reason(f"a2a: sliding-window layers (window {model.sliding_window}) cannot use the p2p ring; "
+                                 "the all-to-all keeps K/V per rank at 1/CP of the heads", COMM_SOURCE)
+        return "all_gather", Reason("all_gather: sliding-window layers cannot use the p2p ring and the heads do not "
+                                    f"split over CP={cp} for a2a", COMM_SOURCE)
+    return "p2p", Reason("p2p ring: each step overlaps the attention of the previous K/V chunk (megatron-core's "
+                         "default)", "megatron-core 0.19.2 TransformerConfig.cp_comm_type")
+
+
 HIERARCHICAL_SOURCE = ("megatron-core 0.19.2 TransformerConfig.cp_comm_type ('a2a+p2p': all-to-all inside "
                        "hierarchical_context_parallel_sizes[0] consecutive CP ranks, a p2p ring across the groups) and "
                        "parallel_state (hierarchical CP groups); Transformer Engine needs the heads divisible by the "
@@ -50,12 +79,15 @@ def hierarchical_split(plan) -> tuple[int, int] | None:
 
 
 def choose_cp_comm(plan):
-    """(cp_comm_type, hierarchical_cp_sizes, Reason): the ring ("p2p", megatron-core's default) or hierarchical
-    "a2a+p2p", whichever the cost model predicts faster for ``plan`` (its step time with each)."""
+    """(cp_comm_type, hierarchical_cp_sizes, Reason): what a feature of the model requires
+    (:func:`choose_cp_comm_type`), else the ring ("p2p", megatron-core's default) or hierarchical "a2a+p2p", whichever
+    the cost model predicts faster for ``plan`` (its step time with each)."""
     from ..cost.step import estimate_step
 
-    if plan.layout.cp == 1:
-        return None, None, Reason("CP=1: no context-parallel communication", HIERARCHICAL_SOURCE)
+    lay = plan.layout
+    required, why = choose_cp_comm_type(plan.model_spec, lay.tp, lay.cp)
+    if lay.cp == 1 or required != "p2p":  # CP=1, or a feature of the model decides the exchange
+        return required, None, why
     split = hierarchical_split(plan)
     ring = estimate_step(plan.with_changes(cp_comm_type="p2p", hierarchical_cp_sizes=None))
     if split is None:

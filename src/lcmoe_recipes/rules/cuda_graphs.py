@@ -7,12 +7,17 @@ from ..catalog import Hardware
 from ..plan import Reason
 
 SOURCE = ("Megatron-Bridge skill nemo-mbridge-perf-moe-long-context ('CUDA graphs need static shapes'; Qwen3-235B "
-          "GB200 graphs attn + moe_router + moe_preprocess); megatron-core 0.19.2 TransformerConfig.__post_init__ "
-          "(CUDA-graph scopes)")
+          "GB200 graphs attn + moe_router + moe_preprocess); megatron-core 0.19.2 CUDA-graph rules "
+          "(transformer/transformer_config.py TransformerConfig.__post_init__; megatron-bridge 0.6.2 "
+          "validate_cuda_graph_configuration)")
 
 
 def choose_cuda_graphs(hw: Hardware, variable_length: bool, granularity: str | None,
-                       modules: tuple[str, ...], backend: str | None) -> tuple[tuple[str, tuple[str, ...]], Reason]:
+                       modules: tuple[str, ...], backend: str | None,
+                       is_moe: bool = True) -> tuple[tuple[str, tuple[str, ...]], Reason]:
+    if not is_moe:
+        return ("none", ()), Reason("no CUDA graphs: a dense model has no MoE router / dispatcher scopes to capture, "
+                                    "and no published long-context config graphs one", SOURCE)
     if variable_length:
         return ("none", ()), Reason("no CUDA graphs: variable-length batches change shapes every step", SOURCE)
     if granularity == "full":

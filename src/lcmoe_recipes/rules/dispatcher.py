@@ -11,8 +11,12 @@ from ..ranks import max_span
 SOURCE = "moe-long-context skill; megatron-bridge flex_dispatcher_backend.py (DeepEP: SM 8/9, B200/B300)"
 
 
-def choose_dispatcher(hw: Hardware, layout: ParallelLayout, wish: str | None) -> tuple[tuple[str, str | None], Reason]:
-    """((moe_token_dispatcher_type, moe_flex_dispatcher_backend), reason)."""
+def choose_dispatcher(hw: Hardware, layout: ParallelLayout, wish: str | None,
+                      is_moe: bool = True) -> tuple[tuple[str, str | None], Reason]:
+    """((moe_token_dispatcher_type, moe_flex_dispatcher_backend), reason). A dense model (no experts) has no token
+    dispatcher: megatron-core's default, alltoall, stays set and unused."""
+    if not is_moe:
+        return ("alltoall", None), Reason("dense model: no experts, so no token dispatcher (EP=1)", SOURCE)
     if layout.ep == 1 and not wish:
         return ("alltoall", None), Reason("alltoall: EP=1, every expert is local and no token leaves the GPU", SOURCE)
     if wish == "alltoall":

@@ -7,23 +7,25 @@ from ..catalog import ModelSpec
 from ..plan import Reason
 
 SOURCE = ("Megatron-Bridge skill nemo-mbridge-perf-moe-long-context rules 3-4 (selective before full; avoid SDPA "
-          "recompute at long context); megatron-core 0.19.2 TransformerConfig.recompute_modules (which modules exist, "
-          "and for which layers)")
+          "recompute at long context); megatron-core 0.19.2 recompute modules (transformer/transformer_config.py "
+          "TransformerConfig.recompute_modules; transformer/transformer_layer.py)")
 
 
 def recompute_ladder(model: ModelSpec) -> list[tuple[str | None, tuple[str, ...]]]:
     """(granularity, modules) from none to full, each step adding the next cheapest module that applies:
-    layernorm and moe_act (grouped GEMM: always here), mla_up_proj only for MLA, gdn_norm_out only for gated
-    DeltaNet, mlp only when dense layers exist, then the whole MoE layer, then full recompute. core_attn is never
-    chosen (flash attention keeps no s x s scores: it frees little and re-runs the quadratic part)."""
-    steps: list[tuple[str, ...]] = [("layernorm", "moe_act")]
+    layernorm, and moe_act for MoE models (grouped GEMM), mla_up_proj only for MLA, gdn_norm_out only for gated
+    DeltaNet, mlp only when dense layers exist, then the whole MoE layer (MoE models), then full recompute.
+    core_attn is never chosen (flash attention keeps no s x s scores: it frees little and re-runs the quadratic
+    part)."""
+    steps: list[tuple[str, ...]] = [("layernorm", "moe_act") if model.is_moe else ("layernorm",)]
     if model.multi_latent_attention:
         steps.append(steps[-1] + ("mla_up_proj",))
     if model.gated_delta_net:
         steps.append(steps[-1] + ("gdn_norm_out",))
     if model.num_dense_layers:
         steps.append(steps[-1] + ("mlp",))
-    steps.append(tuple(m for m in steps[-1] if m != "moe_act") + ("moe",))
+    if model.is_moe:
+        steps.append(tuple(m for m in steps[-1] if m != "moe_act") + ("moe",))
     return [(None, ())] + [("selective", s) for s in steps] + [("full", ())]
 
 
