@@ -27,7 +27,7 @@ def build_config(plan: Plan, validate: bool = True):
 
 
 def build_recipe(request, validate: bool = True):
-    """The validated ConfigContainer for any request: the planner's best layout (:func:`lcmoe_recipes.planner.plan`).
+    """The validated ConfigContainer for any request: the search's best layout (:func:`lcmoe_recipes.search.plan`).
 
     Args:
         request: a :class:`lcmoe_recipes.request.TrainingRequest`, or a dict of its fields.
@@ -35,7 +35,7 @@ def build_recipe(request, validate: bool = True):
     Raises:
         pydantic.ValidationError: bad request fields. InfeasibleConfig: no legal layout fits (names the constraint).
     """
-    from .planner import plan
+    from .search import plan
     from .request import TrainingRequest
 
     if not isinstance(request, TrainingRequest):

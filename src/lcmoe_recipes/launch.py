@@ -26,7 +26,7 @@ from .errors import LcmoeError, UnknownName
 from .executors import (EXECUTORS, LaunchResult, SlurmSettings, check_settings, nodes_for, run_local, run_slurm,
                         train_arguments)
 from .plan import PRECISIONS, Plan, Reason, carry_reasons
-from .planner import request_arguments, request_from_args
+from .plan.cli import request_arguments, request_from_args
 from .recipes import NAMED_RECIPES, find_named_recipe, recipe_plan
 from .train import rank_arguments
 
@@ -129,7 +129,7 @@ def torchrun_command(yaml_path: str | Path, world_size: int, gpus_per_node: int)
 def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware: str | None,
                  precision: str | None = None, wishes=None) -> Plan:
     """The Plan for the CLI's request: a named recipe by name, or by (model, seq[, gpus, hardware]); a request that
-    matches no named recipe is planned (:func:`lcmoe_recipes.planner.plan`) when --gpus and --hardware are given.
+    matches no named recipe is planned (:func:`lcmoe_recipes.search.plan`) when --gpus and --hardware are given.
 
     Raises:
         LcmoeError: missing/unknown model, no matching named recipe, or a precision the hardware lacks.
@@ -152,7 +152,7 @@ def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware:
             if gpus is None or hardware is None or "no named recipe" not in exc.message:
                 raise LcmoeError(exc.message, exc.fix.replace("planning other model / length / GPU combinations is "
                                  "not available yet", "or give --gpus and --hardware to plan one")) from None
-            from .planner import plan as search
+            from .search import plan as search
 
             return search(request_from_args(model, seq, wishes)).best.plan
     plan = recipe_plan(recipe.name)
@@ -337,10 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.executor == "local" and not args.smoke:  # for slurm, the sbatch script is the command
             print(f"cluster command (on each of the {plan.layout.world // hw.gpus_per_node} nodes):\n  {command}")
     if args.plot:
-        from .plots import write_plots
+        from .plan.cli import write_plot_files
 
         try:
-            written = write_plots([shown], args.plot)
+            written = write_plot_files([shown], args.plot)
         except LcmoeError as exc:
             return exc.report()
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)

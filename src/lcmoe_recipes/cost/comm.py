@@ -154,13 +154,10 @@ def data_parallel_transfers(plan: Plan, dense_params: float, expert_params: floa
     return out
 
 
-def rank_layers(plan: Plan, pp_rank: int) -> tuple[int, ...]:
-    """Decoder layers held by pipeline rank ``pp_rank`` (all its chunks)."""
-    return _rank_layers(plan.model_spec.num_layers, plan.layout.pp, plan.layout.vpp or 1, plan.mtp_num_layers, pp_rank)
-
-
 @lru_cache(maxsize=4096)
-def _rank_layers(num_layers: int, pp: int, vpp: int, mtp: int, pp_rank: int) -> tuple[int, ...]:
+def rank_layers(num_layers: int, pp: int, vpp: int, mtp: int, pp_rank: int) -> tuple[int, ...]:
+    """Decoder layers held by pipeline rank ``pp_rank`` (all its chunks) of a ``num_layers`` model over PP x VPP
+    chunks (:func:`lcmoe_recipes.plan.pipeline_stage_layers`)."""
     stages = pipeline_stage_layers(num_layers, pp * vpp, mtp)
     starts = [sum(stages[:i]) for i in range(len(stages))]
     return tuple(i for v in range(vpp) for i in range(starts[pp_rank + v * pp], starts[pp_rank + v * pp] + stages[pp_rank + v * pp]))

@@ -1,8 +1,11 @@
 """Plan: a parallel layout plus every knob of one training run, each with the reason it was chosen.
 
-A Plan is what the rules produce and what the checks and the emitter read (``../shared/DESIGN.md``: request ->
-rules -> Plan -> checks/cost -> ConfigContainer). It holds no Megatron object: building and checking a Plan imports
-neither torch nor megatron.
+A Plan is what the rules produce and what the checks and the emitter read (request -> rules -> Plan -> checks/cost
+-> ConfigContainer). It holds no Megatron object: building and checking a Plan imports neither torch nor megatron.
+
+This package is the Plan (the data type, here) and the ``plan`` command (:mod:`.cli`, run as
+``python -m lcmoe_recipes.plan``, with :mod:`.compare` for targets side by side). The search that finds the best
+Plan for a request is :mod:`lcmoe_recipes.search`; importing this package does not import it.
 """
 
 from __future__ import annotations
