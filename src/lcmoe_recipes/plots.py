@@ -151,3 +151,46 @@ def write_plots(plans: list[Plan], folder: str | Path, limit: float,
              "seq_length")
     return [plot_memory(plans, folder / "memory.png", limit), plot_time(plans, folder / "time.png"),
             plot_sweep(sweep, folder / "sweep.png", title, first.hardware_spec.hbm_gib, mark=first.seq_length)]
+
+
+def plot_scaling(cases: list[tuple[str, list[tuple[int, dict[str, float], float]]]], path: Path,
+                 description: str = "") -> Path:
+    """One row per case: where each step's time goes (share of the step by part, per GPU count), and the predicted
+    tokens/s per GPU with the step time.
+
+    Args:
+        cases: (title, points) with points = (GPUs, step-time parts in seconds as in ``StepEstimate.parts``,
+            tokens/s per GPU), GPU counts ascending (those where a layout fits).
+        description: stored in the PNG's Description text field (what the picture was drawn from).
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(cases), 2, figsize=(13, 4.2 * len(cases)), squeeze=False)
+    for (title, points), (share_ax, rate_ax) in zip(cases, axes):
+        xs = list(range(len(points)))
+        labels = [f"{g:,}" for g, _, _ in points]
+        bottoms = [0.0] * len(points)
+        for part in TIME_PARTS:
+            shares = [100 * parts.get(part, 0.0) / sum(parts.values()) for _, parts, _ in points]
+            if any(s > 0.05 for s in shares):
+                share_ax.bar(xs, shares, bottom=bottoms, label=part, color=COLOURS[part])
+                bottoms = [b + s for b, s in zip(bottoms, shares)]
+        share_ax.set_xticks(xs, labels, fontsize=8)
+        share_ax.set_xlabel("GPUs")
+        share_ax.set_ylabel("% of the predicted step")
+        share_ax.set_ylim(0, 100)
+        share_ax.set_title(f"{title}: where the step goes", fontsize=10)
+        share_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        rate_ax.plot(xs, [r for _, _, r in points], "o-", color="tab:red")
+        rate_ax.set_xticks(xs, labels, fontsize=8)
+        rate_ax.set_xlabel("GPUs")
+        rate_ax.set_ylabel("predicted tokens/s per GPU", color="tab:red")
+        rate_ax.set_ylim(0, max(r for _, _, r in points) * 1.15)
+        step_ax = rate_ax.twinx()
+        step_ax.plot(xs, [sum(parts.values()) for _, parts, _ in points], "s--", color="tab:blue")
+        step_ax.set_yscale("log")
+        step_ax.set_ylabel("predicted step s (log)", color="tab:blue")
+        rate_ax.set_title(f"{title}: tokens/s per GPU and step time", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Description": description})
+    plt.close(fig)
+    return path
