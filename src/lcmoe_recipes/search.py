@@ -304,15 +304,21 @@ def _fitting_knobs(ctx: _Request, base: Plan):
 
 
 def _with_knobs(base: Plan, recompute: tuple, fraction: float, hw, request: TrainingRequest) -> Plan:
+    """``base`` on one rung of the ladder: recompute, offload, and the CUDA graphs the rule allows with them."""
+    return base.with_changes(**dict(_rung((recompute[0], tuple(recompute[1])), fraction, hw.key,
+                                          request.variable_length, base.moe_flex_dispatcher_backend)))
+
+
+@lru_cache(maxsize=1024)
+def _rung(recompute: tuple, fraction: float, hw_key: str, variable_length: bool,
+          backend: str | None) -> tuple[tuple[str, object], ...]:
     granularity, modules = recompute
-    (impl, graphs), _ = choose_cuda_graphs(hw, request.variable_length, granularity, modules,
-                                           base.moe_flex_dispatcher_backend)
-    return base.with_changes(
-        recompute_granularity=granularity, recompute_modules=tuple(modules),
-        recompute_method="uniform" if granularity == "full" else None,
-        recompute_num_layers=1 if granularity == "full" else None,
-        optimizer_cpu_offload=fraction > 0, optimizer_offload_fraction=fraction,
-        cuda_graph_impl=impl, cuda_graph_modules=graphs)
+    (impl, graphs), _ = choose_cuda_graphs(get_hardware(hw_key), variable_length, granularity, modules, backend)
+    return (("recompute_granularity", granularity), ("recompute_modules", modules),
+            ("recompute_method", "uniform" if granularity == "full" else None),
+            ("recompute_num_layers", 1 if granularity == "full" else None),
+            ("optimizer_cpu_offload", fraction > 0), ("optimizer_offload_fraction", fraction),
+            ("cuda_graph_impl", impl), ("cuda_graph_modules", graphs))
 
 
 def _why_no_layout(request: TrainingRequest):
