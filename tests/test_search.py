@@ -187,3 +187,15 @@ def test_scaling_doc_is_current():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "scaling_report.py"), "--check"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_launch_takes_memory_margin():
+    """launch plans a request no named recipe covers with the same flag (nothing built: the Plan only)."""
+    from lcmoe_recipes.launch import _parser, resolve_plan
+
+    args = _parser().parse_intermixed_args(["qwen3_235b", "--seq", "65536", "--gpus", "64", "--hardware", "gb200",
+                                            "--memory-margin", "0.3", "--dry-run"])
+    planned = resolve_plan(args.model, args.seq, args.gpus, args.hardware, args.precision, args)
+    assert estimate_memory(planned).total <= 0.7 * get_hardware("gb200").hbm_bytes
+    assert planned.layout == plan(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64,
+                                                  memory_margin=0.3), top=1).best.plan.layout

@@ -399,7 +399,7 @@ def plan(request: TrainingRequest, top: int = 5, exhaustive: bool = False) -> Pl
     best = max(ties, key=lambda c: (ctx.limit - c.memory.total >= safe, c.plan.layout.dp,
                                     ctx.limit - c.memory.total, -c.step.step_seconds))
     why = _why(best, fastest, ties, ctx.limit, safe) + (
-        f"; {len(fits)} fitting layouts among {len(layouts)}"
+        f"; {len(layouts)} layouts considered, {len(fits)} fitting ones priced"
         + (f" ({pruned} skipped: a lower bound of their step time is slower than every layout kept)" if pruned else ""))
     reasons = {**best.plan.reasons, "layout": Reason(why, SOURCE)}
     name = f"{request.model}_{request.seq_length // 1024}k_{request.num_gpus}x{request.hardware}"

@@ -47,12 +47,14 @@ def format_table(result: PlanResult, markdown: bool = False) -> str:
     return _aligned(rows, markdown)
 
 
-def _aligned(rows: list[tuple[str, ...]], markdown: bool = False) -> str:
+def _aligned(rows: list[tuple[str, ...]], markdown: bool = False, labels: bool = False) -> str:
+    """Rows as Markdown, or as text columns aligned right (the first left when it holds ``labels``)."""
     if markdown:
         lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows[1:]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows)
+    return "\n".join("  ".join(v.ljust(w) if labels and i == 0 else v.rjust(w)
+                                for i, (v, w) in enumerate(zip(r, widths))) for r in rows)
 
 
 def format_result(result: PlanResult) -> str:
@@ -249,7 +251,7 @@ def _compare_main(args, hardware: list[str]) -> int:
         return 0
     header, rows = format_columns(columns)
     print(f"{requests[0].model} at seq_length {args.seq}: the search's winner per target, at {why}")
-    print(_aligned([tuple(header)] + rows))
+    print(_aligned([tuple(header)] + rows, labels=True))
     for c in columns:
         if c.result is None:
             print(f"{c.request.num_gpus} x {c.request.hardware}: {c.error.message}\n  fix: {c.error.fix}")
