@@ -33,9 +33,9 @@ import bisect
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .catalog import get_hardware, get_model
+from .catalog import Hardware, ModelSpec, get_hardware, get_model
 from .checks import check_plan
-from .cost import HBM_MARGIN, estimate_memory, estimate_step
+from .cost import estimate_step
 from .cost.bands import MEMORY_ERROR_BAND, STEP_ERROR_BAND
 from .cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
 from .cost.memory import MemoryBreakdown, rank_memory
@@ -44,7 +44,7 @@ from .cost.step import StepEstimate
 from .errors import InfeasibleConfig
 from .layout import ParallelLayout
 from .plan import Plan, Reason, build_pipeline_layout
-from .request import TrainingRequest
+from .request import DEFAULT_MEMORY_MARGIN, TrainingRequest
 from .rules.batch import choose_batch
 from .rules.cp import cp_candidates, cp_first_guess
 from .rules.cuda_graphs import choose_cuda_graphs
@@ -140,10 +140,10 @@ class _Request:
     ladder, the offload fractions allowed, and the rules that do not depend on the layout."""
 
     request: TrainingRequest
-    model: object
-    hw: object
+    model: ModelSpec
+    hw: Hardware
     limit: float
-    ladder: list
+    ladder: list[tuple[str | None, tuple[str, ...]]]
     fractions: tuple[float, ...]
     precision: tuple[str, Reason]
     cp_guess: tuple[int, Reason]
@@ -185,7 +185,8 @@ def _reasons(ctx: _Request, plan: Plan, rules: tuple[Reason, Reason], level: int
     why_dispatch, why_batch = rules
     return {
         "layout": Reason(f"the fastest fitting layout the model predicts (first CP guess {guess})", why_cp.source),
-        "cp": Reason(f"CP={layout.cp}: {why_cp.why}; the search then kept the fastest layout that fits", why_cp.source),
+        "cp": Reason(f"CP={layout.cp}: {why_cp.why}; the search then priced every CP candidate (see layout)",
+                     why_cp.source),
         "pipeline_model_parallel_layout": Reason(
             "decoder layers spread evenly over PP·VPP chunks, the embedding and the loss (with MTP) each "
             "counting as one layer" if plan.pipeline_model_parallel_layout else "PP=1: no pipeline",
@@ -267,7 +268,7 @@ MEMORY_FIX = "use more GPUs, a shorter seq_length, or a GPU with more HBM"
 UNCALIBRATED_FACTOR = 0.78
 
 
-def memory_limit(model, hw, memory_margin: float = 1 - HBM_MARGIN) -> float:
+def memory_limit(model, hw, memory_margin: float = DEFAULT_MEMORY_MARGIN) -> float:
     """Bytes the search lets the predicted peak reach: HBM less ``memory_margin`` of it (default 5%: the 95% the
     memory check allows), times UNCALIBRATED_FACTOR for models whose memory the model under-predicts."""
     return (1 - memory_margin) * hw.hbm_bytes * (UNCALIBRATED_FACTOR if model.gated_delta_net else 1.0)
