@@ -199,3 +199,8 @@ def test_launch_takes_memory_margin():
     assert estimate_memory(planned).total <= 0.7 * get_hardware("gb200").hbm_bytes
     assert planned.layout == plan(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64,
                                                   memory_margin=0.3), top=1).best.plan.layout
+
+
+def test_planner_doc_states_the_bands():
+    text = (ROOT / "docs" / "planner.md").read_text()
+    assert f"**±{STEP_ERROR_BAND:.1%}**" in text and f"**{MEMORY_ERROR_BAND:.1%}**" in text
