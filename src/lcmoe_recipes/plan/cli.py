@@ -81,7 +81,7 @@ def write_csv(result: PlanResult, path) -> None:
         writer.writerows(table_rows(result))
 
 
-def write_plot_files(plans: list[Plan], folder, request: TrainingRequest | None = None) -> list[Path]:
+def write_plot_files(plans: list[Plan], folder: str | Path, request: TrainingRequest | None = None) -> list[Path]:
     """memory.png and time.png of ``plans`` side by side, and sweep.png: the search's pick from 4K to 256K for
     ``request`` (default: the first plan's model, hardware and GPU count) -- the search runs here, the plots
     module only draws.
@@ -149,9 +149,10 @@ def request_from_args(model: str, seq: int, args, **target) -> TrainingRequest:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m lcmoe_recipes.plan", description="Plan a long-context MoE layout for any model, sequence "
-        "length, GPU type and count: candidate layouts, per-GPU memory, exposed communication per collective, "
-        "predicted step time and MFU, and why the winner won. Imports neither torch nor megatron.",
+        prog="python -m lcmoe_recipes.plan", description="Plan a long-context MoE layout for any model, sequence\n"
+        "length, GPU type and count: candidate layouts, per-GPU memory, exposed communication per\n"
+        "collective, predicted step time and MFU, and why the winner won. Imports neither torch nor\n"
+        "megatron.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  python -m lcmoe_recipes.plan qwen3_235b --seq 65536 --gpus 64 --hardware gb200 --top 8\n"
                "  python -m lcmoe_recipes.plan dsv3 --seq 131072 --gpus 256 --compare h100,gb200\n"
