@@ -209,9 +209,12 @@ def _checked(base: Plan, reject: dict) -> bool:
 
 
 def _fits_at_all(ctx: _Request, base: Plan, reject: dict) -> bool:
-    """The memory lower bound: whether ``base`` fits with the most recompute and offload there is."""
+    """The memory lower bound: False (rejected) when ``base`` cannot fit even with the most recompute and offload
+    there is. Only the first and last PP ranks are priced: a layout that passes may still not fit, which its
+    ladder (ending with that most-recompute, most-offload choice) then finds."""
     worst = _with_knobs(base, ctx.ladder[-1], ctx.fractions[-1], ctx.hw, ctx.request)
-    if _exceeds(ctx, worst):
+    pp = base.layout.pp
+    if any(_rank_peak(ctx, worst, r).total > ctx.limit for r in dict.fromkeys((0, pp - 1))):
         _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
         return False
     return True
@@ -226,15 +229,18 @@ def _parameters_exceed(ctx: _Request, base: Plan) -> bool:
     return ctx.memo[key] > ctx.limit
 
 
+def _rank_peak(ctx: _Request, plan: Plan, pp_rank: int) -> MemoryBreakdown:
+    """:func:`~lcmoe_recipes.cost.memory.rank_memory`, priced once per request."""
+    memory = ctx.memo.get((plan, pp_rank))
+    if memory is None:
+        memory = ctx.memo[(plan, pp_rank)] = rank_memory(plan, pp_rank)
+    return memory
+
+
 def _rank_peaks(ctx: _Request, plan: Plan):
-    """Each PP rank's :func:`~lcmoe_recipes.cost.memory.rank_memory`, priced once per request: the first rank
-    (most microbatches in flight) and the last (logits) first."""
+    """Each PP rank's memory: the first rank (most microbatches in flight) and the last (logits) first."""
     pp = plan.layout.pp
-    for r in dict.fromkeys((0, pp - 1, *range(1, pp - 1))):
-        memory = ctx.memo.get((plan, r))
-        if memory is None:
-            memory = ctx.memo[(plan, r)] = rank_memory(plan, r)
-        yield memory
+    return (_rank_peak(ctx, plan, r) for r in dict.fromkeys((0, pp - 1, *range(1, pp - 1))))
 
 
 def _exceeds(ctx: _Request, plan: Plan) -> bool:

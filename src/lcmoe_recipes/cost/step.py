@@ -158,8 +158,16 @@ def rank_kinds(model_key: str, pp: int, vpp: int, mtp: int, pp_rank: int) -> tup
     return tuple((kind, layer, n) for kind, (layer, n) in counts.items())
 
 
-@lru_cache(maxsize=512)
 def _work(plan: Plan) -> tuple[_RankWork, ...]:
+    """Per PP rank, what one microbatch costs (independent of the calibrated constants). It reads neither the
+    CUDA-graph nor the offload fields nor the batch size, so it is cached without them: the search prices many
+    plans that differ only there."""
+    return _cached_work(plan.with_changes(cuda_graph_impl="none", cuda_graph_modules=(), optimizer_cpu_offload=False,
+                                          optimizer_offload_fraction=0.0, global_batch_size=0, name=""))
+
+
+@lru_cache(maxsize=4096)
+def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
     s, lay = shapes(plan.model_spec), plan.layout
     tokens = plan.micro_batch_size * plan.seq_length
     share = 1.0 / (lay.tp * lay.cp)
