@@ -1,4 +1,4 @@
-"""Communication bytes checked by hand, and predicted TFLOP/s against published throughput (REFERENCE.md §9)."""
+"""Communication bytes checked by hand, and predicted TFLOP/s against published throughput (tests/published.py, each row with its source)."""
 
 import pytest
 from published import THROUGHPUT_ROWS

@@ -63,3 +63,20 @@ def test_doc_example_runs(scratch, doc, kind, index, text):
 
 def test_there_are_examples():
     assert sum(1 for c in CASES if c[1] == "bash") >= 8 and sum(1 for c in CASES if c[1] == "python") >= 4
+
+
+# The project's working notes live beside the repository and are never shipped: a user cannot open them, so nothing
+# the user reads (package, docs, scripts, tests) may cite them; cite the upstream file, paper or model card instead.
+PRIVATE = re.compile(r"REFERENCE\.md|DESIGN\.md|INSTALL_NOTES\.md|\.\./shared\b|\bshared/(?:seeds|hooks|REFERENCE)"
+                     r"|\bseeds/")
+
+
+def test_nothing_cites_the_private_notes():
+    files = [p for folder in ("src", "docs", "scripts", "tests", "recipes") for p in (ROOT / folder).rglob("*")
+             if p.is_file() and p.suffix in (".py", ".md", ".yaml", ".json", ".txt", ".toml")]
+    files += [ROOT / "README.md", ROOT / "pyproject.toml"]
+    here = Path(__file__).resolve()
+    hits = [f"{p.relative_to(ROOT)}:{n}: {line.strip()[:100]}" for p in files if p.resolve() != here
+            for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+            if PRIVATE.search(line)]
+    assert not hits, "cite the public source instead of the private notes:\n" + "\n".join(hits)

@@ -7,7 +7,7 @@ import pytest
 
 from lcmoe_recipes import recipe_plan
 from lcmoe_recipes.explain import decisions, explain_json, explain_text
-from lcmoe_recipes.planner import main as plan_main
+from lcmoe_recipes.plan.cli import main as plan_main
 
 
 def _png_size(path):

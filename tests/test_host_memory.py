@@ -136,7 +136,7 @@ def test_small_ram_system_refused_by_check(small_ram_h100, capsys):
 
 
 def test_planner_avoids_plans_that_overflow_host_ram(monkeypatch):
-    from lcmoe_recipes.planner import plan as search
+    from lcmoe_recipes.search import plan as search
     from lcmoe_recipes.request import TrainingRequest
 
     request = TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=256)

@@ -1,4 +1,4 @@
-"""The memory model against published peak-memory measurements (tests/published.py, REFERENCE.md §10).
+"""The memory model against published peak-memory measurements (tests/published.py, each row with its source).
 
 Documented-configuration rows M1-M6 and Q1-Q6 (torch peak allocated, compared with MemoryBreakdown.total, the
 caching allocator's peak): mean |predicted/published - 1| <= 0.08 and every row within 15%, with two constants
@@ -132,7 +132,7 @@ def test_fp8_weight_cache_and_graph_buffers():
 
 def test_gdn_ratios_quoted_are_the_report_rows():
     from lcmoe_recipes.cost.memory import GDN_MEASURED_RATIOS
-    from lcmoe_recipes.planner import UNCALIBRATED_FACTOR
+    from lcmoe_recipes.search import UNCALIBRATED_FACTOR
 
     ratios = [estimate_memory(REPORT_ROWS[r][0]).total / REPORT_ROWS[r][1] for r in ("N1", "N2", "N3")]
     assert GDN_MEASURED_RATIOS == (round(min(ratios), 2), round(max(ratios), 2)) == (0.50, 0.82)

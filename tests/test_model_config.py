@@ -17,7 +17,7 @@ from lcmoe_recipes.cost import memory_findings
 from lcmoe_recipes.cost.shapes import shapes
 from lcmoe_recipes.errors import LcmoeError, ModelConfigError
 from lcmoe_recipes.layout import ParallelLayout
-from lcmoe_recipes.planner import plan
+from lcmoe_recipes.search import plan
 from lcmoe_recipes.request import TrainingRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,7 +148,7 @@ def test_cli_refuses_bad_config_with_exit_2(tmp_path):
 
 
 def test_cp_exchange_follows_features():
-    oss = plan(TrainingRequest(model="gpt_oss_20b", seq_length=65536, hardware="gb200", num_gpus=8)).best.plan
+    oss = plan(TrainingRequest(model="gpt_oss_20b", seq_length=65536, hardware="gb200", num_gpus=8, cp=4)).best.plan
     assert oss.layout.cp > 1 and oss.cp_comm_type == "a2a"  # attention sinks: a2a only
     rules = lambda p: [f.rule for f in check_plan(p) if f.severity == "error"]  # noqa: E731
     assert {"cp/attention-sinks-exchange", "cp/sliding-window-exchange"} <= set(rules(oss.with_changes(cp_comm_type="p2p")))

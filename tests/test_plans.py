@@ -12,7 +12,7 @@ from lcmoe_recipes.layout import ParallelLayout
 from lcmoe_recipes.plan import build_pipeline_layout
 from lcmoe_recipes.recipes import find_named_recipe
 
-# The issue-2 table (from the Megatron-Bridge long-context skill, REFERENCE.md §9):
+# The published table (Megatron-Bridge long-context skill, SKILL.md and card.yaml):
 # name: (world, hardware, TP, CP, EP, PP, VPP, DP, EDP, precision, backend)
 TABLE = {
     "dsv3_128k_h100": (256, "h100", 1, 32, 32, 8, 4, 1, 1, "fp8_blockwise", "deepep"),

@@ -42,3 +42,29 @@ def test_placement_of_the_named_layouts():
     # Qwen3-235B 128K on GB200 (4 GPUs per tray, 64-GPU NVLink blocks): TP4 in one tray, EP32 in one block
     p = placement(ParallelLayout(world=128, tp=4, pp=4, cp=4, ep=32, vpp=12), gpus_per_node=4, job_block=64)
     assert p["TP"] == (4, 1, 1) and p["EP"] == (32, 8, 1) and p["CP"] == (4, 4, 1) and p["DP"] == (2, 2, 1)
+
+
+def test_placement_answers_without_listing_groups():
+    """max_span, max_inside_own_block and ring_exits (answered from the residues of the groups' first ranks) equal
+    the answers from listing every group, for odd and even degrees and blocks that divide nothing."""
+    import random
+
+    from lcmoe_recipes.ranks import max_inside_own_block, max_span, ring_exits
+
+    rng = random.Random(12)
+    checked = 0
+    while checked < 300:
+        tp, cp, pp, dp = (rng.choice(v) for v in ((1, 2, 3, 4, 8), (1, 2, 3, 4, 16), (1, 2, 3, 4), (1, 2, 3, 5, 8, 16)))
+        ep = rng.choice([e for e in (1, 2, 4, 6, 8, 16, 32) if (tp * cp * dp) % e == 0])
+        lay = ParallelLayout(world=tp * cp * pp * dp, tp=tp, pp=pp, cp=cp, ep=ep)
+        block = rng.choice((4, 6, 8, 64, 72))
+        for grid, token in (("dense", "tp"), ("dense", "cp"), ("dense", "dp-cp"), ("dense", "pp"),
+                            ("expert", "ep"), ("expert", "dp"), ("expert", "tp-ep")):
+            groups = (dense_groups if grid == "dense" else expert_groups)(lay, token)
+            assert max_span(lay, grid, token, block) == max(len({r // block for r in g}) for g in groups)
+            assert max_inside_own_block(lay, grid, token, block) == max(
+                sum(1 for r in g if r // block == g[0] // block) for g in groups)
+        rings = dense_groups(lay, "cp")
+        assert ring_exits(lay, "cp", block) == sum(1 for g in rings for a, b in zip(g, g[1:] + g[:1])
+                                                   if a // block == 0 and b // block != 0)
+        checked += 1

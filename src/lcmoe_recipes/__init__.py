@@ -27,7 +27,7 @@ def build_config(plan: Plan, validate: bool = True):
 
 
 def build_recipe(request=None, validate: bool = True, **fields):
-    """The validated ConfigContainer for any request: the planner's best layout (:func:`lcmoe_recipes.planner.plan`).
+    """The validated ConfigContainer for any request: the search's best layout (:func:`lcmoe_recipes.search.plan`).
 
     Args:
         request: a :class:`lcmoe_recipes.request.TrainingRequest`, or a dict of its fields; or None and the fields
@@ -38,7 +38,7 @@ def build_recipe(request=None, validate: bool = True, **fields):
         pydantic.ValidationError: bad request fields. ModelConfigError: a bad model_config file.
         InfeasibleConfig: no legal layout fits (names the constraint).
     """
-    from .planner import plan
+    from .search import plan
     from .request import TrainingRequest
 
     if request is None:

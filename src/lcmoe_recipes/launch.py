@@ -27,7 +27,7 @@ from .errors import LcmoeError, UnknownName
 from .executors import (EXECUTORS, LaunchResult, SlurmSettings, check_settings, job_dir_of, nodes_for, run_local,
                         run_slurm, train_arguments)
 from .plan import PRECISIONS, Plan, Reason, carry_reasons
-from .planner import request_arguments, request_from_args
+from .plan.cli import request_arguments, request_from_args
 from .recipes import NAMED_RECIPES, find_named_recipe, recipe_plan
 from .train import rank_arguments
 
@@ -172,7 +172,7 @@ def run_options(wishes) -> dict:
 def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware: str | None,
                  precision: str | None = None, wishes=None) -> Plan:
     """The Plan for the CLI's request: a named recipe by name, or by (model, seq[, gpus, hardware]); a request that
-    matches no named recipe is planned (:func:`lcmoe_recipes.planner.plan`) when --gpus and --hardware are given, and
+    matches no named recipe is planned (:func:`lcmoe_recipes.search.plan`) when --gpus and --hardware are given, and
     so is a named recipe's target when layout wishes (--tp/--pp/--cp/--ep/--dispatcher/--mbs/--no-offload/
     --variable-length) ask for something the recipe pins.
 
@@ -201,12 +201,12 @@ def resolve_plan(model: str | None, seq: int | None, gpus: int | None, hardware:
             if gpus is None or hardware is None or "no named recipe" not in exc.message:
                 raise LcmoeError(exc.message, exc.fix.replace("planning other model / length / GPU combinations is "
                                  "not available yet", "or give --gpus and --hardware to plan one")) from None
-            from .planner import plan as search
+            from .search import plan as search
 
             return search(request_from_args(model, seq, wishes)).best.plan
     asked = _layout_wishes(wishes)
     if asked:  # the recipe pins what these flags change: plan its target with them instead
-        from .planner import plan as search
+        from .search import plan as search
 
         target = argparse.Namespace(**{**vars(wishes), "gpus": recipe.num_gpus, "hardware": recipe.hardware})
         best = search(request_from_args(recipe.model, recipe.seq_length, target)).best.plan
@@ -618,10 +618,10 @@ def main(argv: list[str] | None = None) -> int:
     for one in built:
         _print_built(one, args)
     if args.plot:
-        from .plots import write_plots
+        from .plan.cli import write_plot_files
 
         try:
-            written = write_plots([b.shown for b in built], args.plot)
+            written = write_plot_files([b.shown for b in built], args.plot)
         except LcmoeError as exc:
             return _report_error(exc, args.json)
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)

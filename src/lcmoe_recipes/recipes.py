@@ -19,7 +19,7 @@ from .checks import check_plan, raise_for_errors
 from .errors import UnknownName
 from .layout import ParallelLayout
 from .plan import Plan, Reason
-from .rules.extension import RunOptions, extension_fields, with_cp_comm
+from .rules.extension import RunOptions, extension_fields, with_cp_comm, with_ep_overlap
 
 SKILL = "Megatron-Bridge skill nemo-mbridge-perf-moe-long-context (SKILL.md, card.yaml)"
 RUN_OPTIONS = tuple(f.name for f in fields(RunOptions))
@@ -45,9 +45,9 @@ def _named(name: str, model: str, hardware: str, seq_length: int, layout: Parall
     for its layout (:func:`lcmoe_recipes.rules.extension.extension_fields`)."""
     spec, hw = get_model(model), get_hardware(hardware)
     common, why = extension_fields(spec, hw, seq_length, layout, precision, options)
-    return with_cp_comm(Plan(name=name, model=model, hardware=hardware, seq_length=seq_length, layout=layout,
-                             precision=precision, mtp_num_layers=spec.mtp_num_layers, **{**common, **knobs},
-                             reasons={**why, **reasons}))
+    plan = Plan(name=name, model=model, hardware=hardware, seq_length=seq_length, layout=layout, precision=precision,
+                mtp_num_layers=spec.mtp_num_layers, **{**common, **knobs}, reasons={**why, **reasons})
+    return with_cp_comm(with_ep_overlap(plan))
 
 
 def _dsv3_h100(seq_length: int, num_gpus: int, cp: int, name: str, options: RunOptions) -> Plan:

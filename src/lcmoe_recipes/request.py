@@ -5,11 +5,15 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .catalog import get_hardware, get_model
+from .cost import HBM_MARGIN
 from .plan import PRECISIONS
 from .rules.extension import RunOptions
 from .rules.positions import ROPE_CHOICES
 
 DISPATCHER_BACKENDS = ("deepep", "hybridep", "alltoall")
+# the least HBM fraction a plan keeps free: the memory check (lcmoe_recipes.cost.memory_findings) refuses a predicted
+# peak above HBM_MARGIN (95%) of HBM, for the allocator's fragmentation and NCCL buffers
+DEFAULT_MEMORY_MARGIN = round(1 - HBM_MARGIN, 6)
 
 
 class TrainingRequest(BaseModel):
@@ -44,6 +48,9 @@ class TrainingRequest(BaseModel):
     lr: float | None = Field(default=None, gt=0, description="learning rate of the phase")
     train_iters: int | None = Field(default=None, gt=0, description="optimizer steps of the phase")
     pretrained_checkpoint: str | None = Field(default=None, description="Megatron checkpoint to start from")
+
+    memory_margin: float = Field(default=DEFAULT_MEMORY_MARGIN, description="fraction of HBM the plan keeps free "
+                                 "(default 0.05: the predicted peak may reach 95% of HBM)")
 
     def run_options(self) -> RunOptions:
         """The per-run options every plan's common decisions take (:mod:`lcmoe_recipes.rules.extension`)."""
@@ -101,6 +108,15 @@ class TrainingRequest(BaseModel):
     def _dispatcher(cls, value: str | None) -> str | None:
         if value is not None and value not in DISPATCHER_BACKENDS:
             raise ValueError(f"unknown dispatcher '{value}'; valid: {', '.join(DISPATCHER_BACKENDS)}")
+        return value
+
+    @field_validator("memory_margin")
+    @classmethod
+    def _memory_margin(cls, value: float) -> float:
+        if not DEFAULT_MEMORY_MARGIN <= value < 1:
+            raise ValueError(f"memory_margin {value:g} is not a fraction of HBM to keep free between "
+                             f"{DEFAULT_MEMORY_MARGIN:g} and 1 (the memory check refuses a predicted peak above "
+                             f"{1 - DEFAULT_MEMORY_MARGIN:.0%} of HBM); use e.g. 0.1 to keep 10% free")
         return value
 
     @model_validator(mode="after")

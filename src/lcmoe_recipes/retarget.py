@@ -38,8 +38,8 @@ def retarget(cfg, hardware: str, world_size: int, seq_length: int, wishes=None,
         LcmoeError: the config's model is not in the catalogue, or no layout fits.
     """
     from .emit import plan_from_config
-    from .planner import plan as search
-    from .planner import request_from_args
+    from .search import plan as search
+    from .plan.cli import request_from_args
 
     if seq_length <= 0:
         raise LcmoeError(f"--seq {seq_length} is not a positive number of tokens", "e.g. --seq 131072")

@@ -133,7 +133,7 @@ def replan(meta: dict, world_size: int, hardware: str, overrides: list[str]):
         raise LcmoeError("this YAML's header does not name its model and seq_length, so it cannot be re-planned",
                          "write it again with the current `python -m lcmoe_recipes.launch ... --dry-run`")
     from . import emit
-    from .planner import plan
+    from .search import plan
     from .request import TrainingRequest
 
     best = plan(TrainingRequest(model=meta["model"], seq_length=meta["seq_length"], hardware=hardware,

@@ -42,7 +42,7 @@ from functools import lru_cache
 from ..catalog import get_hardware
 from ..layout import ParallelLayout
 from ..plan import Plan, stage_decoder_layers
-from ..ranks import dense_groups, expert_groups, max_span
+from ..ranks import max_inside_own_block, max_span, ring_exits
 from .shapes import shapes
 
 BF16 = 2
@@ -85,10 +85,8 @@ def links(layout: ParallelLayout, hw_key: str) -> Links:
     """The :class:`Links` of ``layout`` on GPU type ``hw_key`` (megatron-core rank order, :mod:`lcmoe_recipes.ranks`)."""
     hw = get_hardware(hw_key)
     block = hw.job_block
-    cp_groups = dense_groups(layout, "cp")
-    senders = sum(1 for g in cp_groups for a, b in zip(g, g[1:] + g[:1]) if a // block == 0 and b // block != 0)
-    ep_groups = expert_groups(layout, "ep")
-    inside = max(sum(1 for r in g if r // block == g[0] // block) for g in ep_groups)
+    senders = ring_exits(layout, "cp", block)  # CP ring flows leaving the first block
+    inside = max_inside_own_block(layout, "expert", "ep", block)
     return Links(
         tp_nvlink=_on_nvlink(layout, "dense", "tp", block), cp_nvlink=_on_nvlink(layout, "dense", "cp", block),
         cp_ring_rate=min(hw.nvlink_gbps, hw.scaleout_gbps * hw.gpus_per_node / max(senders, 1)) * 1e9,
@@ -181,7 +179,8 @@ def data_parallel_transfers(plan: Plan, dense_params: float, expert_params: floa
 
 
 def rank_layers(plan: Plan, pp_rank: int) -> tuple[int, ...]:
-    """Decoder layers held by pipeline rank ``pp_rank`` (all its chunks)."""
+    """Decoder layers held by pipeline rank ``pp_rank`` (all its chunks): the plan's layout string's split, else the
+    even one (:func:`lcmoe_recipes.plan.stage_decoder_layers`)."""
     return _rank_layers(tuple(stage_decoder_layers(plan)), plan.layout.pp, plan.layout.vpp or 1, pp_rank)
 
 

@@ -136,9 +136,10 @@ def loader_bytes_per_rank(plan: Plan) -> dict[str, float]:
 def pinned_rounding(plan: Plan) -> float:
     """torch's pinned allocator rounds each allocation up to a power of two: bytes held per byte asked, for one
     routed expert's weight (``moe_intermediate_size`` x ``hidden_size``; ETP and the fc1 gate+up factor are powers
-    of two and do not change the ratio). DeepSeek-V3: 7168 x 2048 -> 8/7."""
+    of two and do not change the ratio). DeepSeek-V3: 7168 x 2048 -> 8/7. A dense model: its MLP weight
+    (``intermediate_size`` x ``hidden_size``)."""
     s = shapes(plan.model_spec)
-    elements = s.h * s.f_expert
+    elements = s.h * (s.f_expert or s.f_dense)
     return (1 << (elements - 1).bit_length()) / elements
 
 

@@ -100,7 +100,7 @@ CALIBRATED = MemoryConstants(overhead_bytes=3.8e9, activation_scale=0.82)
 
 # Predicted / published peak of the three Qwen3-Next rows (docs/accuracy.md, N1-N3: layout unpublished, measurement
 # method unknown) with gated DeltaNet priced from megatron-core's implementation: the range the memory/uncalibrated
-# warning quotes and the planner's safety factor (lcmoe_recipes.planner.UNCALIBRATED_FACTOR). A test recomputes it.
+# warning quotes and the planner's safety factor (lcmoe_recipes.search.UNCALIBRATED_FACTOR). A test recomputes it.
 GDN_MEASURED_RATIOS = (0.50, 0.82)
 
 # What the caching allocator holds at the peak (sums to ``total``); ``dispatcher`` lives outside it.

@@ -36,9 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..plan import Plan
-from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
-from .shapes import LayerShapes, shapes
+from ..plan import Plan, stage_decoder_layers
+from .comm import _rank_layers, data_parallel_transfers, layer_transfers, pipeline_transfer
+from .shapes import GDN, LayerShapes, shapes
 
 # (gpu, precision) -> fraction of dense peak reached by GEMMs; (gpu, "attention") -> by attention kernels (BF16);
 # (gpu, "gdn_step") -> seconds per sequential chunk step of the gated-DeltaNet scan (see _gdn_seconds).
@@ -74,14 +74,14 @@ def _layer_flops(s: LayerShapes, layer: int, seq: int) -> tuple[float, float]:
     return linear, attention
 
 
-def _gdn_seconds(plan: Plan, step_seconds: float) -> float:
+def _gdn_seconds(micro_batch_size: int, seq_length: int, step_seconds: float) -> float:
     """Time of one gated-DeltaNet layer's chunked scan for one microbatch, forward + backward (3 passes).
 
     The scan carries a (dk x dv) state per head from chunk to chunk: seq_length/64 sequential steps whatever CP is
     (CP's all-to-all hands each rank the whole sequence for 1/CP of the heads, so fewer heads run in parallel but
     the chain of steps is as long). ``step_seconds`` is the calibrated time of one step.
     """
-    return 3 * plan.micro_batch_size * (plan.seq_length / GDN_CHUNK) * step_seconds
+    return 3 * micro_batch_size * (seq_length / GDN_CHUNK) * step_seconds
 
 
 def model_flops_per_token(plan: Plan) -> float:
@@ -146,8 +146,35 @@ class _RankWork:
     bytes_by: tuple[tuple[str, float], ...]
 
 
-@lru_cache(maxsize=512)
+def rank_kinds(plan: Plan, pp_rank: int) -> tuple[tuple[tuple[bool, str], int, int], ...]:
+    """The decoder layers of pipeline rank ``pp_rank`` by kind: ((is MoE, attention kind), a layer of that kind,
+    how many), in the order the kinds first appear. Layers of one kind cost the same."""
+    lay = plan.layout
+    return _rank_kinds(plan.model, tuple(stage_decoder_layers(plan)), lay.pp, lay.vpp or 1, pp_rank)
+
+
+@lru_cache(maxsize=4096)
+def _rank_kinds(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, pp_rank: int):
+    from ..catalog import get_model
+
+    s = shapes(get_model(model_key))
+    counts: dict[tuple[bool, str], list[int]] = {}
+    for i in _rank_layers(stages, pp, vpp, pp_rank):
+        kind = (s.is_moe(i), s.kind(i))
+        counts.setdefault(kind, [i, 0])[1] += 1
+    return tuple((kind, layer, n) for kind, (layer, n) in counts.items())
+
+
 def _work(plan: Plan) -> tuple[_RankWork, ...]:
+    """Per PP rank, what one microbatch costs (independent of the calibrated constants). It reads neither the
+    CUDA-graph nor the offload fields nor the batch size, so it is cached without them: the search prices many
+    plans that differ only there."""
+    return _cached_work(plan.with_changes(cuda_graph_impl="none", cuda_graph_modules=(), optimizer_cpu_offload=False,
+                                          optimizer_offload_fraction=0.0, global_batch_size=0, name=""))
+
+
+@lru_cache(maxsize=4096)
+def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
     s, lay = shapes(plan.model_spec), plan.layout
     tokens = plan.micro_batch_size * plan.seq_length
     share = 1.0 / (lay.tp * lay.cp)
@@ -159,38 +186,36 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
         attention: dict[tuple[float, float], int] = {}
         gdn = 0
         bytes_by: dict[str, float] = {"PP": pp_t.nvlink_bytes + pp_t.scaleout_bytes}
-        layers = rank_layers(plan, r)
-        for i in layers:
-            kind = (s.is_moe(i), s.kind(i))
+        for kind, i, count in rank_kinds(plan, r):
             if kind not in per_kind:  # layers of one kind cost the same
                 per_kind[kind] = (_layer_flops(s, i, plan.seq_length), _recompute_flops(s, i, plan),
                                   layer_transfers(plan, i))
             (linear, attn), (recompute, recompute_attn), transfers = per_kind[kind]
-            gemm += (linear + recompute) * tokens * share
+            gemm += count * (linear + recompute) * tokens * share
             attn = attn + recompute_attn  # full recompute and core_attn re-run the attention forward
             cp = a2a = 0.0
             for t in transfers:
-                kind = "CP" if t.kind == "CP-a2a" else t.kind
-                bytes_by[kind] = bytes_by.get(kind, 0.0) + t.nvlink_bytes + t.scaleout_bytes
+                kind_ = "CP" if t.kind == "CP-a2a" else t.kind
+                bytes_by[kind_] = bytes_by.get(kind_, 0.0) + count * (t.nvlink_bytes + t.scaleout_bytes)
                 if t.kind == "TP":
-                    tp += t.seconds
+                    tp += count * t.seconds
                 elif t.kind == "EP":
-                    ep += t.seconds
+                    ep += count * t.seconds
                 elif t.kind == "CP-a2a":
                     a2a = t.seconds  # hierarchical CP's all-to-all: not overlapped
                 else:
                     cp = t.seconds
-            exposed_cp += a2a  # hierarchical CP's all-to-all is not overlapped
-            if s.is_softmax(i) and plan.cp_comm_type not in (None, "p2p", "a2a+p2p"):
+            exposed_cp += count * a2a
+            if kind[1] != GDN and plan.cp_comm_type not in (None, "p2p", "a2a+p2p"):
                 key = (attn * tokens * share, 0.0)  # a2a / all_gather: the exchange is not overlapped: exposed
-                attention[key] = attention.get(key, 0) + 1
-                exposed_cp += cp
-            elif s.is_softmax(i):
+                attention[key] = attention.get(key, 0) + count
+                exposed_cp += count * cp
+            elif kind[1] != GDN:
                 key = (attn * tokens * share, cp)
-                attention[key] = attention.get(key, 0) + 1
+                attention[key] = attention.get(key, 0) + count
             else:
-                gdn += 1
-                exposed_cp += cp
+                gdn += count
+                exposed_cp += count * cp
                 key = (attn * tokens * share, 0.0)
                 attention[key] = attention.get(key, 0)  # GDN FLOPs are timed by _gdn_seconds
         if r == lay.pp - 1:  # output layer and MTP on the last stage
@@ -201,14 +226,13 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
     return tuple(out)
 
 
-def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None = None) -> StepEstimate:
-    """Predicted step of ``plan`` (see the module doc for every assumption)."""
-    table = efficiencies or EFFICIENCY
-    lay, hw = plan.layout, plan.hardware_spec
+def _slowest_rank(plan: Plan, table: dict[tuple[str, str], float]) -> tuple[float, _RankWork, float, float, float, float]:
+    """(microbatch seconds, work, GEMM s, attention s, exposed CP s, exposed EP s) of the slowest pipeline rank."""
+    hw = plan.hardware_spec
     key = _eff_key(hw.key, plan.precision)
     gemm_rate = hw.peak(plan.precision) * 1e12 * table[key]
     attn_rate = hw.peak_tflops["bf16"] * 1e12 * table[(key[0], "attention")]
-    gdn_step = _gdn_seconds(plan, table[(key[0], "gdn_step")])
+    gdn_step = _gdn_seconds(plan.micro_batch_size, plan.seq_length, table[(key[0], "gdn_step")])
     worst = None
     for w in _work(plan):
         gemm = w.gemm_flops / gemm_rate
@@ -218,7 +242,19 @@ def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None 
         t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds
         if worst is None or t_mb > worst[0]:
             worst = (t_mb, w, gemm, attn, cp, ep)
-    t_mb, w, gemm, attn, cp, ep = worst
+    return worst
+
+
+def microbatch_seconds(plan: Plan) -> float:
+    """Predicted seconds of one microbatch on the slowest pipeline rank (compute and exposed TP / CP / EP / PP
+    communication; what :func:`estimate_step` multiplies by microbatches plus the bubble)."""
+    return _slowest_rank(plan, EFFICIENCY)[0]
+
+
+def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None = None) -> StepEstimate:
+    """Predicted step of ``plan`` (see the module doc for every assumption)."""
+    lay, hw = plan.layout, plan.hardware_spec
+    t_mb, w, gemm, attn, cp, ep = _slowest_rank(plan, efficiencies or EFFICIENCY)
     micro = plan.num_microbatches
     bubble = (lay.pp - 1) / (lay.vpp or 1)
     from .memory import rank_memory  # parameter counts of that rank

@@ -184,6 +184,8 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         create_attention_mask=bool(getattr(cfg.dataset, "create_attention_mask", False)),
         num_workers=int(getattr(cfg.dataset, "num_workers", 0) or 0), eval_iters=int(_eval_iters(cfg) or 0),
         pin_cpu_grads=bool(opt.pin_cpu_grads),
+        moe_ep_overlap=bool(m.overlap_moe_expert_parallel_comm
+                            or (cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm)),
     )
 
 

@@ -162,6 +162,8 @@ def _precision(cfg, plan: Plan) -> None:
 
     if _precision_of(cfg.mixed_precision) == plan.precision:
         return  # upstream's own mixed-precision object for this precision (its tuned fields included)
+    if plan.precision == "bf16" and getattr(cfg.model, "moe_router_padding_for_quantization", False):
+        cfg.model.moe_router_padding_for_quantization = False  # pads routed tokens for FP8/FP4 GEMMs only
     from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 
     grad_fp32 = getattr(cfg.mixed_precision, "grad_reduce_in_fp32", None)
@@ -198,8 +200,16 @@ def _attention_mask(cfg, plan: Plan) -> None:
     cfg.dataset.create_attention_mask = plan.create_attention_mask
 
 
+def _vocabulary(cfg, plan: Plan) -> None:
+    cfg.model.vocab_size = plan.model_spec.vocab_size
+
+
 def _data(cfg, plan: Plan) -> None:
     cfg.dataset.num_workers = plan.num_workers
+    if getattr(cfg.dataset, "path_to_cache", None) is None:  # the cached index loads need a cache folder
+        for flag in ("fast_cache_load", "defer_npy_index_mmap"):
+            if getattr(cfg.dataset, flag, False):
+                setattr(cfg.dataset, flag, False)
     tok = cfg.tokenizer
     if getattr(cfg.dataset, "blend", None) is None:  # mock data: nothing to download
         tok.tokenizer_type, tok.tokenizer_model, tok.vocab_size = "NullTokenizer", None, plan.model_spec.vocab_size
@@ -243,6 +253,24 @@ def _tp_overlap(cfg, plan: Plan) -> None:
         cfg.comm_overlap.tp_comm_overlap = False
 
 
+def _ep_overlap(cfg, plan: Plan) -> None:
+    overlap = cfg.comm_overlap
+    if plan.moe_ep_overlap:
+        if overlap is None:
+            from megatron.bridge.training.comm_overlap import CommOverlapConfig
+
+            cfg.comm_overlap = overlap = CommOverlapConfig(tp_comm_overlap=False)
+        overlap.overlap_moe_expert_parallel_comm = True
+        graphed_attention = "attn" in plan.cuda_graph_modules and plan.cuda_graph_impl != "none"
+        if overlap.delay_wgrad_compute and graphed_attention and (cfg.model.add_bias_linear or cfg.model.add_qkv_bias):
+            overlap.delay_wgrad_compute = False  # megatron-bridge: no attention bias in graphs with delayed wgrad
+    elif overlap is not None:  # off: clear what the base set (megatron-bridge asserts delay_wgrad_compute needs it)
+        if overlap.overlap_moe_expert_parallel_comm:
+            overlap.overlap_moe_expert_parallel_comm = False
+        if overlap.delay_wgrad_compute:
+            overlap.delay_wgrad_compute = False
+
+
 def _answer(text: str, source: str) -> Callable[[Plan], Reason]:
     return lambda plan: Reason(text, source)
 
@@ -273,7 +301,8 @@ SETTINGS: tuple[Setting, ...] = (
                           "model.recompute_num_layers"), _recompute),
     Setting("cuda_graphs", ("model.cuda_graph_impl", "model.cuda_graph_scope*", "model.cuda_graph_modules*",
                             "model.use_te_rng_tracker", "rng.te_rng_tracker"), _cuda_graphs),
-    Setting("precision", ("mixed_precision", "mixed_precision.*"), _precision),
+    Setting("precision", ("mixed_precision", "mixed_precision.*", "model.moe_router_padding_for_quantization"),
+            _precision),
     Setting("optimizer_cpu_offload", ("optimizer.use_distributed_optimizer", "ddp.use_distributed_optimizer",
                                       "optimizer.use_precision_aware_optimizer", "optimizer.optimizer_cpu_offload",
                                       "optimizer.optimizer_offload_fraction", "optimizer.overlap_cpu_optimizer_d2h_h2d"),
@@ -288,10 +317,18 @@ SETTINGS: tuple[Setting, ...] = (
                     "gpt_step never reads the dataset's (its gpt_oss perf recipe also sets it false)",
                     "megatron-core 0.19.2 datasets/gpt_dataset.py _get_ltor_masks_and_position_ids; megatron-bridge "
                     "0.6.2 perf_recipes/gpt_oss/common.py; docs/cost_model.md (host memory)")),
-    Setting("data", ("dataset.num_workers", "tokenizer.tokenizer_type", "tokenizer.tokenizer_model",
+    Setting("vocabulary", ("model.vocab_size",), _vocabulary,
+            _answer("the model's own vocabulary (its config.json vocab_size), so its released weights load: upstream's "
+                    "gpt-oss perf recipes benchmark with Llama 3's 128,256 instead",
+                    f"{UPSTREAM} perf_recipes/gpt_oss/common.py; the model's config.json")),
+    Setting("data", ("dataset.num_workers", "dataset.fast_cache_load", "dataset.defer_npy_index_mmap",
+                     "tokenizer.tokenizer_type", "tokenizer.tokenizer_model",
                      "tokenizer.vocab_size"), _data,
             _answer("mock data with a NullTokenizer sized to the model's vocabulary until --data-path/--tokenizer give "
-                    "real ones (nothing is downloaded)", "lcmoe_recipes docs/guide.md (real data)")),
+                    "real ones (nothing is downloaded); the cached-index loads upstream's perf recipes turn on need "
+                    "dataset.path_to_cache, so they stay off until one is given (megatron-core asserts it)",
+                    "lcmoe_recipes docs/guide.md (real data); megatron-core 0.19.2 "
+                    "datasets/blended_megatron_dataset_config.py")),
     Setting("checkpoint", ("checkpoint.save", "checkpoint.load", "checkpoint.pretrained_checkpoint",
                            "checkpoint.save_interval", "logger.tensorboard_dir"), _checkpoint,
             _answer("a real run saves: checkpoints and TensorBoard under nemo_experiments/<recipe>/ of the launch folder "
@@ -318,6 +355,11 @@ SETTINGS: tuple[Setting, ...] = (
                     "rescale the gradients (megatron-core's DDP requires average_in_collective off with it)",
                     "Megatron-LM issue #7452 / PR #7513; megatron-core 0.19.2 distributed/distributed_data_parallel.py; "
                     "docs/known_issues.md cp-masked-loss-normalization")),
+    Setting("moe_ep_overlap", ("comm_overlap.overlap_moe_expert_parallel_comm", "comm_overlap.delay_wgrad_compute"),
+            _ep_overlap, _answer("EP all-to-all overlap as the base recipe sets it, off where megatron-core forbids it "
+                                 "(see moe_ep_overlap); delayed weight gradients only with it, and not with graphed "
+                                 "attention that has biases (megatron-bridge asserts both)",
+                                 f"{UPSTREAM} training/comm_overlap.py CommOverlapConfig.setup")),
     Setting("tp_comm_overlap", ("comm_overlap.tp_comm_overlap",), _tp_overlap,
             _answer("TP communication overlap off: upstream's recipe asks for it at TP=1, where CommOverlapConfig.setup "
                     "turns it off; at TP>1 it would start userbuffer overlap that no upstream recipe of this model runs "

@@ -124,7 +124,7 @@ _DTYPES = {"bf16": "bf16", "fp8cs": "fp8_cs", "fp8sc": "fp8_blockwise", "fp8mx":
 def summarize(path: str, hub_id: str, cfg) -> dict | None:
     """The catalogue record of one upstream recipe: its name's parts and the settings the planner and the cost model
     read (layout, pipeline layout string, precision, optimizer and gradient dtypes, init, dispatcher, graphs,
-    recompute, data-loader workers). None for a name outside upstream's naming scheme or a precision we do not plan
+    recompute, data-loader workers, EP all-to-all overlap). None for a name outside upstream's naming scheme or a precision we do not plan
     (NVFP4)."""
     import re
 
@@ -160,4 +160,5 @@ def summarize(path: str, hub_id: str, cfg) -> dict | None:
         "cuda_graph_impl": m.cuda_graph_impl,
         "recompute_modules": list(m.recompute_modules or []) if m.recompute_granularity == "selective" else [],
         "num_workers": cfg.dataset.num_workers,
+        "moe_ep_overlap": bool(cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm),
     }

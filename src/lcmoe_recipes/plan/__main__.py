@@ -1,7 +1,7 @@
-"""python -m lcmoe_recipes.plan: the planner's command line (lcmoe_recipes.planner.main)."""
+"""python -m lcmoe_recipes.plan: the search's command line (:func:`lcmoe_recipes.plan.cli.main`)."""
 
 import sys
 
-from ..planner import main
+from .cli import main
 
 sys.exit(main())

@@ -78,6 +78,47 @@ def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: Par
     return fields, reasons
 
 
+EP_OVERLAP_SOURCE = ("megatron-core 0.19.2 transformer/transformer_config.py TransformerConfig.__post_init__ "
+                     "(overlap_moe_expert_parallel_comm asserts); megatron-bridge 0.6.2 training/comm_overlap.py "
+                     "(delay_wgrad_compute needs it)")
+
+
+def ep_overlap_blockers(plan) -> list[str]:
+    """What in ``plan`` megatron-core 0.19.2 forbids together with ``overlap_moe_expert_parallel_comm`` (empty: it
+    may be on): EP=1, a dispatcher other than alltoall/flex, full recompute (or a recompute method / layer count),
+    'moe' in the recompute modules, PP>1 without VPP, more than one MTP layer."""
+    lay, out = plan.layout, []
+    if lay.ep == 1:
+        out.append("EP=1")
+    if plan.moe_token_dispatcher_type not in ("alltoall", "flex"):
+        out.append(f"the {plan.moe_token_dispatcher_type} dispatcher (alltoall/flex only)")
+    if plan.recompute_granularity == "full" or plan.recompute_method or plan.recompute_num_layers:
+        out.append("full recompute")
+    elif "moe" in plan.recompute_modules:
+        out.append("'moe' in recompute_modules")
+    if lay.pp > 1 and not lay.vpp:
+        out.append("PP>1 without VPP")
+    if plan.mtp_num_layers > 1:
+        out.append(f"{plan.mtp_num_layers} MTP layers (at most 1)")
+    return out
+
+
+def with_ep_overlap(plan):
+    """``plan`` with the EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) its base recipe asks for
+    (``plan.moe_ep_overlap`` as inherited), turned off where the plan's recompute or layout forbids it; the
+    reason says which. The step model hides half the EP time when it is on (:mod:`lcmoe_recipes.cost.step`)."""
+    if not plan.moe_ep_overlap:
+        return plan
+    blockers = ep_overlap_blockers(plan)
+    if blockers:
+        why = (f"EP all-to-all overlap off: the base recipe overlaps it with compute, but megatron-core forbids that "
+               f"with {', '.join(blockers)} (this plan needs them to fit or to run)")
+        return plan.with_changes(moe_ep_overlap=False, reasons={**plan.reasons,
+                                                                 "moe_ep_overlap": Reason(why, EP_OVERLAP_SOURCE)})
+    why = "EP all-to-all overlapped with compute (overlap_moe_expert_parallel_comm), as the base recipe sets it"
+    return plan.with_changes(reasons={**plan.reasons, "moe_ep_overlap": Reason(why, EP_OVERLAP_SOURCE)})
+
+
 def with_cp_comm(plan):
     """``plan`` with its context-parallel communication chosen (:func:`lcmoe_recipes.rules.cp.choose_cp_comm`)."""
     from .cp import choose_cp_comm

@@ -1,0 +1,98 @@
+"""Lower bounds of a plan's predicted step time (:func:`lcmoe_recipes.cost.estimate_step`) over the knobs the search
+chooses per layout -- recompute, optimizer offload, CUDA graphs -- so that the search can skip a layout whose bound
+is already slower than every plan it must keep (:mod:`lcmoe_recipes.search`).
+
+Why they are bounds, term by term of ``estimate_step`` (cost/step.py)::
+
+    step = (microbatches + bubble) · t_mb + exposed DP + offload
+    t_mb = max over PP ranks of  GEMM + attention + TP + max(0, CP - attention) + EP + PP   (one microbatch)
+
+* recompute only adds FLOPs to GEMM and attention, and attention + max(0, CP - attention) = max(attention, CP)
+  never falls when attention grows: every rank's t_mb is smallest without recompute; exposed DP and offload are
+  never negative. So (microbatches + bubble) · t_mb of the plan *without recompute* is a bound
+  (:func:`step_lower_bound`; it prices the communication exactly).
+* cheaper, for ordering and skipping layouts before their knobs and checks are worked out: the same without any
+  communication (never negative either), from per-rank FLOPs cached per (model, seq_length, PP, VPP)
+  (:func:`compute_lower_bound`).
+
+And one bound of its predicted peak memory (:func:`lcmoe_recipes.cost.estimate_memory`), whatever its knobs, CP
+and batch: the parameters and gradients of the most loaded rank (:func:`memory_lower_bound`).
+
+``tests/test_search.py`` checks every bound against ``estimate_step`` / ``estimate_memory`` of the plans the search
+builds.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..catalog import get_hardware, get_model
+from ..layout import ParallelLayout
+from ..catalog.models import GDN
+from ..plan import Plan, pipeline_stage_layers
+from .memory import rank_memory
+from .shapes import shapes
+from .step import EFFICIENCY, _eff_key, _gdn_seconds, _layer_flops, microbatch_seconds, _rank_kinds
+
+
+@lru_cache(maxsize=1024)
+def _rank_flops(model_key: str, seq_length: int, pp: int, vpp: int, mtp: int) -> tuple[tuple[float, float, int], ...]:
+    """Per PP rank, without recompute: (FLOPs per token timed at the GEMM rate, FLOPs per token timed at the
+    attention rate, gated-DeltaNet layers), split as ``estimate_step`` times them -- decoder layers' linear FLOPs,
+    and on the last rank the output layer and the MTP layers (whole), at the GEMM rate; softmax attention at the
+    attention rate; gated DeltaNet by its sequential scan."""
+    s = shapes(get_model(model_key))
+    stages = tuple(pipeline_stage_layers(s.num_layers, pp * vpp, mtp))  # the search's even split
+    out = []
+    for r in range(pp):
+        gemm, attention, gdn = 0.0, 0.0, 0
+        for (_, kind), layer, count in _rank_kinds(model_key, stages, pp, vpp, r):
+            linear, attn = _layer_flops(s, layer, seq_length)
+            gemm += count * linear
+            if kind != GDN:
+                attention += count * attn
+            else:
+                gdn += count
+        if r == pp - 1:
+            gemm += 6 * s.embedding + mtp * (sum(_layer_flops(s, s.num_layers - 1, seq_length))
+                                             + 6 * (2 * s.h * s.h + s.embedding))
+        out.append((gemm, attention, gdn))
+    return tuple(out)
+
+
+def compute_lower_bound(model_key: str, hw_key: str, precision: str, seq_length: int, mtp_num_layers: int,
+                        micro_batch_size: int, layout: ParallelLayout, num_microbatches: int) -> float:
+    """Seconds per step, at most ``estimate_step`` of any plan of ``layout`` with these values (whatever its
+    recompute, offload and CUDA graphs): the slowest PP rank's compute for one microbatch without recompute and
+    without communication, times microbatches plus the pipeline bubble. Needs no Plan, no communication model
+    and no checks."""
+    hw = get_hardware(hw_key)
+    key = _eff_key(hw.key, precision)
+    gemm_rate = hw.peak(precision) * 1e12 * EFFICIENCY[key]
+    attn_rate = hw.peak_tflops["bf16"] * 1e12 * EFFICIENCY[(key[0], "attention")]
+    tokens = micro_batch_size * seq_length
+    share = tokens / (layout.tp * layout.cp)
+    gdn_step = _gdn_seconds(micro_batch_size, seq_length, EFFICIENCY[(key[0], "gdn_step")])
+    slowest = max(share * (gemm / gemm_rate + attention / attn_rate) + gdn * gdn_step
+                  for gemm, attention, gdn in _rank_flops(get_model(model_key).key, seq_length, layout.pp,
+                                                          layout.vpp or 1, mtp_num_layers))
+    return (num_microbatches + (layout.pp - 1) / (layout.vpp or 1)) * slowest
+
+
+def step_lower_bound(plan: Plan) -> float:
+    """Seconds per step, at most ``estimate_step`` of ``plan`` with any recompute, offload and CUDA graphs: the
+    microbatch time of ``plan`` without recompute (compute and exposed TP / CP / EP / PP communication of its
+    slowest rank), times microbatches plus the pipeline bubble."""
+    bare = plan if plan.recompute_granularity is None else plan.with_changes(
+        recompute_granularity=None, recompute_modules=(), recompute_method=None, recompute_num_layers=None)
+    lay = plan.layout
+    return (plan.num_microbatches + (lay.pp - 1) / (lay.vpp or 1)) * microbatch_seconds(bare)
+
+
+def memory_lower_bound(plan: Plan) -> float:
+    """Bytes, at most ``estimate_memory(plan).total`` for ``plan`` with any recompute, offload, CUDA graphs, CP and
+    batch: the parameters and gradients of its middle PP rank (the most loaded rank holds at least as much
+    memory). They depend only on the model, its TP / EP / ETP / PP / VPP split, MTP and the gradient dtype, so a
+    caller may reuse the value across plans that share those."""
+    m = rank_memory(plan, plan.layout.pp // 2)
+    return m.parameters + m.gradients

@@ -1,0 +1,206 @@
+"""The search at scale: pruned == exhaustive, the bounds are bounds, ties within the error band, --memory-margin,
+--compare, and the one-way flow (the search never imports the plots)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lcmoe_recipes.catalog import MODELS, get_hardware
+from lcmoe_recipes.cost import estimate_memory, estimate_step
+from lcmoe_recipes.cost.bands import MEMORY_ERROR_BAND, STEP_ERROR_BAND, memory_band, step_band
+from lcmoe_recipes.cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
+from lcmoe_recipes.errors import InfeasibleConfig
+from lcmoe_recipes.plan.cli import main
+from lcmoe_recipes.request import TrainingRequest
+from lcmoe_recipes.search import _context, _with_knobs, plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (seq_length, hardware, GPUs): 8K-256K, 64-16,384 GPUs, H100 and GB200; each model gets two, in turn
+TARGETS = [(8192, "h100", 64), (32768, "gb200", 256), (131072, "h100", 1024), (262144, "gb200", 4096),
+           (65536, "h100", 16384), (131072, "gb200", 16384), (16384, "gb200", 64), (262144, "h100", 2048)]
+REQUESTS = [dict(model=m, seq_length=s, hardware=h, num_gpus=n)
+            for i, m in enumerate(MODELS) for s, h, n in (TARGETS[(2 * i) % len(TARGETS)],
+                                                           TARGETS[(2 * i + 1) % len(TARGETS)])]
+REQUESTS += [dict(model="dsv3", seq_length=131072, hardware="h100", num_gpus=1024, allow_cpu_offload=False),
+             dict(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=512, tp=2, memory_margin=0.15)]
+
+
+def _outcome(request: TrainingRequest, exhaustive: bool):
+    try:
+        return plan(request, exhaustive=exhaustive)
+    except InfeasibleConfig as exc:
+        return exc.message
+
+
+@pytest.mark.parametrize("fields", REQUESTS, ids=lambda f: "-".join(str(v) for v in f.values()))
+def test_pruned_search_finds_the_exhaustive_winner_and_ranking(fields):
+    request = TrainingRequest(**fields)
+    pruned, exhaustive = _outcome(request, False), _outcome(request, True)
+    if isinstance(exhaustive, str):
+        assert pruned == exhaustive  # nothing fits: nothing is skipped, the same rejection counts and message
+        return
+    assert pruned.best.plan == exhaustive.best.plan  # layout and every knob (reasons aside)
+    assert pruned.best.memory == exhaustive.best.memory and pruned.best.step == exhaustive.best.step
+    assert [c.plan for c in pruned.ranked] == [c.plan for c in exhaustive.ranked]
+    assert (pruned.ties, pruned.fastest.plan) == (exhaustive.ties, exhaustive.fastest.plan)
+    assert exhaustive.pruned == 0 and exhaustive.evaluated == exhaustive.considered
+    assert pruned.evaluated + pruned.pruned == pruned.considered
+
+
+def test_pruning_skips_most_layouts_at_scale():
+    result = plan(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=16384))
+    assert result.considered == 1440 and result.pruned > 1440 // 2, (result.considered, result.pruned)  # most
+    assert f"({result.pruned} skipped: a lower bound of their step time is slower" in result.why
+
+
+@pytest.mark.parametrize("fields", [dict(model="dsv3", seq_length=131072, hardware="h100", num_gpus=1024),
+                                    dict(model="qwen3_next", seq_length=65536, hardware="gb200", num_gpus=128),
+                                    dict(model="qwen3_235b", seq_length=32768, hardware="h200", num_gpus=256)])
+def test_bounds_never_exceed_the_prediction(fields):
+    """Every bound is at most the predicted step / memory of every knob choice the search can make for a layout."""
+    request = TrainingRequest(**fields)
+    result = plan(request, top=40, exhaustive=True)
+    ctx = _context(request)
+    checked = 0
+    for candidate in result.ranked:
+        p = candidate.plan
+        lay = p.layout
+        base = _with_knobs(p, ctx.ladder[0], 0.0, ctx.hw, request)
+        cheap = compute_lower_bound(p.model, p.hardware, p.precision, p.seq_length, p.mtp_num_layers,
+                                    p.micro_batch_size, lay, p.num_microbatches)
+        tight = step_lower_bound(base)
+        params = memory_lower_bound(base)
+        assert cheap <= tight * (1 + 1e-12)
+        for rung in ctx.ladder:
+            for fraction in ctx.fractions:
+                knobs = _with_knobs(base, rung, fraction, ctx.hw, request)
+                assert tight <= estimate_step(knobs).step_seconds * (1 + 1e-12), (lay, rung, fraction)
+                assert params <= estimate_memory(knobs).total
+                checked += 1
+    assert checked >= 40 * len(ctx.ladder)
+
+
+def test_ties_are_decided_by_headroom_then_dp():
+    """DeepSeek-V3 at 32K on 512 H200 (issue 12): the fastest layout sits at 120.3 GiB of the 124.8 GiB limit;
+    layouts within the step error band of it are a tie, and the winner keeps headroom and DP."""
+    result = plan(TrainingRequest(model="dsv3", seq_length=32768, hardware="h200", num_gpus=512), top=100)
+    fastest, best = result.fastest, result.best
+    gib = 2**30
+    assert fastest.plan.layout.describe().startswith("TP1 CP16 EP8 ETP1 PP16 VPP2")
+    assert round(fastest.memory.total / gib, 1) == 120.3 and round(result.limit / gib, 1) == 124.8
+    assert best.plan.layout != fastest.plan.layout
+    assert best.step.step_seconds <= fastest.step.step_seconds * (1 + STEP_ERROR_BAND)
+    ties = [c for c in result.ranked if c.step.step_seconds <= fastest.step.step_seconds * (1 + STEP_ERROR_BAND)]
+    assert len(ties) == result.ties > 1
+    safe = [c for c in ties if result.limit - c.memory.total >= MEMORY_ERROR_BAND * result.limit]
+    assert best.plan.layout in [c.plan.layout for c in safe]
+    top_dp = max(c.plan.layout.dp for c in safe)
+    assert best.plan.layout.dp == top_dp
+    assert best.memory.total == min(c.memory.total for c in safe if c.plan.layout.dp == top_dp)
+    why = best.plan.reasons["layout"].why
+    assert f"within the step model's ±{STEP_ERROR_BAND:.1%} error band" in why
+    assert f"a tie of {result.ties} layouts, decided by memory headroom, then DP (keep DP alive)" in why
+    assert f"DP={top_dp}, the largest of those" in why
+
+
+@pytest.mark.slow
+def test_error_bands_are_the_leave_one_out_spread():
+    """The bands are what the published rows give (refit: python scripts/calibrate_step.py prints both)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from published import MEMORY_ROWS, THROUGHPUT_ROWS
+
+    from lcmoe_recipes.cost.calibrate import leave_one_out as memory_leave_one_out
+    from lcmoe_recipes.cost.calibrate_step import leave_one_out as step_leave_one_out
+
+    assert step_band(step_leave_one_out({k: (p, pub) for k, (p, pub, _) in THROUGHPUT_ROWS.items()})) == STEP_ERROR_BAND
+    assert memory_band(memory_leave_one_out({k: (p, pub) for k, (p, pub, _) in MEMORY_ROWS.items()})) == MEMORY_ERROR_BAND
+
+
+def test_memory_margin():
+    request = TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=128)
+    default, roomy = plan(request), plan(request.model_copy(update={"memory_margin": 0.45}))
+    hbm = get_hardware("gb200").hbm_bytes
+    assert default.limit == pytest.approx(0.95 * hbm) and roomy.limit == pytest.approx(0.55 * hbm)
+    assert all(c.memory.total <= 0.55 * hbm for c in roomy.ranked)
+    assert default.best.memory.total > 0.55 * hbm  # the default winner would not have fitted the larger margin
+    with pytest.raises(ValueError, match="memory_margin 0.01 is not a fraction of HBM to keep free between 0.05 and 1"):
+        TrainingRequest(model="dsv3", seq_length=4096, hardware="h100", num_gpus=8, memory_margin=0.01)
+
+
+def test_memory_margin_flag(capsys):
+    assert main(["qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", "--top", "1",
+                 "--memory-margin", "0.25", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["winner"]["memory_gib"]["total"] <= 0.75 * data["winner"]["hbm_gib"]
+    assert main(["dsv3", "--seq", "4096", "--gpus", "8", "--hardware", "h100", "--memory-margin", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert "memory_margin 1.5 is not a fraction of HBM to keep free" in err and "use e.g. 0.1" in err
+
+
+def test_compare_hardware_at_one_precision(capsys):
+    assert main(["dsv3", "--seq", "131072", "--gpus", "256", "--compare", "h100,gb200"]) == 0
+    out = capsys.readouterr().out
+    assert ("at bf16: the GPUs' defaults differ (h100 fp8_blockwise, gb200 mxfp8); BF16 is the precision every GPU "
+            "in the catalogue runs") in out
+    header = out.splitlines()[1]
+    assert "256 x h100" in header and "256 x gb200" in header
+    assert main(["dsv3", "--seq", "131072", "--gpus", "256", "--compare", "h100,gb200", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["precision"] == "bf16" and [t["hardware"] for t in data["targets"]] == ["h100", "gb200"]
+    h100 = data["targets"][0]
+    assert h100["precision"] == "bf16" and h100["memory_gib"] <= h100["limit_gib"]
+    expected = plan(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=256, precision="bf16"),
+                    top=1).best
+    assert h100["step_seconds"] == pytest.approx(expected.step.step_seconds)
+    assert h100["layout"]["dp"] == expected.plan.layout.dp
+
+
+def test_compare_gpu_counts_and_refusals(capsys):
+    assert main(["dsv3", "--seq", "131072", "--gpus", "64,256", "--hardware", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "at fp8_blockwise: the precision chosen for DeepSeek-V3 (671B, 37B active) on every GPU compared" in out
+    assert "64 x h100: no layout for dsv3 at seq_length 131072 on 64 x h100" in out and "fix: use more GPUs" in out
+    assert main(["dsv3", "--seq", "131072", "--gpus", "256", "--hardware", "h100", "--compare", "gb200"]) == 2
+    assert "give --compare h100,gb200 alone, or --hardware NAME alone" in capsys.readouterr().err
+    assert main(["dsv3", "--seq", "131072", "--gpus", "256,512", "--hardware", "h100", "--plot", "x"]) == 2
+    assert "--plot works on one target" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["dsv3", "--seq", "131072", "--gpus", "256,x", "--hardware", "h100"])
+    assert "'256,x' is not a GPU count or a comma-separated list of them" in capsys.readouterr().err
+
+
+def test_search_never_imports_the_plots():
+    code = ("import sys, lcmoe_recipes.search, lcmoe_recipes.plan.cli; a = 'lcmoe_recipes.plots' in sys.modules; "
+            "import lcmoe_recipes.plots; print(a, 'lcmoe_recipes.search' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
+    imports = [line for line in (ROOT / "src" / "lcmoe_recipes" / "plots.py").read_text().splitlines()
+               if line.strip().startswith(("import ", "from "))]
+    assert not [line for line in imports if "search" in line or "planner" in line or "request" in line], imports
+
+
+def test_scaling_doc_is_current():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "scaling_report.py"), "--check"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_launch_takes_memory_margin():
+    """launch plans a request no named recipe covers with the same flag (nothing built: the Plan only)."""
+    from lcmoe_recipes.launch import _parser, resolve_plan
+
+    args = _parser().parse_intermixed_args(["qwen3_235b", "--seq", "65536", "--gpus", "64", "--hardware", "gb200",
+                                            "--memory-margin", "0.3", "--dry-run"])
+    planned = resolve_plan(args.model, args.seq, args.gpus, args.hardware, args.precision, args)
+    assert estimate_memory(planned).total <= 0.7 * get_hardware("gb200").hbm_bytes
+    assert planned.layout == plan(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64,
+                                                  memory_margin=0.3), top=1).best.plan.layout
+
+
+def test_planner_doc_states_the_bands():
+    text = (ROOT / "docs" / "planner.md").read_text()
+    assert f"**±{STEP_ERROR_BAND:.1%}**" in text and f"**{MEMORY_ERROR_BAND:.1%}**" in text
