@@ -137,8 +137,10 @@ def build() -> str:
               "not published (ours are assumptions, above) and their measurement method is not stated (torch "
               "allocated or reserved, or nvidia-smi). `check` warns `memory/uncalibrated` for gated-DeltaNet models, "
               "and the planner plans them against "
-              f"{GDN_MEASURED_RATIOS[1]:.2f} x HBM_MARGIN of HBM (`planner.UNCALIBRATED_FACTOR`, the most optimistic "
-              "measured ratio; it was 0.78).", "",
+              f"{GDN_MEASURED_RATIOS[1]:.2f} x HBM_MARGIN of HBM (`search.UNCALIBRATED_FACTOR`, the most optimistic "
+              "measured ratio). The plans of these rows take upstream's base recipe: gradients reduced in bf16 and "
+              "its pipeline layout, which lightens the MTP and loss stage (with fp32 gradients and an even split "
+              "the ratios were 0.50-0.82).", "",
               "## Throughput (TFLOP/s per GPU)", "",
               "| row | configuration | published | ours | ours / published | leave-one-out | MFU (ours) |",
               "|---|---|---|---|---|---|---|"]

@@ -5,6 +5,7 @@ are skipped: CI runs those itself) must exit 0. ```python blocks are run as scri
 where `recipes/` and `scripts/` point at the repository's, so the docs cannot go stale.
 """
 
+import functools
 import os
 import re
 import shlex
@@ -80,3 +81,66 @@ def test_nothing_cites_the_private_notes():
             for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
             if PRIVATE.search(line)]
     assert not hits, "cite the public source instead of the private notes:\n" + "\n".join(hits)
+
+
+# Paths a reason, doc or docstring cites must exist: in this repository or in an installed dependency (megatron-core,
+# megatron-bridge, torch, NeMo-Run), by their trailing path. Files of dependencies the light environment does not
+# install are named by their package; placeholders in examples are not citations.
+NOT_INSTALLED_HERE = ("transformer_engine/", "pytorch/", "attention/dot_product_attention/", "deep_ep/",
+                      "docs/releases/")  # Transformer Engine, DeepEP (full environment); the NeMo Framework docs site
+PLACEHOLDERS = ("out/", "my/", "x/", "folder/", "hf_dir/", "iter_NNNNNNN/")
+CITED = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|yaml|json|sh|txt|toml))\b")
+
+
+@functools.lru_cache(maxsize=1)
+def _known_files() -> frozenset[str]:
+    """Paths of the repository's files and of the installed dependencies' sources (relative to site-packages)."""
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    known = {str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and not {".venv", ".git"} & set(p.parts)}
+    for package in ("megatron", "torch", "nemo_run"):
+        known |= {str(p.relative_to(site)) for p in (site / package).rglob("*.py")}
+    return frozenset(known)
+
+
+def _missing(cited: str) -> bool:
+    cited = cited.lstrip("./")
+    if cited.startswith(NOT_INSTALLED_HERE + PLACEHOLDERS):
+        return False
+    return not any(k == cited or k.endswith("/" + cited) for k in _known_files())
+
+
+def _cited_paths_missing() -> list[str]:
+    texts = list((ROOT / "src").rglob("*.py")) + list((ROOT / "src").rglob("*.yaml")) + [ROOT / "README.md"]
+    texts += sorted((ROOT / "docs").glob("*.md"))
+    return [f"{path.relative_to(ROOT)}:{n}: {cited}" for path in texts
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            for cited in CITED.findall(line) if _missing(cited)]
+
+
+def test_every_cited_file_exists():
+    missing = _cited_paths_missing()
+    assert not missing, "cited but not in the repository or its dependencies:\n" + "\n".join(missing)
+
+
+def test_every_reason_cites_what_a_user_can_open():
+    """The reasons `--explain` prints, of every named recipe and of planned ones: no private note, and every file
+    they name exists (as in the docs)."""
+    from lcmoe_recipes.recipes import NAMED_RECIPES, recipe_plan
+    from lcmoe_recipes.request import TrainingRequest
+    from lcmoe_recipes.search import plan
+
+    plans = [recipe_plan(name) for name in NAMED_RECIPES]
+    plans += [plan(TrainingRequest(model=m, seq_length=s, hardware=h, num_gpus=n)).best.plan
+              for m, s, h, n in (("kimi_k2", 131072, "h100", 512), ("gpt_oss_120b", 65536, "gb200", 16),
+                                 ("glm45_air", 32768, "h100", 32))]
+    text = "\n".join(f"{r.why} [{r.source}]" for p in plans for r in p.reasons.values())
+    assert not PRIVATE.search(text)
+    assert "REFERENCE" not in text and "seeds" not in text
+    cited = {c.lstrip("./") for c in CITED.findall(text)}
+    assert cited, "the reasons cite upstream files"
+    missing = [c for c in cited if _missing(c)]
+    assert not missing, missing
+
+

@@ -139,9 +139,10 @@ def test_planner_avoids_plans_that_overflow_host_ram(monkeypatch):
     from lcmoe_recipes.search import plan as search
     from lcmoe_recipes.request import TrainingRequest
 
-    request = TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=256)
+    # a quarter of HBM kept free: the winner offloads most of its optimizer state to the host
+    request = TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=256, memory_margin=0.25)
     usual = search(request).best.plan
-    assert usual.optimizer_offload_fraction == 1.0
+    assert usual.optimizer_offload_fraction == 0.75
     assert estimate_host_memory(usual).total > HOST_MARGIN * 64 * 10**9
     monkeypatch.setitem(hardware_catalog.HARDWARE, "h100", dataclasses.replace(
         hardware_catalog.get_hardware("h100"), host_memory_bytes=64 * 10**9))
@@ -189,5 +190,5 @@ def test_user_yaml_with_the_mask_refused(configs, tmp_path, capsys):
     path = write_yaml(bad, tmp_path / "mask.yaml", {"recipe": "mask", "world_size": 256, "hardware": "h100"})
     assert main([str(path)]) == 1
     out = capsys.readouterr().out
-    assert "error   host-memory/exceeds-ram: predicted host memory 6771 GiB on node 8 (8 ranks)" in out
+    assert "error   host-memory/exceeds-ram: predicted host memory 25203 GiB on node 8 (8 ranks)" in out
     assert "fix: set dataset.create_attention_mask=false" in out

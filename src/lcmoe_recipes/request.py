@@ -129,10 +129,12 @@ class TrainingRequest(BaseModel):
     @model_validator(mode="after")
     def _whole_nodes(self) -> "TrainingRequest":
         per = get_hardware(self.hardware).gpus_per_node
-        if self.num_gpus % per and per % self.num_gpus:
-            lower = self.num_gpus - self.num_gpus % per
-            raise ValueError(f"{self.num_gpus} GPUs do not fill whole {self.hardware} nodes of {per}; use "
-                             f"{lower or per} or {lower + per}")
+        n = self.num_gpus
+        if n % per and per % n:
+            allowed = [d for d in range(1, per) if per % d == 0] + [per * k for k in range(1, n // per + 2)]
+            lower, upper = max(a for a in allowed if a < n), min(a for a in allowed if a > n)
+            raise ValueError(f"{n} GPUs do not fill whole {self.hardware} nodes of {per} (nor divide one); use "
+                             f"{lower} or {upper}")
         return self
 
     @model_validator(mode="after")

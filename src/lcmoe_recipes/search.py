@@ -48,7 +48,8 @@ from .layout import ParallelLayout
 from .plan import Plan, Reason
 from .request import DEFAULT_MEMORY_MARGIN, TrainingRequest
 from .rules.batch import choose_batch, tokens_per_step
-from .rules.cp import a2a_heads_fit, choose_cp_comm_type, cp_candidates, cp_first_guess, hierarchical_split
+from .rules.cp import (a2a_heads_fit, choose_cp_comm_type, cp_candidates, cp_first_guess, cp_split_limit,
+                       hierarchical_split)
 from .rules.cuda_graphs import choose_cuda_graphs
 from .rules.dispatcher import choose_dispatcher
 from .rules.extension import extension_fields, with_cp_comm, with_ep_overlap
@@ -275,7 +276,7 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) ->
 
 MEMORY_FIX = "use more GPUs, a shorter seq_length, or a GPU with more HBM"
 # gated DeltaNet (Qwen3-Next): with gated DeltaNet priced from megatron-core's implementation the memory model predicts
-# 0.50-0.82 of the published peaks (docs/accuracy.md N1-N3, layouts and method unpublished); plan such models as if the
+# 0.43-0.74 of the published peaks (docs/accuracy.md N1-N3, layouts and method unpublished); plan such models as if the
 # prediction were at its most optimistic measured ratio.
 UNCALIBRATED_FACTOR = GDN_MEASURED_RATIOS[1]
 
@@ -337,6 +338,19 @@ def _rung(recompute: tuple, fraction: float, hw_key: str, variable_length: bool,
             ("cuda_graph_impl", impl), ("cuda_graph_modules", graphs))
 
 
+def _seq_split_note(request: TrainingRequest, guess: int) -> tuple[str, str | None]:
+    """('; why', fix) when seq_length itself keeps CP below the first guess (2·CP equal chunks), else ('', None)."""
+    seq, limit = request.seq_length, cp_split_limit(request.seq_length)
+    if request.cp or limit >= guess:
+        return "", None
+    step = 2 * guess
+    longer = -(-seq // step) * step
+    return (f"; seq_length {seq:,} splits into 2·CP equal chunks only for CP <= {limit} (CP={guess}, the first guess "
+            f"for this length, needs a multiple of {step})",
+            f"use a seq_length divisible by {step}, e.g. {longer} (or {longer - step})" if longer - step > 0 else
+            f"use a seq_length divisible by {step}, e.g. {longer}")
+
+
 def _why_no_layout(request: TrainingRequest):
     """The first error of the checks on the layout the fixed wishes force (when no layout could be enumerated)."""
     from .checks import Finding
@@ -350,8 +364,10 @@ def _why_no_layout(request: TrainingRequest):
                  precision="bf16", moe_token_dispatcher_type="alltoall", moe_flex_dispatcher_backend=None,
                  sequence_parallel=tp > 1)
     errors = [f for f in check_plan(probe) if f.severity == "error" and not f.rule.startswith(("batch/", "pipeline/"))]
-    return errors[0] if errors else Finding("error", "rank-folding", "no TP/PP/CP/EP combination folds into "
-                                            f"{world} GPUs for this model", "change the GPU count or the fixed wishes")
+    fixed = [f"--{k} {getattr(request, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(request, k)]
+    return errors[0] if errors else Finding(
+        "error", "rank-folding", f"no TP/PP/CP/EP combination folds into {world} GPUs for this model",
+        "change the GPU count" + (f", or drop {' / '.join(fixed)}" if fixed else ""))
 
 
 def _step_bound(base: Plan) -> float:
@@ -412,12 +428,15 @@ def plan(request: TrainingRequest, top: int = 5, exhaustive: bool = False) -> Pl
         asked = f"{request.model} at seq_length {request.seq_length} on {request.num_gpus} x {request.hardware}"
         if not layouts:
             finding = _why_no_layout(request)
-            raise InfeasibleConfig(f"no layout for {asked}: {finding.message} ({finding.rule})", finding.fix)
+            split, fix = _seq_split_note(request, ctx.cp_guess[0])
+            raise InfeasibleConfig(f"no layout for {asked}: {finding.message} ({finding.rule}){split}",
+                                   fix or finding.fix)
         main = max(rejected, key=lambda k: rejected[k][0])
+        split, fix = _seq_split_note(request, ctx.cp_guess[0])
         raise InfeasibleConfig(
             f"no layout for {asked}: {len(layouts)} layouts considered, most rejected by {main} "
-            f"({', '.join(f'{k}: {v[0]}' for k, v in sorted(rejected.items(), key=lambda kv: -kv[1][0]))})",
-            rejected[main][1])
+            f"({', '.join(f'{k}: {v[0]}' for k, v in sorted(rejected.items(), key=lambda kv: -kv[1][0]))}){split}",
+            fix or rejected[main][1])
     fits.sort(key=lambda f: f[:2])
     ranked_fits = [c for _, _, c in fits]
     fastest = ranked_fits[0]

@@ -3,7 +3,7 @@
 ``upstream_recipes.json`` lists every perf recipe and library recipe of the installed megatron-bridge (0.6.2) whose
 model the offline catalogue can build, with the settings the planner and the cost model need (gradient and Adam
 moment dtypes, precision-aware optimizer, pipeline layout strings, initialisation, data-loader workers, ...). It is
-*generated* from upstream by ``python scripts/regen_upstream.py`` (tests/test_upstream.py checks it is current), so
+*generated* from upstream by ``python scripts/regen_upstream.py`` (tests/test_parity.py checks it is current), so
 planning knows upstream's choices without importing megatron, and nothing here is typed in by hand.
 
 :func:`base_recipe` picks the base of one request, in this order of preference (each step says so in its reason):

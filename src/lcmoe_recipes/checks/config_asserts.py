@@ -700,7 +700,8 @@ def _overrides(r: Resolved) -> Iterator[Finding]:
     """Settings the config states that ``runtime_config_update`` overwrote: warn with what the run will use."""
     mp = r.cfg.mixed_precision
     mp_fields = {f.name for f in dataclasses.fields(mp)} if dataclasses.is_dataclass(mp) else set()
-    mp_name = r.before.mixed_precision if isinstance(r.before.mixed_precision, str) else type(mp).__name__
+    mp_name = (repr(r.before.mixed_precision) if isinstance(r.before.mixed_precision, str)
+               else f"config ({type(mp).__name__})")
     co = r.cfg.comm_overlap
     co_fields = {f.name for f in dataclasses.fields(co)} if dataclasses.is_dataclass(co) else set()
     for section in _SECTIONS:
@@ -719,7 +720,7 @@ def _overrides(r: Resolved) -> Iterator[Finding]:
                 continue
             if field.name in mp_fields:
                 yield Finding("warning", "override/mixed-precision",
-                              f"{key}={old!r} is overwritten by mixed_precision {mp_name!r}: the run uses {new!r} "
+                              f"{key}={old!r} is overwritten by the mixed_precision {mp_name}: the run uses {new!r} "
                               f"({BRIDGE} training/mixed_precision.py, update_config_with_precision_overrides)",
                               f"set {field.name} through cfg.mixed_precision (a MixedPrecisionConfig with "
                               f"{field.name}={old!r}), or drop it from {section}")

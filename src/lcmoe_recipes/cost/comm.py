@@ -4,7 +4,7 @@ Notation: n = MBS·seq_length/CP tokens of one microbatch on a rank; h hidden si
 G the group size. A ring all-gather or reduce-scatter of a tensor of S bytes (the *full*, gathered size) makes each
 GPU send (G-1)/G·S bytes; an all-reduce 2·(G-1)/G·S; an all-to-all of S bytes held per GPU sends (G-1)/G·S.
 (The formulas that circulate in tutorials drop the bytes per element or the (G-1)/G factor in places; every count
-here is in bytes, per GPU, per microbatch unless marked per step. tests/test_comm.py checks them by hand.)
+here is in bytes, per GPU, per microbatch unless marked per step. tests/test_comm_step.py checks them by hand.)
 
 Per layer and microbatch, forward + backward:
 

@@ -201,10 +201,13 @@ def _grad_reduce_in_fp32(cfg) -> bool:
     return bool(cfg.ddp.grad_reduce_in_fp32 if value is None else value)
 
 
-def _positions_of(m) -> Positions:
-    """The RoPE setup a model provider describes (MLA: megatron-core's MLA fields; GPT: megatron-bridge's yarn_*)."""
+def _positions_of(m) -> Positions | None:
+    """The RoPE setup a model provider describes (MLA: megatron-core's MLA fields; GPT: megatron-bridge's yarn_*);
+    None for an MLA ``rope_type`` other than rope / yarn, which megatron-core refuses (rule mla/rope-type)."""
     base = float(m.rotary_base)
     if getattr(m, "multi_latent_attention", False):
+        if getattr(m, "rope_type", "rope") not in ("rope", "yarn"):
+            return None
         if getattr(m, "rope_type", "rope") == "yarn" and (m.rotary_scaling_factor or 1) > 1:
             return Positions(rotary_base=base, scaling="yarn", factor=float(m.rotary_scaling_factor),
                              original_max_position_embeddings=m.original_max_position_embeddings,
@@ -329,6 +332,17 @@ def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str) -
     if model_seq != data_seq:
         return [Finding("error", "config/seq-length", f"'seq_length' is {model_seq} on the model but "
                         f"{data_seq} on the dataset", f"set both: model.seq_length={model_seq} dataset.seq_length={model_seq}")]
+    if isinstance(cfg.mixed_precision, str):  # a recipe name: upstream resolves it at setup; an unknown one stops here
+        from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+        from ..checks.upstream_messages import UPSTREAM_MESSAGES
+
+        try:
+            get_mixed_precision_config(cfg.mixed_precision)
+        except (KeyError, ValueError):
+            fix = next(m.fix for m in UPSTREAM_MESSAGES if m.rule == "precision/name")
+            return [Finding("error", "precision/name", f"mixed_precision '{cfg.mixed_precision}' is not a "
+                            "megatron-bridge mixed-precision recipe name", fix)]
     plan = plan_from_config(cfg, hw, world_size, name)
     findings = path_findings(cfg) + all_findings(plan)  # + data, tokenizer, checkpoint paths (lcmoe_recipes.job_paths)
     if not any(f.severity == "error" for f in findings):

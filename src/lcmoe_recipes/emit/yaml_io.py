@@ -150,7 +150,8 @@ def read_yaml(path: str | os.PathLike):
 
     Raises:
         LcmoeError: the file does not exist, is not UTF-8 YAML, is not a ConfigContainer, holds a key that is not a
-            field of its section (with the closest field name), or does not load.
+            field of its section (with the closest field name), has a section without ``_target_``, or does not
+            load.
     """
     meta = read_meta(path)  # also: the file exists
     tree = _tree(path)
@@ -166,4 +167,13 @@ def read_yaml(path: str | os.PathLike):
     except Exception as exc:  # omegaconf / instantiate errors of many types
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LcmoeError(f"'{path}' is not a loadable ConfigContainer YAML: {text}", _WRITE_IT) from None
+    import dataclasses
+
+    plain = [f.name for f in dataclasses.fields(cfg) if "dict" not in str(f.type).lower()  # env_vars is a dict
+             and isinstance(getattr(cfg, f.name, None), dict) and isinstance(tree.get(f.name), dict)
+             and "_target_" not in tree[f.name]]
+    if plain:  # without _target_ a section loads as a plain dict, which nothing downstream can read
+        raise LcmoeError(f"'{path}': section(s) {', '.join(plain)} have no _target_, so megatron-bridge loads them as "
+                         "plain dicts, not config objects", "restore each section's _target_ line (as in the YAML "
+                         "that `launch --dry-run --output` writes)")
     return cfg, meta

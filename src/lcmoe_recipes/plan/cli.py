@@ -176,7 +176,8 @@ def request_from_args(model: str, seq: int, args, **target) -> TrainingRequest:
     except ValidationError as exc:
         bad = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'request'}: {e['msg'].removeprefix('Value error, ')}"
                         for e in exc.errors())
-        raise LcmoeError(f"invalid request: {bad}", "see --help for the valid values") from None
+        fixes = [m.rpartition("; ")[2] for m in (e["msg"] for e in exc.errors()) if "; use " in m]
+        raise LcmoeError(f"invalid request: {bad}", "; ".join(fixes) or "see --help for the valid values") from None
 
 
 def main(argv: list[str] | None = None) -> int:

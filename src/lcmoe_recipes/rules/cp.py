@@ -10,6 +10,14 @@ SHARD_TOKENS = 4096
 SOURCE = "Megatron-Bridge skill nemo-mbridge-perf-moe-long-context, rule 1 'start from a 4K shard target'"
 
 
+def cp_split_limit(seq_length: int) -> int:
+    """The largest CP (a power of two) whose 2·CP chunks split ``seq_length`` evenly (1 for an odd length)."""
+    cp = 1
+    while seq_length % (4 * cp) == 0:
+        cp *= 2
+    return cp
+
+
 def cp_first_guess(seq_length: int) -> tuple[int, Reason]:
     """seq_length/4096 rounded to the nearest power of two (at least 1)."""
     raw = max(1.0, seq_length / SHARD_TOKENS)
@@ -18,12 +26,13 @@ def cp_first_guess(seq_length: int) -> tuple[int, Reason]:
 
 
 def cp_candidates(seq_length: int, world: int) -> list[int]:
-    """Powers of two from 1 up to 4x the first guess that split seq_length into 2·CP chunks and divide world."""
+    """Powers of two from 1 up to 4x the first guess that divide world and, above 1, split seq_length into 2·CP
+    chunks (megatron-core's load-balanced CP split; CP=1 splits nothing)."""
     guess, _ = cp_first_guess(seq_length)
     out = []
     cp = 1
     while cp <= min(world, 4 * guess):
-        if seq_length % (2 * cp) == 0 and world % cp == 0:
+        if (cp == 1 or seq_length % (2 * cp) == 0) and world % cp == 0:
             out.append(cp)
         cp *= 2
     return out
