@@ -104,3 +104,21 @@ def test_named_recipe_costs_are_printed(capsys):
     assert ("memory per GPU (PP rank 7, the most loaded), GiB: parameters 9.5, weight_cache 7.8, gradients 9.5, "
             "optimizer 0.0") in out
     assert "TFLOP/s/GPU, MFU" in out
+
+
+def test_edited_named_recipe_says_so(tmp_path, capsys):
+    """A copy of a named recipe's YAML checks clean as that recipe; an edited copy is labelled edited, with the diff."""
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parent.parent / "recipes" / "qwen3_next_8k_gb200.yaml"
+    copy = tmp_path / "mine.yaml"
+    copy.write_text(source.read_text())
+    assert main([str(copy)]) == 0
+    assert "edited" not in capsys.readouterr().out
+    copy.write_text(source.read_text().replace("train_iters: 1000", "train_iters: 400"))
+    assert main([str(copy)]) == 0
+    out = capsys.readouterr().out
+    assert "qwen3_next_8k_gb200 (edited)" in out
+    assert ("config/edited-named-recipe: 'mine.yaml' is labelled qwen3_next_8k_gb200 but differs from that recipe "
+            "(with the overrides its header lists) in 1 field(s): train.train_iters: 1000 -> 400") in out.replace(
+                str(tmp_path) + "/", "")

@@ -122,7 +122,7 @@ def test_reasons_follow_overrides(capsys, tmp_path):
     assert "layout: changed from the recipe by your overrides" in out
     assert "global_batch_size: GBS 64 x 131,072 tokens" in out and "sequence_parallel: TP=4 with EP>1" in out
     assert out.count(kept) >= 2  # values the overrides left alone keep their reason, marked as the recipe's
-    assert "precision: mxfp8, chosen with --precision" in out
+    assert "precision: mxfp8 (BF16 published; MXFP8 selectable with precision='mxfp8')" in out
     assert "recompute: selective moe_act + norm" in out  # untouched knobs keep their reason
     written = list((tmp_path / "out").iterdir())
     assert len(written) == 1 and written[0].name.startswith("qwen3_235b_128k_gb200+")  # not the plain recipe's file

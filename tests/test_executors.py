@@ -77,8 +77,9 @@ def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
     assert flags["account"] == "llm" and flags["partition"] == "batch" and flags["time"] == "02:00:00"
     assert flags["job-name"] == "lcmoe-dsv3_128k_h100-train" and "exclusive" in result.script
     assert "segment" not in flags
-    for env in ("CUDA_DEVICE_MAX_CONNECTIONS=1", "NVLINK_DOMAIN_SIZE=8", "USE_MNNVL=0", "NCCL_DEBUG=INFO"):
+    for env in ("CUDA_DEVICE_MAX_CONNECTIONS=1", "TORCH_NCCL_AVOID_RECORD_STREAMS=1", "NCCL_NVLS_ENABLE=0", "NCCL_DEBUG=INFO"):
         assert f"export {env}\n" in result.script
+    assert "NVLINK_DOMAIN_SIZE" not in result.script  # HybridEP's variables: not with DeepEP
     command = next(line for line in result.script.splitlines() if line.startswith("srun --output"))
     assert "--container-image nvcr.io/nvidia/nemo:25.11" in command and "/lustre/data:/data" in command
     assert re.search(r"torchrun .*--nnodes 32 --nproc-per-node 8 .*-m lcmoe_recipes\.train --config dsv3\.yaml "

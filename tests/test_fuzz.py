@@ -124,7 +124,8 @@ def _mutate(text: str, kind: str, where: int, value: str) -> bytes:
         return b"a: 1\n" if where % 2 else b""
     header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
     tree = yaml.safe_load(text)
-    leaves = [(section, key) for section, body in tree.items() if isinstance(body, dict) for key in body]
+    leaves = [(section, key) for section, body in tree.items() if isinstance(body, dict) and "_target_" in body
+              for key in body]  # config objects (env_vars is a plain dict: any key is a variable)
     section, key = leaves[where % len(leaves)]
     if kind == "delete":
         del tree[section][key]

@@ -167,13 +167,13 @@ def test_exit_duration_and_saves_in_the_job_folder(fresh_config):
         "lands there")
     assert job.findings[0].fix.startswith("pass --save-dir /shared/storage/RUN")
 
-    cfg.checkpoint.save = "/lustre/me/run1/checkpoints"
+    cfg.checkpoint.save = cfg.checkpoint.load = "/lustre/me/run1/checkpoints"  # as --save-dir sets them
     job = slurm_job(cfg, SlurmSettings(time="2-00:00:00"), "/home/me/.nemo_run/experiments")
     assert job.overrides == ["train.exit_duration_in_mins=2860"] and job.findings == []
-    cfg.checkpoint.save = "/home/me/.nemo_run/experiments/ckpt"
+    cfg.checkpoint.save = cfg.checkpoint.load = "/home/me/.nemo_run/experiments/ckpt"
     assert [f.rule for f in slurm_job(cfg, SlurmSettings(), "/home/me/.nemo_run/experiments").findings] == [
         "job/saves-in-job-folder"]
-    cfg.checkpoint.save = "/lustre/me/run1/checkpoints"
+    cfg.checkpoint.save = cfg.checkpoint.load = "/lustre/me/run1/checkpoints"
 
     job = slurm_job(cfg, SlurmSettings(time="00:15:00"), "/j")  # no room for the final save
     assert job.overrides == [] and [f.rule for f in job.findings] == ["job/no-final-save"]

@@ -86,6 +86,24 @@ def list_known_issues(container_image: str | None = None) -> int:
     return 0
 
 
+def edits_of_named_recipe(cfg, meta: dict) -> list[tuple[str, object, object]]:
+    """(field path, the named recipe's value, this config's) for every field of ``cfg`` that differs from the named
+    recipe its header names, with the header's overrides applied ([] for a YAML of no named recipe)."""
+    name = meta.get("recipe")
+    if name not in NAMED_RECIPES or meta.get("retargeted_from"):
+        return []
+    from . import emit
+    from .emit.settings import flat_fields
+
+    reference = emit.build_config(recipe_plan(name), validate=False)
+    if meta.get("overrides"):
+        emit.apply_overrides(reference, list(meta["overrides"]))
+    ours, theirs = flat_fields(cfg), flat_fields(reference)
+    missing = "(absent)"
+    return [(path, theirs.get(path, missing), ours.get(path, missing)) for path in sorted(set(ours) | set(theirs))
+            if str(ours.get(path, missing)) != str(theirs.get(path, missing))]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lcmoe_recipes.check", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -149,9 +167,19 @@ def main(argv: list[str] | None = None) -> int:
 
             cfg, _ = emit.read_yaml(args.config)
             name = meta.get("recipe") or Path(args.config).stem
+            edited = edits_of_named_recipe(cfg, meta)
+            if edited:
+                name = f"{name} (edited)"
             plan = emit.plan_from_config(cfg, hw, gpus, name)
             versions, findings = stack_versions(args.container_image)  # an unlisted image: a warning
             findings = emit.config_findings(cfg, hw, gpus, name, versions) + findings
+            if edited:
+                shown = "; ".join(f"{path}: {before!r} -> {after!r}" for path, before, after in edited[:8])
+                findings.append(Finding(
+                    "warning", "config/edited-named-recipe",
+                    f"'{args.config}' is labelled {meta['recipe']} but differs from that recipe (with the overrides "
+                    f"its header lists) in {len(edited)} field(s): {shown}" + (" ..." if len(edited) > 8 else ""),
+                    "intended edits need nothing more; the reasons shown for the recipe do not cover them"))
             if meta and (gpus, hw.key) != (meta.get("world_size"), meta.get("hardware")):
                 findings.append(Finding(
                     "warning", "target/differs-from-header",

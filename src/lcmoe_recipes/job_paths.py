@@ -93,10 +93,9 @@ def job_paths(cfg) -> list[JobPath]:
             out.append(JobPath(f"tokenizer.{name}", str(getattr(tok, name))))
     ckpt = getattr(cfg, "checkpoint", None)
     for name in ("load", "pretrained_checkpoint"):
-        if getattr(ckpt, name, None):
-            # checkpoint.load = checkpoint.save is this run's own resume folder: written by the run, empty at first
-            resume = name == "load" and str(ckpt.load) == str(getattr(ckpt, "save", None))
-            out.append(JobPath(f"checkpoint.{name}", str(getattr(ckpt, name)), writes=resume))
+        # checkpoint.load = checkpoint.save is this run's own resume folder: the save entry below covers it
+        if getattr(ckpt, name, None) and not (name == "load" and str(ckpt.load) == str(getattr(ckpt, "save", None))):
+            out.append(JobPath(f"checkpoint.{name}", str(getattr(ckpt, name))))
     if getattr(ckpt, "save", None):
         out.append(JobPath("checkpoint.save", str(ckpt.save), writes=True))
     logger = getattr(cfg, "logger", None)

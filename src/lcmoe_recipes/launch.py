@@ -86,9 +86,11 @@ def _parser() -> argparse.ArgumentParser:
     ext.add_argument("--phases", metavar="S1,S2,...", help="one config per phase, e.g. 32768,131072 (DeepSeek-V3's "
                      "4K->32K->128K); each phase starts from the previous phase's checkpoints and is planned for its "
                      "own length")
-    ext.add_argument("--from", dest="from_config", metavar="CONFIG.yaml", help="retarget your own ConfigContainer YAML "
-                     "(e.g. an upstream 4K recipe) to --seq N: layout, CP, batch, recompute, offload, CUDA graphs and "
-                     "positions re-planned, everything else kept; prints every field that changed and why")
+    ext.add_argument("--from", dest="from_config", metavar="CONFIG.yaml", help="retarget your own ConfigContainer YAML, "
+                     "or one of megatron-bridge's recipes by function name (e.g. the 4K "
+                     "deepseek_v3_pretrain_1024gpu_h100_fp8sc_config), to --seq N: layout, CP, batch, recompute, "
+                     "offload, CUDA graphs and positions re-planned, everything else kept; prints every field that "
+                     "changed and why")
     run = parser.add_argument_group("running (--executor local: torchrun on this node; slurm: NeMo-Run SlurmExecutor; "
                                     "GPUs per node from the hardware: 8 HGX, 4 GB200/GB300)")
     run.add_argument("--executor", choices=EXECUTORS, default="local", help="where to run (default: local)")
@@ -704,6 +706,36 @@ def _run(one: Built, args, settings, after_job: str | None, wait: bool) -> Launc
                      wait=wait, train_args=train_args, notes=one.job.notes if one.job else [])
 
 
+def _from_source(source: str):
+    """(ConfigContainer, header) of ``--from``: a YAML file, else a megatron-bridge recipe by function name (built
+    offline from the catalogue's config.json; its target is the one its name states).
+
+    Raises:
+        LcmoeError: neither a file nor a recorded upstream recipe (with the closest recipe names), or a bad YAML.
+    """
+    from . import emit
+    from .catalog.upstream import find_upstream_recipe, upstream_recipes
+
+    if Path(source).exists():
+        meta = emit.read_meta(source)
+        cfg, _ = emit.read_yaml(source)
+        return cfg, meta
+    recipe = find_upstream_recipe(source)
+    if recipe is None:
+        import difflib
+
+        close = difflib.get_close_matches(source, sorted(r.name for r in upstream_recipes()), n=3, cutoff=0.5)
+        raise LcmoeError(f"--from '{source}' is neither a file nor a megatron-bridge recipe this catalogue records",
+                         "give a ConfigContainer YAML, or a recipe name" + (f", e.g. {', '.join(close)}" if close else
+                                                                            " (see src/lcmoe_recipes/catalog/"
+                                                                            "upstream_recipes.json)"))
+    from .catalog import models_by_hf_id
+    from .emit.upstream import upstream_config
+
+    return upstream_config(recipe.function, models_by_hf_id()[recipe.hf_id]), {"world_size": recipe.gpus,
+                                                                             "hardware": recipe.hardware}
+
+
 def _retargeted(args, versions, version_notes, settings) -> Built:
     """``--from CONFIG.yaml --seq N``: the user's config re-planned for N (:mod:`lcmoe_recipes.retarget`)."""
     from . import emit
@@ -711,12 +743,11 @@ def _retargeted(args, versions, version_notes, settings) -> Built:
 
     if args.seq is None:
         raise LcmoeError("--from needs --seq N (the length to retarget the config to)", "e.g. --seq 131072")
-    meta_in = emit.read_meta(args.from_config)
+    cfg_in, meta_in = _from_source(args.from_config)
     gpus, hardware = args.gpus or meta_in.get("world_size"), args.hardware or meta_in.get("hardware")
     missing = [flag for flag, value in (("--gpus N", gpus), ("--hardware NAME", hardware)) if not value]
     if missing:
         raise LcmoeError(f"'{args.from_config}' does not record its target", f"give {' and '.join(missing)}")
-    cfg_in, _ = emit.read_yaml(args.from_config)
     cfg, plan, changes = retarget(cfg_in, get_hardware(hardware).key, gpus, args.seq, args,
                                   name=f"{Path(args.from_config).stem}-{args.seq // 1024}k")
     overrides = emit.save_overrides(args.save_dir) + list(args.overrides) + emit.data_overrides(args.data_path,

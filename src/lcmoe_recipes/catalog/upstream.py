@@ -67,6 +67,15 @@ def upstream_recipes() -> tuple[UpstreamRecipe, ...]:
     return tuple(UpstreamRecipe(r) for r in _document()["recipes"])
 
 
+def find_upstream_recipe(name: str) -> UpstreamRecipe | None:
+    """The recorded upstream recipe called ``name`` (its function name, e.g.
+    ``deepseek_v3_pretrain_1024gpu_h100_fp8sc_config``, or its "module:function" path); None when none is."""
+    for recipe in upstream_recipes():
+        if name in (recipe.name, recipe.function):
+            return recipe
+    return None
+
+
 def upstream_versions() -> dict[str, str]:
     """The megatron-bridge / megatron-core versions ``upstream_recipes.json`` was generated from."""
     return dict(_document()["versions"])

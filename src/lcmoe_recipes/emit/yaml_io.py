@@ -176,4 +176,37 @@ def read_yaml(path: str | os.PathLike):
         raise LcmoeError(f"'{path}': section(s) {', '.join(plain)} have no _target_, so megatron-bridge loads them as "
                          "plain dicts, not config objects", "restore each section's _target_ line (as in the YAML "
                          "that `launch --dry-run --output` writes)")
+    wrong = wrong_types(cfg)
+    if wrong:
+        raise LcmoeError(f"'{path}' has {len(wrong)} value(s) of the wrong type: {'; '.join(wrong[:5])}"
+                         + (" ..." if len(wrong) > 5 else ""), "write a number (or true/false) where the field "
+                         "takes one; the loader keeps what the YAML says, and the run would fail on it later")
     return cfg, meta
+
+
+def wrong_types(cfg) -> list[str]:
+    """'section.field: expects T, got 'text'' for each number or boolean field of ``cfg``'s sections that holds a
+    string (what a typo in a YAML gives: omegaconf keeps it as written, megatron fails on it much later)."""
+    import dataclasses
+    import typing
+
+    out = []
+    for section in dataclasses.fields(cfg):
+        obj = getattr(cfg, section.name, None)
+        if not dataclasses.is_dataclass(obj):
+            continue
+        try:
+            hints = typing.get_type_hints(type(obj))
+        except Exception:  # unresolvable forward references upstream: nothing to compare against
+            continue
+        for field in dataclasses.fields(obj):
+            value = getattr(obj, field.name, None)
+            if not isinstance(value, str):
+                continue
+            hint = hints.get(field.name)
+            options = set(typing.get_args(hint)) - {type(None)} if typing.get_origin(hint) in (typing.Union,
+                                                                                            __import__("types").UnionType) else {hint}
+            if options and options <= {int, float, bool}:
+                wanted = " or ".join(sorted(t.__name__ for t in options))
+                out.append(f"{section.name}.{field.name}: expects {wanted}, got {value!r}")
+    return out

@@ -120,7 +120,7 @@ def request_arguments(parser, wishes_only: bool = False, required: bool = False)
         parser.add_argument("--precision", help="bf16, fp8_blockwise, fp8_cs or mxfp8 (default: by hardware)")
     parser.add_argument("--model-config", metavar="PATH", help="your model's Hugging Face config.json (or a folder "
                         "holding one), instead of a catalogue MODEL: any architecture megatron-bridge can build")
-    parser.add_argument("--gbs", type=int, help="global batch size (default: ~4-8M tokens per step)")
+    parser.add_argument("--gbs", type=int, help="global batch size (default: --tokens-per-step / seq_length)")
     parser.add_argument("--mbs", type=int, default=1, help="micro batch size (default 1)")
     parser.add_argument("--dispatcher", help="deepep, hybridep or alltoall (default: by hardware)")
     for name in ("tp", "pp", "cp", "ep"):
