@@ -119,7 +119,7 @@ def build() -> str:
         lines.append(f"| `{name}` | {shown(CALIBRATED)} | {absorbs} | "
                      f"{_spread(round(value(c), 3) for c in loo_constants.values())} |")
     lines += ["", "Reported, not asserted tightly (layout unpublished or method unknown):", "",
-              "| row | configuration and assumption | published GB | ours GB | ours / published | before issue 12 |",
+              "| row | configuration and assumption | published GB | ours GB | ours / published | before gated DeltaNet was priced |",
               "|---|---|---|---|---|---|"]
     for row, (plan, pub, source) in REPORT_ROWS.items():
         ours = estimate_memory(plan).total

@@ -41,7 +41,7 @@ def worker(mode: str, model: str, seq: int, hardware: str, gpus: int) -> None:
     """In a fresh process: time the imports and plan() (first call, best of 3); print one JSON line."""
     t0 = time.perf_counter()
     if mode == "old":
-        from lcmoe_recipes.search import plan
+        from lcmoe_recipes.planner import plan  # the module's name before the search was split out
     else:
         from lcmoe_recipes.search import plan
     from lcmoe_recipes.request import TrainingRequest

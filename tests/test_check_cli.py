@@ -47,7 +47,10 @@ def test_headerless_yaml_needs_a_target(configs, tmp_path, capsys):
 
 def test_bad_input_fails_fast(capsys, tmp_path):
     assert main([str(tmp_path / "nope.yaml"), "--gpus", "8", "--hardware", "h100"]) == 2
-    assert "is neither a file nor a named recipe" in capsys.readouterr().err
+    assert f"config file '{tmp_path / 'nope.yaml'}' does not exist" in capsys.readouterr().err
+    assert main(["dsv3_128k_h10", "--gpus", "8", "--hardware", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert "'dsv3_128k_h10' is neither a file nor a named recipe" in err and "did you mean 'dsv3_128k_h100'?" in err
     assert main(["dsv3_128k_h100", "--gpus", "0"]) == 2
     assert "--gpus 0 is not a positive GPU count" in capsys.readouterr().err
     assert main(["dsv3_128k_h100", "--hardware", "a100"]) == 2

@@ -286,3 +286,50 @@ def test_user_yaml_hygiene_warnings(fresh_config):
     apply_overrides(cfg, ["dataset.inter_document_masking=true"])
     found = {f.rule: f for f in config_findings(cfg, "gb200", 32)}
     assert found["data/document-masking-layout"].severity == "error"
+
+
+def test_small_token_budget_and_request_errors_name_one_fix(capsys):
+    from lcmoe_recipes.launch import main
+
+    assert main(["dsv3", "--seq", "131072", "--tokens-per-step", "1000", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--tokens-per-step 1,000 is less than one sequence of seq_length 131,072" in err
+    assert main(["qwen3_30b", "--seq", "32768", "--gpus", "3", "--hardware", "h100", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "error: invalid request: 3 GPUs do not fill whole h100 nodes of 8 (nor divide one)\n  fix: use 2 or 4" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["dsv3", "--seq", "131072", "--rope", "bogus"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: argument --rope: invalid choice: 'bogus'") and "usage:" not in err
+    assert err.rstrip().endswith("fix: see python -m lcmoe_recipes.launch --help")
+
+
+@pytest.mark.slow
+def test_retarget_an_upstream_recipe_by_name(tmp_path, monkeypatch, capsys):
+    from lcmoe_recipes.launch import main
+
+    monkeypatch.chdir(tmp_path)
+    name = "qwen3_30b_a3b_pretrain_64gpu_h100_bf16_config"
+    assert main(["--from", name, "--seq", "65536", "--dry-run", "--json", "--output", "q.yaml"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    changes = {c["field"]: c for c in doc["changes"]}
+    assert changes["model.seq_length"]["before"] == 4096 and changes["model.seq_length"]["after"] == 65536
+    precision = next(d for d in doc["decisions"] if d["knob"] == "precision")
+    assert precision["reason"].startswith("bf16: the config's own")
+    assert main(["--from", "qwen3_30b_a3b_pretrain_64gpu_h100", "--seq", "65536", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "is neither a file nor a megatron-bridge recipe this catalogue records" in err and name in err
+
+
+@pytest.mark.slow
+def test_check_of_launch_output_with_run_options_is_not_an_edit(tmp_path, monkeypatch, capsys):
+    from lcmoe_recipes.check import main as check
+    from lcmoe_recipes.launch import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["qwen3_next", "--seq", "8192", "--from-hf", "/models/Qwen3-Next-80B-A3B", "--lr", "1e-5",
+                 "--dry-run", "--output", "n.yaml"]) == 0
+    capsys.readouterr()
+    assert check(["n.yaml"]) == 0
+    assert "edited" not in capsys.readouterr().out

@@ -187,3 +187,17 @@ def test_exit_duration_and_saves_in_the_job_folder(fresh_config):
 
     smoke = slurm_job(cfg, SlurmSettings(), "/j", smoke=True)  # a smoke job trains nothing
     assert smoke.overrides == [] and smoke.notes == ["job folder /j: every node must see it (a shared filesystem)"]
+
+
+def test_training_time_against_the_slurm_limit():
+    from lcmoe_recipes.job_checks import training_time_finding
+
+    assert training_time_finding(100, 60.0, "04:00:00", chained=True) is None  # 100 min of 220
+    one = training_time_finding(1000, 279.0, "04:00:00", chained=False)
+    assert one.severity == "warning" and one.rule == "job/time-short"
+    assert one.message == ("1000 steps x 279 s predicted = 77.5 h, but --time 04:00:00 leaves 220 min of training: "
+                           "the job saves and exits after about 47 steps")
+    assert one.fix.startswith("resubmit the same job until it finishes") and "78:00:00" in one.fix
+    chained = training_time_finding(1000, 279.0, "04:00:00", chained=True)
+    assert chained.severity == "error" and "the next phase (afterok) would start from that partly trained" in (
+        chained.message)

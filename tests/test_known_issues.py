@@ -212,7 +212,7 @@ def test_installed_versions():
     assert found.versions["megatron-core"] == "0.19.2" and found.versions["megatron-bridge"] == "0.6.2"  # the pins
     if not te_installed():
         assert found.versions["transformer-engine"] == TARGET_TE_VERSION
-        assert found.notes == {"transformer-engine": "the target's; not installed here"}
+        assert found.notes == {"transformer-engine": "assumed: the target container's; not installed here"}
 
 
 @pytest.mark.parametrize("spelling", ["nvcr.io/nvidia/nemo:26.02", "nvcr.io#nvidia/nemo:26.02", "nvidia/nemo:26.02",

@@ -115,7 +115,7 @@ def test_infeasible_request_names_the_constraint():
     with pytest.raises(InfeasibleConfig) as err:  # a dispatcher wish the hardware lacks gets that rule's fix
         plan(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64, dispatcher="deepep"))
     assert "most rejected by dispatcher/deepep-hardware" in err.value.message and "hybridep" in err.value.fix
-    with pytest.raises(ValidationError, match="100 GPUs do not fill whole h100 nodes of 8 \(nor divide one\); use 96 or 104"):
+    with pytest.raises(ValidationError, match=r"100 GPUs do not fill whole h100 nodes of 8 \(nor divide one\); use 96 or 104"):
         TrainingRequest(model="dsv3", seq_length=4096, hardware="h100", num_gpus=100)
 
 

@@ -21,7 +21,7 @@ from .catalog import HARDWARE, get_hardware, load_model_config
 from .checks import Finding
 from .checks.feasibility import layout_is_legal
 from .checks.known_issues import catalogue_rows, stack_versions
-from .errors import LcmoeError
+from .errors import LcmoeError, argument_parser
 from .explain import all_findings
 from .plan import Plan
 from .ranks import placement
@@ -88,14 +88,18 @@ def list_known_issues(container_image: str | None = None) -> int:
 
 def edits_of_named_recipe(cfg, meta: dict) -> list[tuple[str, object, object]]:
     """(field path, the named recipe's value, this config's) for every field of ``cfg`` that differs from the named
-    recipe its header names, with the header's overrides applied ([] for a YAML of no named recipe)."""
+    recipe its header names, built with the header's options and with its overrides applied ([] for a YAML of no
+    named recipe)."""
     name = meta.get("recipe")
     if name not in NAMED_RECIPES or meta.get("retargeted_from"):
         return []
     from . import emit
     from .emit.settings import flat_fields
 
-    reference = emit.build_config(recipe_plan(name), validate=False)
+    try:
+        reference = emit.build_config(recipe_plan(name, **meta.get("options", {})), validate=False)
+    except LcmoeError:  # options this version does not know: nothing to compare against
+        return []
     if meta.get("overrides"):
         emit.apply_overrides(reference, list(meta["overrides"]))
     ours, theirs = flat_fields(cfg), flat_fields(reference)
@@ -105,7 +109,7 @@ def edits_of_named_recipe(cfg, meta: dict) -> list[tuple[str, object, object]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lcmoe_recipes.check", description=__doc__.splitlines()[0],
+    parser = argument_parser(prog="python -m lcmoe_recipes.check", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="examples:\n  python -m lcmoe_recipes.check out/dsv3_128k_h100.yaml\n"
                                             "  python -m lcmoe_recipes.check my.yaml --gpus 256 --hardware h100\n"
@@ -153,8 +157,15 @@ def main(argv: list[str] | None = None) -> int:
                      "files and in launch)")
         else:
             if not Path(args.config).is_file():
+                if Path(args.config).suffix in (".yaml", ".yml") or "/" in args.config:
+                    raise LcmoeError(f"config file '{args.config}' does not exist", "give the path of a "
+                                     "ConfigContainer YAML, e.g. the out/<recipe>.yaml that launch --dry-run writes")
+                import difflib
+
+                close = difflib.get_close_matches(args.config, list(NAMED_RECIPES), n=1)
                 raise LcmoeError(f"'{args.config}' is neither a file nor a named recipe",
-                                 f"give a ConfigContainer YAML, or one of: {', '.join(NAMED_RECIPES)}")
+                                 (f"did you mean '{close[0]}'? " if close else "")
+                                 + f"give a ConfigContainer YAML, or one of: {', '.join(NAMED_RECIPES)}")
             from .emit.yaml_io import read_meta
 
             meta = read_meta(args.config)

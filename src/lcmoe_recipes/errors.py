@@ -53,3 +53,18 @@ class LaunchError(LcmoeError):
     failed). The CLI turns it into exit code 1: the YAML is written, the problem is the cluster or the run."""
 
     exit_code = 1
+
+
+def argument_parser(**kwargs):
+    """An ``argparse.ArgumentParser`` whose usage errors read like every other error of the command lines: one
+    'error: ...' line and a '  fix: ...' line pointing at ``--help`` (exit 2), not the whole usage block."""
+    import argparse
+    import sys
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # noqa: D401 - argparse's hook
+            print(f"error: {message}", file=sys.stderr)
+            print(f"  fix: see {self.prog} --help", file=sys.stderr)
+            sys.exit(2)
+
+    return _Parser(**kwargs)

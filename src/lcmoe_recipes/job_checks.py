@@ -154,6 +154,32 @@ def filesystem_of(path: str) -> tuple[str, str] | None:
     return (best[0], best[1]) if best else None
 
 
+def training_time_finding(train_iters: int, step_seconds: float, time_text: str, chained: bool):
+    """The job's predicted training time against Slurm's ``--time``: None when it fits; else rule ``job/time-short``
+    -- a warning for one job (it saves and exits at the limit, and resumes from its saves when resubmitted), an
+    error when phases are chained with ``afterok`` (the next phase would start from a phase that stopped early).
+
+    Args:
+        train_iters: optimizer steps of the job; step_seconds: the cost model's predicted seconds per step.
+    """
+    limit = slurm_minutes(time_text)
+    usable = exit_duration(limit) or limit
+    needed = train_iters * step_seconds / 60
+    if needed <= usable:
+        return None
+    steps = int(usable * 60 // step_seconds)
+    hours = needed / 60
+    told = (f"{train_iters} steps x {step_seconds:.0f} s predicted = {hours:.1f} h, but --time {time_text} leaves "
+            f"{usable} min of training: the job saves and exits after about {steps} steps")
+    if chained:
+        return Finding("error", "job/time-short", f"{told}, and the next phase (afterok) would start from that "
+                       "partly trained checkpoint", f"give --time of at least {int(hours + 1)}:00:00 (the cluster "
+                       "allowing), fewer --train-iters, or launch the phases one at a time (a resubmitted job resumes "
+                       "from its own saves)")
+    return Finding("warning", "job/time-short", told, f"resubmit the same job until it finishes (it resumes from its "
+                   f"saves), or give --time of at least {int(hours + 1)}:00:00")
+
+
 def job_folder_findings(job_dir: str, nodes: int, local_tunnel: bool) -> list:
     """The job folder must be on a filesystem every node sees (the nodes read the script, the code archive and the
     YAML from it, and write their logs there). Rules ``job/folder-node-local`` (error, multi-node job under

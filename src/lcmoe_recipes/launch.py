@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .catalog import HARDWARE, MODELS, get_hardware
 from .checks.known_issues import stack_versions
-from .errors import LcmoeError, UnknownName
+from .errors import LcmoeError, UnknownName, argument_parser
 from .executors import (EXECUTORS, LaunchResult, SlurmSettings, check_settings, job_dir_of, nodes_for, run_local,
                         run_slurm, train_arguments)
 from .plan import PRECISIONS, Plan, Reason, carry_reasons
@@ -50,7 +50,7 @@ optimizer.optimizer_offload_fraction, model.recompute_modules=[layernorm,moe_act
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = argument_parser(
         prog="python -m lcmoe_recipes.launch",
         description="Build, validate and launch a long-context MoE training config (megatron-bridge ConfigContainer).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -532,12 +532,38 @@ def _build(plan: Plan, args, overrides: list[str], output: Path | None, versions
         shown = shown.with_changes(reasons=carry_reasons(plan, shown))
     warnings = emit.validate_config(cfg, hw, plan.layout.world, plan.name, versions) + list(version_notes)
     meta = {**emit.target_meta(shown, overrides), **({"weights": weights} if weights else {})}
+    if plan.name in NAMED_RECIPES:  # what the recipe was built with, so `check` compares like with like
+        options = {**run_options(args), "pretrained_checkpoint": plan.pretrained_checkpoint}
+        if getattr(args, "precision", None) and "precision" in NAMED_RECIPES[plan.name].options:
+            options["precision"] = args.precision
+        meta["options"] = {k: v for k, v in options.items() if v is not None}
     job = check_job(cfg) if check_job is not None else None
     if job is not None:
         warnings = warnings + job.findings
     emit.write_yaml(cfg, output, meta)
     return Built(plan, shown, cfg, output, meta, warnings, overrides,
                  torchrun_command(output, plan.layout.world, hw.gpus_per_node), job)
+
+
+def _time_findings(one: Built, settings, smoke: bool, chained: bool) -> list:
+    """A Slurm training job's predicted time against its ``--time`` (:func:`lcmoe_recipes.job_checks.
+    training_time_finding`): [] or one warning.
+
+    Raises:
+        InfeasibleConfig: a phase that would stop early while the next one waits on it (``afterok``).
+    """
+    if settings is None or smoke or not one.cfg.train.train_iters:
+        return []
+    from .checks import raise_for_errors
+    from .cost import estimate_step
+    from .job_checks import training_time_finding
+
+    finding = training_time_finding(one.cfg.train.train_iters, estimate_step(one.shown).step_seconds, settings.time,
+                                    chained)
+    if finding is None:
+        return []
+    raise_for_errors([finding], one.plan.name)
+    return [finding]
 
 
 def _report_error(exc: LcmoeError, as_json: bool, warnings: list = ()) -> int:
@@ -611,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
                 output = Path(args.output) if args.output and not phased else None
                 one = _build(plan, args, overrides, output, versions, version_notes,
                              (weights if index == 0 else {"from_checkpoint": pretrained}), check_job)
-                one.warnings = one.warnings + (notes if index == 0 else [])
+                one.warnings = one.warnings + (notes if index == 0 else []) + _time_findings(
+                    one, settings, args.smoke, chained=index < len(lengths) - 1)
                 built.append(one)
                 pretrained = one.cfg.checkpoint.save
     except LcmoeError as exc:
@@ -678,9 +705,15 @@ def _print_built(one: Built, args) -> None:
     print(f"{plan.name}: valid for {plan.layout.world} x {hw.key} (our checks + memory model + "
           "megatron-bridge validate())")
     if one.changes:
-        print(f"retargeted {one.meta.get('retargeted_from')}: {len(one.changes)} field(s) changed")
+        print(f"retargeted {one.meta.get('retargeted_from')}: {len(one.changes)} field(s) changed (each setting's "
+              "reason once, below its fields)")
+        by_setting: dict[str, list] = {}
         for d in one.changes:
-            print(f"  {d.path}: {d.upstream!r} -> {d.ours!r}  [{d.setting}: {d.reason.why}]")
+            by_setting.setdefault(d.setting, []).append(d)
+        for setting, changes in by_setting.items():
+            for d in changes:
+                print(f"  {d.path}: {d.upstream!r} -> {d.ours!r}")
+            print(f"    [{setting}: {changes[0].reason.why}]")
     print(format_plan(one.shown.with_changes(reasons={}) if args.explain else one.shown, one.warnings, one.overrides))
     if args.explain:
         from .explain import explain_text

@@ -15,12 +15,13 @@ import copy
 
 from .emit.settings import SETTINGS, Difference, parity
 from .errors import LcmoeError
-from .plan import Plan
+from .plan import Plan, Reason
+from .rules.extension import with_ep_overlap
 
 # The settings groups a retarget writes (the rest of the config is the user's).
 RETARGET_SETTINGS = ("layout", "sequence_parallel", "pipeline_model_parallel_layout", "seq_length", "positions",
                      "cp_comm_type", "dispatcher", "hardware_env", "recompute", "cuda_graphs", "optimizer_cpu_offload",
-                     "global_batch_size", "loss", "attention_mask")
+                     "global_batch_size", "loss", "attention_mask", "moe_ep_overlap")
 
 
 def retarget(cfg, hardware: str, world_size: int, seq_length: int, wishes=None,
@@ -55,9 +56,17 @@ def retarget(cfg, hardware: str, world_size: int, seq_length: int, wishes=None,
 
     best = search(request_from_args(before.model, seq_length, argparse.Namespace(**merged))).best.plan
     # the schedule, weights and data loading stay the config's own
+    reasons = {**best.reasons,
+               "schedule": Reason("the config's own schedule, kept (--lr / --train-iters change it)", "your config"),
+               "base_recipe": Reason("the config given to --from: every field this retargeting does not list as "
+                                     "changed is kept as it was", "your config")}
+    if not values.get("precision"):
+        reasons["precision"] = Reason(f"{best.precision}: the config's own (--precision changes it)", "your config")
+    # the config's own EP-overlap choice, kept where the new recompute and layout allow it
+    best = with_ep_overlap(best.with_changes(moe_ep_overlap=before.moe_ep_overlap, reasons=reasons))
+    reasons = best.reasons
     plan = best.with_changes(name=name, schedule=before.schedule, num_workers=before.num_workers,
-                             eval_iters=before.eval_iters, pin_cpu_grads=before.pin_cpu_grads,
-                             reasons={k: v for k, v in best.reasons.items() if k not in ("schedule", "base_recipe")})
+                             eval_iters=before.eval_iters, pin_cpu_grads=before.pin_cpu_grads, reasons=reasons)
     settings = tuple(s for s in SETTINGS if s.key in RETARGET_SETTINGS)
     out = copy.deepcopy(cfg)
     changes = parity(out, plan, settings)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .catalog import HARDWARE, get_hardware
 from .emit.stack import installed_stack
-from .errors import LcmoeError
+from .errors import LcmoeError, argument_parser
 from .job_paths import problems_here
 
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -238,7 +238,7 @@ def rank_arguments(group) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m lcmoe_recipes.train", description=__doc__.split("\n\n")[1],
+    parser = argument_parser(prog="python -m lcmoe_recipes.train", description=__doc__.split("\n\n")[1],
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", metavar="FILE", help="ConfigContainer YAML written by lcmoe_recipes.launch")

@@ -40,7 +40,8 @@ class StackVersions:
     notes: dict[str, str] = field(default_factory=dict)
 
     def describe(self, components: tuple[str, ...] = COMPONENTS) -> str:
-        """``megatron-core 0.19.2, transformer-engine 2.20.2 [the target's; not installed here] (installed)``."""
+        """``megatron-core 0.19.2, transformer-engine 2.20.2 [assumed: the target container's; not installed here]
+        (installed here)``."""
         shown = ", ".join(f"{c} {self.versions.get(c) or 'unknown'}" + (f" [{self.notes[c]}]" if c in self.notes else "")
                           for c in components)
         return f"{shown} ({self.origin})"
@@ -63,8 +64,8 @@ def installed_versions() -> StackVersions:
         from ..emit.target import TARGET_TE_VERSION  # light import: no torch, no megatron
 
         found["transformer-engine"] = TARGET_TE_VERSION
-        notes["transformer-engine"] = "the target's; not installed here"
-    return StackVersions(found, "installed", notes)
+        notes["transformer-engine"] = "assumed: the target container's; not installed here"
+    return StackVersions(found, "installed here", notes)
 
 
 def stack_versions(container_image: str | None = None) -> tuple[StackVersions, list[Finding]]:

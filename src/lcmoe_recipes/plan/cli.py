@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ..catalog import MODELS
-from ..errors import LcmoeError
+from ..errors import LcmoeError, argument_parser
 from ..request import TrainingRequest
 from ..search import PlanResult, memory_limit, plan, seq_sweep
 from . import Plan
@@ -174,14 +174,20 @@ def request_from_args(model: str, seq: int, args, **target) -> TrainingRequest:
     try:
         return TrainingRequest(**{**fields, **target})
     except ValidationError as exc:
-        bad = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'request'}: {e['msg'].removeprefix('Value error, ')}"
-                        for e in exc.errors())
-        fixes = [m.rpartition("; ")[2] for m in (e["msg"] for e in exc.errors()) if "; use " in m]
-        raise LcmoeError(f"invalid request: {bad}", "; ".join(fixes) or "see --help for the valid values") from None
+        parts, fixes = [], []
+        for e in exc.errors():
+            text = e["msg"].removeprefix("Value error, ")
+            if "; use " in text:  # the validator names the fix: say it once, as the fix
+                text, _, fix = text.rpartition("; ")
+                fixes.append(fix)
+            where = ".".join(str(x) for x in e["loc"])
+            parts.append(f"{where}: {text}" if where else text)
+        raise LcmoeError(f"invalid request: {'; '.join(parts)}", "; ".join(fixes) or "see --help for the valid values"
+                         ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = argument_parser(
         prog="python -m lcmoe_recipes.plan", description="Plan a long-context MoE layout for any model, sequence\n"
         "length, GPU type and count: candidate layouts, per-GPU memory, exposed communication per\n"
         "collective, predicted step time and MFU, and why the winner won. Imports neither torch nor\n"

@@ -39,9 +39,17 @@ def tokens_per_step(spec: ModelSpec, total_params: float, wish: int | None = Non
 def choose_batch(seq_length: int, layout: ParallelLayout, mbs: int, tokens: int,
                  wish: int | None = None) -> tuple[int, Reason]:
     """(GBS, reason): ``tokens`` / seq_length samples, rounded up to a multiple of MBS·DP (and of MBS·DP·PP with
-    interleaving), and at least MBS·DP·PP so every pipeline rank has work in flight. ``wish`` is a fixed GBS."""
+    interleaving), and at least MBS·DP·PP so every pipeline rank has work in flight. ``wish`` is a fixed GBS.
+
+    Raises:
+        LcmoeError: ``tokens`` is less than one sequence of ``seq_length``.
+    """
     if wish:
         return wish, Reason(f"GBS {wish}, as requested", "your request")
+    if tokens < seq_length:
+        raise LcmoeError(f"--tokens-per-step {tokens:,} is less than one sequence of seq_length {seq_length:,}",
+                         f"use at least {seq_length} (one sequence per step); extension phases use millions, e.g. "
+                         "--tokens-per-step 8388608")
     step = mbs * layout.dp * (layout.pp if layout.vpp else 1)
     floor = mbs * layout.dp * layout.pp
     wanted = max(1, round(tokens / seq_length))
