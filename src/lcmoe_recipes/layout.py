@@ -14,6 +14,7 @@ Source: megatron-core 0.19.2 ``parallel_state.initialize_model_parallel`` (the t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from .errors import InfeasibleConfig
 
@@ -51,7 +52,7 @@ class ParallelLayout:
         """ETP·EP·PP: ranks holding one replica of the experts; must divide ``world``."""
         return self.etp * self.ep * self.pp
 
-    @property
+    @cached_property  # read thousands of times per search; an instance never changes
     def dp(self) -> int:
         """Data-parallel size world/(TP·PP·CP). Raises InfeasibleConfig if that is not a whole number."""
         if self.world % self.dense_model_size:
@@ -62,7 +63,7 @@ class ParallelLayout:
             )
         return self.world // self.dense_model_size
 
-    @property
+    @cached_property
     def edp(self) -> int:
         """Expert data-parallel size world/(ETP·EP·PP). Raises InfeasibleConfig if not a whole number."""
         if self.world % self.expert_model_size:

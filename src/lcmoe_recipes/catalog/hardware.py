@@ -133,4 +133,4 @@ def get_hardware(name: str) -> Hardware:
     Raises:
         UnknownName: naming the valid hardware.
     """
-    return lookup(name, HARDWARE, _ALIASES, "hardware")
+    return HARDWARE.get(name) or lookup(name, HARDWARE, _ALIASES, "hardware")  # a key: the common case

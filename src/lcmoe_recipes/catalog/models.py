@@ -402,7 +402,7 @@ def get_model(name: str) -> ModelSpec:
         UnknownName: naming the valid models (and the closest spelling).
         ModelConfigError: a path whose config.json is missing, malformed or of an unsupported architecture.
     """
-    spec = _USER.get(name)
+    spec = _USER.get(name) or MODELS.get(name)  # a key: the common case (every Plan.model_spec)
     if spec is not None:
         return spec
     key = _ALIASES.get(name.strip().lower().replace(" ", "_"))

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InfeasibleConfig
-from ..plan import PRECISIONS, Plan, layout_stages
+from ..plan import PRECISIONS, Plan, layout_layer_counts, layout_stages
 from ..ranks import max_span
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out")
@@ -212,7 +212,7 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
                 f"{lay.num_pipeline_stages}", f"keep PP·VPP = {len(stages)} (PP in {fits}, VPP = {len(stages)}/PP), or "
                 "set model.pipeline_model_parallel_layout=null to have the layout re-derived for the new PP·VPP")
         elif stages is not None:
-            decoders, mtps = sum(s.count("t") for s in stages), sum(s.count("m") for s in stages)
+            decoders, mtps = layout_layer_counts(text)
             if decoders != model.num_layers or mtps != plan.mtp_num_layers:
                 add("error", "pipeline/layout-layers",
                     f"pipeline_model_parallel_layout '{text}' places {decoders} decoder and {mtps} MTP layers; the model "

@@ -181,7 +181,7 @@ def data_parallel_transfers(plan: Plan, dense_params: float, expert_params: floa
 def rank_layers(plan: Plan, pp_rank: int) -> tuple[int, ...]:
     """Decoder layers held by pipeline rank ``pp_rank`` (all its chunks): the plan's layout string's split, else the
     even one (:func:`lcmoe_recipes.plan.stage_decoder_layers`)."""
-    return _rank_layers(tuple(stage_decoder_layers(plan)), plan.layout.pp, plan.layout.vpp or 1, pp_rank)
+    return _rank_layers(stage_decoder_layers(plan), plan.layout.pp, plan.layout.vpp or 1, pp_rank)
 
 
 @lru_cache(maxsize=4096)

@@ -209,9 +209,14 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
     output), the permuted probabilities, shared experts -- or the dense MLP.
     """
     lay = plan.layout
-    tp, etp = lay.tp, lay.etp
-    n = plan.micro_batch_size * plan.seq_length / lay.cp          # tokens on this rank
-    nsp = n / tp if plan.sequence_parallel else n                 # tokens in sequence-sharded regions
+    return _layer_tensors(s, layer, plan.micro_batch_size * plan.seq_length / lay.cp, lay.tp, lay.etp,
+                          plan.sequence_parallel)
+
+
+def _layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequence_parallel: bool
+                   ) -> dict[str, tuple[float, tuple[str, ...]]]:
+    """:func:`layer_activations` for ``n`` tokens on this rank (MBS·seq_length/CP)."""
+    nsp = n / tp if sequence_parallel else n                      # tokens in sequence-sharded regions
     h = s.h
     out: dict[str, tuple[float, tuple[str, ...]]] = {
         "layer_input": (nsp * h * BF16, ()),
@@ -304,20 +309,35 @@ def master_weight_bytes(plan: Plan) -> int:
     return FP32
 
 
-def _kept(tensors: dict[str, tuple[float, tuple[str, ...]]], plan: Plan) -> float:
-    if plan.recompute_granularity == "full":
+def _kept_bytes(tensors: dict[str, tuple[float, tuple[str, ...]]], granularity: str | None,
+                modules: tuple[str, ...]) -> float:
+    if granularity == "full":
         return tensors["layer_input"][0]
-    dropped = set(plan.recompute_modules) if plan.recompute_granularity == "selective" else set()
+    dropped = set(modules) if granularity == "selective" else set()
     return sum(b for b, by in tensors.values() if not dropped.intersection(by))
+
+
+@lru_cache(maxsize=16384)
+def _layer_bytes(model_key: str, layer: int, n: float, tp: int, etp: int, sequence_parallel: bool,
+                 granularity: str | None, modules: tuple[str, ...]) -> tuple[float, float]:
+    """(bytes kept for backward under the recompute setting, bytes of every listed tensor) of one layer: layers of
+    one kind repeat across the search's candidates, so this is priced once per kind and shape."""
+    from ..catalog import get_model
+
+    tensors = _layer_tensors(shapes(get_model(model_key)), layer, n, tp, etp, sequence_parallel)
+    return _kept_bytes(tensors, granularity, modules), sum(b for b, _ in tensors.values())
 
 
 def _chunks_in_flight(plan: Plan, pp_rank: int) -> list[int]:
     """How many microbatches of each of this rank's model chunks are alive at the peak (megatron-core schedules)."""
     lay = plan.layout
-    pp, vpp = lay.pp, lay.vpp or 1
-    micro = max(1, plan.num_microbatches)
+    return list(_in_flight(lay.pp, lay.vpp or 1, max(1, plan.num_microbatches), pp_rank))
+
+
+@lru_cache(maxsize=4096)
+def _in_flight(pp: int, vpp: int, micro: int, pp_rank: int) -> tuple[int, ...]:
     if vpp == 1:
-        return [min(pp - pp_rank, micro)]
+        return (min(pp - pp_rank, micro),)
     warmup = min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp, micro * vpp)
     alive = warmup + 1
     counts = [0] * vpp
@@ -327,7 +347,7 @@ def _chunks_in_flight(plan: Plan, pp_rank: int) -> list[int]:
         counts[chunk % vpp] += take
         alive -= take
         chunk += 1
-    return [min(c, micro) for c in counts]
+    return tuple(min(c, micro) for c in counts)
 
 
 @dataclass(frozen=True)
@@ -380,10 +400,34 @@ def _rank_static(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp
     return _RankStatic(dense, experts, embed, tuple(kinds), tuple(reps.values()), first, last)
 
 
-def _segments(plan: Plan, kind: tuple[bool, str]) -> set[str]:
-    """Captured segment kinds of a layer of ``kind`` = (is MoE, attention kind) under the plan's TE CUDA-graph
-    modules (megatron-core 0.19.2 ``CudaGraphModule``; [] = the whole layer)."""
-    modules = set(plan.cuda_graph_modules)
+@lru_cache(maxsize=65536)
+def _activation_terms(model_key: str, static: _RankStatic, n: float, tp: int, etp: int, sequence_parallel: bool,
+                      granularity: str | None, modules: tuple[str, ...], mtp: int, logits: float,
+                      in_flight: tuple[int, ...], graph_modules: tuple[str, ...]) -> tuple[float, float, int]:
+    """(listed activation bytes alive at the peak, the largest layer's listed bytes, CUDA-graph buffers) of one
+    rank: what :func:`rank_memory` derives from the layers' tensors. It depends on neither EP nor the batch beyond
+    the microbatches in flight, so the search's layouts that differ only there share it."""
+    from ..catalog import get_model
+
+    s = shapes(get_model(model_key))
+    by_kind = {(s.is_moe(layer), s.kind(layer)): _layer_bytes(model_key, layer, n, tp, etp, sequence_parallel,
+                                                              granularity, modules)
+               for layer in static.representative}  # layers of one kind keep the same tensors
+    per_chunk = [sum(count * by_kind[kind][0] for kind, count in chunk) for chunk in static.chunk_kinds]
+    largest_layer = max((by_kind[kind][1] for chunk in static.chunk_kinds for kind, _ in chunk), default=0.0)
+    if mtp:
+        mtp_kept, _ = _layer_bytes(model_key, s.num_layers - 1, n, tp, etp, sequence_parallel, granularity, modules)
+        per_chunk[-1] += mtp * (mtp_kept + logits)
+    listed = sum(k * c for k, c in zip(per_chunk, in_flight))
+    graphed = 2 * len({seg for chunk in static.chunk_kinds for kind, _ in chunk
+                       for seg in _segment_kinds(graph_modules, kind)})
+    return listed, largest_layer, graphed
+
+
+def _segment_kinds(graph_modules: tuple[str, ...], kind: tuple[bool, str]) -> set[str]:
+    """Captured segment kinds of a layer of ``kind`` = (is MoE, attention kind) under TE CUDA-graph modules
+    ``graph_modules`` (megatron-core 0.19.2 ``CudaGraphModule``; [] = the whole layer)."""
+    modules = set(graph_modules)
     if not modules:
         return {"layer"}
     out = {"attn"} if "attn" in modules else set()
@@ -404,7 +448,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     spec = plan.model_spec
     s = shapes(spec)
     lay = plan.layout
-    static = _rank_static(spec.key, tuple(stage_decoder_layers(plan)), lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
+    static = _rank_static(spec.key, stage_decoder_layers(plan), lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
     last = static.last
     dense = static.dense / lay.tp
     experts = static.experts / (lay.ep * lay.etp)
@@ -414,24 +458,17 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     shard = dense / (lay.dp * lay.cp) + experts / lay.edp
     on_gpu = 1.0 - (plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0)
 
-    by_kind = {}  # layers of one kind (MoE or dense, full or linear attention) keep the same tensors
-    for layer in static.representative:
-        tensors = layer_activations(s, layer, plan)
-        by_kind[(s.is_moe(layer), s.kind(layer))] = (_kept(tensors, plan), sum(b for b, _ in tensors.values()))
-    per_chunk = [sum(n * by_kind[kind][0] for kind, n in chunk) for chunk in static.chunk_kinds]
-    largest_layer = max((by_kind[kind][1] for chunk in static.chunk_kinds for kind, _ in chunk), default=0.0)
     n = plan.micro_batch_size * plan.seq_length / lay.cp
     logits = n * s.vocab * FP32 / lay.tp if last else 0.0
-    if last and plan.mtp_num_layers:
-        mtp_tensors = layer_activations(s, s.num_layers - 1, plan)
-        per_chunk[-1] += plan.mtp_num_layers * (_kept(mtp_tensors, plan) + logits)
-    in_flight = _chunks_in_flight(plan, pp_rank)
+    in_flight = _in_flight(lay.pp, lay.vpp or 1, max(1, plan.num_microbatches), pp_rank)
+    listed, largest_layer, graphed = _activation_terms(
+        spec.key, static, n, lay.tp, lay.etp, plan.sequence_parallel, plan.recompute_granularity,
+        tuple(plan.recompute_modules), plan.mtp_num_layers if last else 0, logits, in_flight,
+        tuple(plan.cuda_graph_modules))
     scale = constants.activation_scale
-    listed = sum(k * c for k, c in zip(per_chunk, in_flight))
     activations = scale * listed + logits
     transient = max(LOGIT_COPIES * logits, scale * largest_layer)
     gemm_weights = (static.dense - static.embed) / lay.tp + experts
-    graphed = 2 * len({seg for chunk in static.chunk_kinds for kind, _ in chunk for seg in _segments(plan, kind)})
     return MemoryBreakdown(
         pp_rank=pp_rank, parameters=params * BF16, gradients=params * grad_bytes,
         optimizer=shard * state_bytes * on_gpu, activations=activations, transient=transient,

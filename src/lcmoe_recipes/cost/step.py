@@ -150,7 +150,7 @@ def rank_kinds(plan: Plan, pp_rank: int) -> tuple[tuple[tuple[bool, str], int, i
     """The decoder layers of pipeline rank ``pp_rank`` by kind: ((is MoE, attention kind), a layer of that kind,
     how many), in the order the kinds first appear. Layers of one kind cost the same."""
     lay = plan.layout
-    return _rank_kinds(plan.model, tuple(stage_decoder_layers(plan)), lay.pp, lay.vpp or 1, pp_rank)
+    return _rank_kinds(plan.model, stage_decoder_layers(plan), lay.pp, lay.vpp or 1, pp_rank)
 
 
 @lru_cache(maxsize=4096)

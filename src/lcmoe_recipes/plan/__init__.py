@@ -322,12 +322,24 @@ def layout_stages(layout: str) -> tuple[str, ...]:
     return tuple(stages)
 
 
-def stage_decoder_layers(plan: "Plan") -> list[int]:
+def stage_decoder_layers(plan: "Plan") -> tuple[int, ...]:
     """Decoder layers in each of the plan's PP·VPP chunks: its layout string's, else the even split of
     :func:`pipeline_stage_layers`."""
     if plan.pipeline_model_parallel_layout:
-        return list(_decoders_per_stage(plan.pipeline_model_parallel_layout))
-    return pipeline_stage_layers(plan.model_spec.num_layers, plan.layout.num_pipeline_stages, plan.mtp_num_layers)
+        return _decoders_per_stage(plan.pipeline_model_parallel_layout)
+    return _even_stages(plan.model_spec.num_layers, plan.layout.num_pipeline_stages, plan.mtp_num_layers)
+
+
+@lru_cache(maxsize=1024)
+def _even_stages(num_layers: int, num_stages: int, mtp_num_layers: int) -> tuple[int, ...]:
+    return tuple(pipeline_stage_layers(num_layers, num_stages, mtp_num_layers))
+
+
+@lru_cache(maxsize=1024)
+def layout_layer_counts(layout: str) -> tuple[int, int]:
+    """(decoder layers, MTP layers) a pipeline layout string places (:func:`layout_stages`)."""
+    stages = layout_stages(layout)
+    return sum(s.count("t") for s in stages), sum(s.count("m") for s in stages)
 
 
 @lru_cache(maxsize=1024)
@@ -335,6 +347,7 @@ def _decoders_per_stage(layout: str) -> tuple[int, ...]:
     return tuple(stage.count("t") for stage in layout_stages(layout))
 
 
+@lru_cache(maxsize=1024)
 def build_pipeline_layout(num_layers: int, num_stages: int, mtp_num_layers: int = 0) -> str | None:
     """A Megatron pipeline layout string that spreads the model evenly over ``num_stages`` (= PP·VPP) chunks.
 

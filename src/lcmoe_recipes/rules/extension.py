@@ -4,6 +4,7 @@ GBS, schedule, pipeline layout string, and where the weights come from (each fro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..catalog import Hardware, ModelSpec
 from ..catalog.upstream import base_recipe
@@ -38,6 +39,20 @@ class RunOptions:
     pretrained_checkpoint: str | None = None
 
 
+@lru_cache(maxsize=256)
+def _run_decisions(model_key: str, hw_key: str, seq_length: int, precision: str, world: int, options: RunOptions):
+    """The decisions of :func:`extension_fields` that do not depend on the layout's split (base recipe, positions,
+    token budget, schedule): the same for every layout of one request, so taken once per request."""
+    from ..catalog import get_hardware, get_model
+
+    spec, hw = get_model(model_key), get_hardware(hw_key)
+    base, why_base = choose_base(spec, hw, precision, world)
+    record, _ = base_recipe(spec, hw, precision, world)
+    return (base, why_base, record, choose_positions(spec, seq_length, options.rope),
+            tokens_per_step(spec, shapes(spec).total_params, options.tokens_per_step),
+            choose_schedule(spec, record.min_lr if record else None, options.lr, options.train_iters))
+
+
 def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: ParallelLayout, precision: str,
                      options: RunOptions = RunOptions()) -> tuple[dict, dict[str, Reason]]:
     """(Plan fields, reasons) for running ``spec`` at ``seq_length`` with ``layout``.
@@ -46,12 +61,9 @@ def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: Par
         LcmoeError: a bad option (rope choice, non-positive tokens / LR / steps).
         InfeasibleConfig: the layout has more pipeline stages than the model can fill.
     """
-    base, why_base = choose_base(spec, hw, precision, layout.world)
-    record, _ = base_recipe(spec, hw, precision, layout.world)
-    positions, why_positions = choose_positions(spec, seq_length, options.rope)
-    tokens, why_tokens = tokens_per_step(spec, shapes(spec).total_params, options.tokens_per_step)
+    base, why_base, record, (positions, why_positions), (tokens, why_tokens), (schedule, why_schedule) = _run_decisions(
+        spec.key, hw.key, seq_length, precision, layout.world, options)
     gbs, why_gbs = choose_batch(seq_length, layout, options.micro_batch_size, tokens, options.global_batch_size)
-    schedule, why_schedule = choose_schedule(spec, record.min_lr if record else None, options.lr, options.train_iters)
     upstream = base_layout(spec, hw, precision, layout.world, layout.pp, layout.vpp)
     if upstream is not None:
         pipeline = upstream
