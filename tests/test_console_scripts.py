@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def bin_dir(tmp_path_factory):
     prefix = tmp_path_factory.mktemp("prefix")
     out = subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
-                          "--no-build-isolation", "--no-index", "-e", str(ROOT), "--prefix", str(prefix)],
+                          "--no-build-isolation", "--no-index", "--ignore-installed",  # leave this venv's install be
+                          "-e", str(ROOT), "--prefix", str(prefix)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return prefix / "bin"

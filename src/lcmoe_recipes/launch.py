@@ -536,7 +536,9 @@ def _build(plan: Plan, args, overrides: list[str], output: Path | None, versions
         options = {**run_options(args), "pretrained_checkpoint": plan.pretrained_checkpoint}
         if getattr(args, "precision", None) and "precision" in NAMED_RECIPES[plan.name].options:
             options["precision"] = args.precision
-        meta["options"] = {k: v for k, v in options.items() if v is not None}
+        options = {k: v for k, v in options.items() if v is not None}
+        if options:
+            meta["options"] = options
     job = check_job(cfg) if check_job is not None else None
     if job is not None:
         warnings = warnings + job.findings
