@@ -37,16 +37,21 @@ def fresh_config(configs):
 @pytest.fixture
 def nemorun_home():
     """NeMo-Run's home in a fresh folder under the repository's out/ (its experiments, scripts and logs go there),
-    removed afterwards. Not under /tmp: a multi-node job folder there is refused (node-local). The name avoids
-    '/nemo_run', which NeMo-Run 0.11.1 rewrites in jobs without a container."""
+    removed afterwards. Not under /tmp: a multi-node job folder there is refused (node-local), so a checkout that
+    itself lies under a node-local prefix (a CI clone in /tmp) uses a folder under the home directory instead. The
+    name avoids '/nemo_run', which NeMo-Run 0.11.1 rewrites in jobs without a container."""
     import shutil
     import tempfile
     from pathlib import Path
 
     from nemo_run import config
 
+    from lcmoe_recipes.job_checks import NODE_LOCAL_PREFIXES
+
     base = Path(__file__).resolve().parent.parent / "out"
-    base.mkdir(exist_ok=True)
+    if any(str(base) == p or str(base).startswith(p + "/") for p in NODE_LOCAL_PREFIXES):
+        base = Path.home() / ".cache" / "lcmoe-recipes-tests"
+    base.mkdir(parents=True, exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="test-nemorun-", dir=base))
     old = config.get_nemorun_home()
     config.set_nemorun_home(str(home))
