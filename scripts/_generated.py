@@ -15,3 +15,14 @@ def write_or_check(files: dict[Path, str], check: bool, root: Path, how: str) ->
         path.write_text(text)
         print(f"wrote {path.relative_to(root)}")
     return 0
+
+
+def generated_main(description: str, files, root: Path, how: str, argv: list[str] | None = None) -> int:
+    """The command line of a generating script: ``--check`` compares, else writes. ``files()`` gives
+    {path: text}, built only when called."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--check", action="store_true", help="exit 1 if a generated file is stale, instead of writing")
+    args = parser.parse_args(argv)
+    return write_or_check(files(), args.check, root, how)

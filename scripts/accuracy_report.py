@@ -9,7 +9,6 @@ emitted as a ConfigContainer, after ``runtime_config_update`` for the target) be
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from published import MEMORY_ROWS, REPORT_ROWS, THROUGHPUT_ROWS  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from _generated import write_or_check  # noqa: E402
+from _generated import generated_main  # noqa: E402
 
 from lcmoe_recipes.cost.calibrate import leave_one_out_constants  # noqa: E402
 from lcmoe_recipes.cost.calibrate_step import used_constants as step_used  # noqa: E402
@@ -171,10 +170,8 @@ def build() -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true")
-    args = parser.parse_args(argv)
-    return write_or_check({OUT: build()}, args.check, ROOT, "python scripts/accuracy_report.py")
+    return generated_main(__doc__.splitlines()[0], lambda: {OUT: build()}, ROOT, "python scripts/accuracy_report.py",
+                          argv)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,12 +9,11 @@ The request: a 64-expert top-2 MoE with hidden 4096 and 32 layers (catalogue mod
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
 from pathlib import Path
 
-from _generated import write_or_check
+from _generated import generated_main
 
 from lcmoe_recipes.cost.bands import STEP_ERROR_BAND
 from lcmoe_recipes.errors import InfeasibleConfig
@@ -137,12 +136,11 @@ def build_agreement() -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true")
-    args = parser.parse_args(argv)
-    md, csv_text = build()
-    files = {MD: md, CSV: csv_text, AGREEMENT: build_agreement()}
-    return write_or_check(files, args.check, ROOT, "python scripts/decision_table.py")
+    def files():
+        md, csv_text = build()
+        return {MD: md, CSV: csv_text, AGREEMENT: build_agreement()}
+
+    return generated_main(__doc__.splitlines()[0], files, ROOT, "python scripts/decision_table.py", argv)
 
 if __name__ == "__main__":
     sys.exit(main())

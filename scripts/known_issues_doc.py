@@ -6,11 +6,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from _generated import write_or_check
+from _generated import generated_main
 
 from lcmoe_recipes.catalog.known_issues import containers
 from lcmoe_recipes.checks.conditions import OPS, describe
@@ -75,11 +74,9 @@ def build() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/known_issues.md is stale")
-    args = parser.parse_args()
-    return write_or_check({PAGE: build()}, args.check, ROOT, "python scripts/known_issues_doc.py")
+def main(argv: list[str] | None = None) -> int:
+    return generated_main(__doc__.splitlines()[0], lambda: {PAGE: build()}, ROOT, "python scripts/known_issues_doc.py",
+                          argv)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,13 @@ from upstream without a reason.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from _generated import write_or_check  # noqa: E402
+from _generated import generated_main  # noqa: E402
 TARGET = ROOT / "docs" / "parity.md"
 
 
@@ -58,10 +57,8 @@ def generate() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare instead of writing")
-    args = parser.parse_args(argv)
-    return write_or_check({TARGET: generate()}, args.check, ROOT, "python scripts/parity_report.py")
+    return generated_main(__doc__.splitlines()[0], lambda: {TARGET: generate()}, ROOT, "python scripts/parity_report.py",
+                          argv)
 
 
 if __name__ == "__main__":

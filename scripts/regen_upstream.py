@@ -9,7 +9,6 @@ Run it after changing the pinned megatron-bridge / megatron-core or adding a cat
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from importlib.metadata import version
@@ -17,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from _generated import write_or_check  # noqa: E402
+from _generated import generated_main  # noqa: E402
 TARGET = ROOT / "src" / "lcmoe_recipes" / "catalog" / "upstream_recipes.json"
 
 
@@ -32,10 +31,8 @@ def generate() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare instead of writing")
-    args = parser.parse_args(argv)
-    return write_or_check({TARGET: generate()}, args.check, ROOT, "python scripts/regen_upstream.py")
+    return generated_main(__doc__.splitlines()[0], lambda: {TARGET: generate()}, ROOT,
+                          "python scripts/regen_upstream.py", argv)
 
 
 if __name__ == "__main__":
