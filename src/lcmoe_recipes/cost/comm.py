@@ -41,7 +41,7 @@ from functools import lru_cache
 
 from ..catalog import get_hardware
 from ..layout import ParallelLayout
-from ..plan import Plan, stage_decoder_layers
+from ..plan import Plan
 from ..ranks import max_inside_own_block, max_span, ring_exits
 from .shapes import shapes
 
@@ -178,13 +178,9 @@ def data_parallel_transfers(plan: Plan, dense_params: float, expert_params: floa
     return out
 
 
-def rank_layers(plan: Plan, pp_rank: int) -> tuple[int, ...]:
-    """Decoder layers held by pipeline rank ``pp_rank`` (all its chunks): the plan's layout string's split, else the
-    even one (:func:`lcmoe_recipes.plan.stage_decoder_layers`)."""
-    return _rank_layers(stage_decoder_layers(plan), plan.layout.pp, plan.layout.vpp or 1, pp_rank)
-
-
 @lru_cache(maxsize=4096)
-def _rank_layers(stages: tuple[int, ...], pp: int, vpp: int, pp_rank: int) -> tuple[int, ...]:
+def rank_layers(stages: tuple[int, ...], pp: int, vpp: int, pp_rank: int) -> tuple[int, ...]:
+    """Decoder layers held by pipeline rank ``pp_rank`` (all its chunks) when the PP·VPP chunks hold ``stages``
+    decoder layers each (:func:`lcmoe_recipes.plan.stage_decoder_layers`)."""
     starts = [sum(stages[:i]) for i in range(len(stages))]
     return tuple(i for v in range(vpp) for i in range(starts[pp_rank + v * pp], starts[pp_rank + v * pp] + stages[pp_rank + v * pp]))

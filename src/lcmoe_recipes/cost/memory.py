@@ -328,14 +328,10 @@ def _layer_bytes(model_key: str, layer: int, n: float, tp: int, etp: int, sequen
     return _kept_bytes(tensors, granularity, modules), sum(b for b, _ in tensors.values())
 
 
-def _chunks_in_flight(plan: Plan, pp_rank: int) -> list[int]:
-    """How many microbatches of each of this rank's model chunks are alive at the peak (megatron-core schedules)."""
-    lay = plan.layout
-    return list(_in_flight(lay.pp, lay.vpp or 1, max(1, plan.num_microbatches), pp_rank))
-
-
 @lru_cache(maxsize=4096)
 def _in_flight(pp: int, vpp: int, micro: int, pp_rank: int) -> tuple[int, ...]:
+    """How many of ``micro`` microbatches of each of pipeline rank ``pp_rank``'s model chunks are alive at the peak
+    (megatron-core's 1F1B and interleaved schedules)."""
     if vpp == 1:
         return (min(pp - pp_rank, micro),)
     warmup = min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp, micro * vpp)

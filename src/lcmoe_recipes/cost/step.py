@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..plan import Plan, stage_decoder_layers
-from .comm import _rank_layers, data_parallel_transfers, layer_transfers, pipeline_transfer
+from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
 from .shapes import GDN, LayerShapes, shapes
 
 # (gpu, precision) -> fraction of dense peak reached by GEMMs; (gpu, "attention") -> by attention kernels (BF16);
@@ -159,7 +159,7 @@ def _rank_kinds(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, pp_r
 
     s = shapes(get_model(model_key))
     counts: dict[tuple[bool, str], list[int]] = {}
-    for i in _rank_layers(stages, pp, vpp, pp_rank):
+    for i in rank_layers(stages, pp, vpp, pp_rank):
         kind = (s.is_moe(i), s.kind(i))
         counts.setdefault(kind, [i, 0])[1] += 1
     return tuple((kind, layer, n) for kind, (layer, n) in counts.items())

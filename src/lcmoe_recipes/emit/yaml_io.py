@@ -188,6 +188,7 @@ def wrong_types(cfg) -> list[str]:
     """'section.field: expects T, got 'text'' for each number or boolean field of ``cfg``'s sections that holds a
     string (what a typo in a YAML gives: omegaconf keeps it as written, megatron fails on it much later)."""
     import dataclasses
+    import types
     import typing
 
     out = []
@@ -204,8 +205,8 @@ def wrong_types(cfg) -> list[str]:
             if not isinstance(value, str):
                 continue
             hint = hints.get(field.name)
-            options = set(typing.get_args(hint)) - {type(None)} if typing.get_origin(hint) in (typing.Union,
-                                                                                            __import__("types").UnionType) else {hint}
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            options = set(typing.get_args(hint)) - {type(None)} if union else {hint}
             if options and options <= {int, float, bool}:
                 wanted = " or ".join(sorted(t.__name__ for t in options))
                 out.append(f"{section.name}.{field.name}: expects {wanted}, got {value!r}")
