@@ -17,7 +17,7 @@ from _generated import generated_main
 
 from lcmoe_recipes.cost.bands import STEP_ERROR_BAND
 from lcmoe_recipes.errors import InfeasibleConfig
-from lcmoe_recipes.plan.cli import TABLE_COLUMNS, format_table, table_rows
+from lcmoe_recipes.report import TABLE_COLUMNS, format_table, table_rows
 from lcmoe_recipes.ranks import placement
 from lcmoe_recipes.request import TrainingRequest
 from lcmoe_recipes.search import plan

@@ -21,10 +21,10 @@ TARGET = ROOT / "docs" / "parity.md"
 
 
 def _value(path: str, value) -> str:
-    from lcmoe_recipes.emit.config import _layout_to_str
+    from lcmoe_recipes.emit.fields import layout_to_str
 
     if path.endswith("pipeline_model_parallel_layout") and isinstance(value, list):
-        value = _layout_to_str(value)
+        value = layout_to_str(value)
     text = repr(value).replace(os.getcwd(), "<launch folder>").replace("|", "\\|")
     return f"`{text}`" if len(text) <= 60 else f"`{text[:57]}...`"
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from lcmoe_recipes.check import main
+from lcmoe_recipes.cli.check import main
 
 
 def test_named_recipe_is_clean(capsys):

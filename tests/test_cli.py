@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from lcmoe_recipes.launch import main, torchrun_command
+from lcmoe_recipes.cli.launch import main
+from lcmoe_recipes.launch import torchrun_command
 from lcmoe_recipes.errors import LcmoeError
 
 
@@ -116,7 +117,7 @@ def test_torchrun_command_needs_whole_nodes():
 @pytest.mark.slow
 def test_reasons_follow_overrides(capsys, tmp_path):
     code, out, err = _main(capsys, tmp_path, "qwen3_235b", "--seq", "131072", "model.tensor_model_parallel_size=8",
-                           "--precision", "mxfp8", "--dry-run")
+                           "--precision", "mxfp8", "--dry-run", "--explain")  # --explain: every reason in full
     assert code == 0, err
     kept = "(worked out for the recipe's layout, which your overrides changed; the value itself is the recipe's)"
     assert "layout: changed from the recipe by your overrides" in out

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from lcmoe_recipes.emit.config import _precision_of
+from lcmoe_recipes.emit.fields import precision_of
 from lcmoe_recipes.errors import InfeasibleConfig, OverrideError
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def test_config_container_values(configs, name):
     assert (m.tensor_model_parallel_size, m.context_parallel_size, m.expert_model_parallel_size) == (tp, cp, ep)
     assert (m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size, m.expert_tensor_parallel_size) == (pp, vpp, 1)
     assert m.seq_length == cfg.dataset.seq_length == seq
-    assert _precision_of(cfg.mixed_precision) == mp
+    assert precision_of(cfg.mixed_precision) == mp
     assert cfg.mixed_precision.grad_reduce_in_fp32 is False  # upstream's perf recipes reduce gradients in bf16
     assert (m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend) == ("flex", backend)
     assert m.recompute_granularity == "selective" and m.recompute_modules == modules
@@ -90,7 +90,7 @@ def test_qwen3_235b_mxfp8_selectable():
     from lcmoe_recipes import qwen3_235b_128k_gb200
 
     cfg = qwen3_235b_128k_gb200(precision="mxfp8")
-    assert _precision_of(cfg.mixed_precision) == "mxfp8" and cfg.mixed_precision.fp8_recipe == "mxfp8"
+    assert precision_of(cfg.mixed_precision) == "mxfp8" and cfg.mixed_precision.fp8_recipe == "mxfp8"
 
 
 def test_yaml_round_trip(configs, tmp_path):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from lcmoe_recipes.executors import (LaunchResult, SlurmSettings, first_error_line, hint_for, nodes_for,
                                      nvl72_segment)
-from lcmoe_recipes.launch import main, submit
+from lcmoe_recipes.cli.launch import main
+from lcmoe_recipes.launch import submit
 
 
 def sbatch_lines(script: str) -> dict[str, str]:

@@ -7,7 +7,7 @@ import pytest
 
 from lcmoe_recipes import recipe_plan
 from lcmoe_recipes.explain import decisions, explain_json, explain_text
-from lcmoe_recipes.plan.cli import main as plan_main
+from lcmoe_recipes.cli.plan import main as plan_main
 
 
 def _png_size(path):
@@ -50,7 +50,7 @@ def test_plan_json_and_plots(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_launch_json(capsys, tmp_path, monkeypatch):
-    from lcmoe_recipes.launch import main
+    from lcmoe_recipes.cli.launch import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["qwen3_235b", "--seq", "131072", "--dry-run", "--json"]) == 0

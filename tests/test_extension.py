@@ -156,7 +156,7 @@ def _hf_folder(tmp_path, model="dsv3"):
 @pytest.mark.slow
 def test_launch_from_hf_sets_the_weights_and_refuses_another_model(tmp_path, monkeypatch, capsys):
     from lcmoe_recipes.emit import read_meta
-    from lcmoe_recipes.launch import main
+    from lcmoe_recipes.cli.launch import main
 
     hf = _hf_folder(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -186,7 +186,7 @@ def test_entry_script_checks_the_weights_on_the_node(tmp_path):
 @pytest.mark.slow
 def test_phases_chain_their_checkpoints(tmp_path, monkeypatch, capsys):
     from lcmoe_recipes.emit import read_yaml
-    from lcmoe_recipes.launch import main
+    from lcmoe_recipes.cli.launch import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["qwen3_30b", "--phases", "32768,65536", "--gpus", "64", "--hardware", "h100", "--dry-run"]) == 0
@@ -223,7 +223,7 @@ def test_build_phases_from_python():
 def test_retarget_an_upstream_4k_recipe_to_128k(tmp_path, monkeypatch, capsys, function, model, gpus, hardware, expect):
     from lcmoe_recipes.emit import config_findings, read_yaml
     from lcmoe_recipes.emit.upstream import upstream_config
-    from lcmoe_recipes.launch import main
+    from lcmoe_recipes.cli.launch import main
 
     upstream_config(function, get_model(model)).to_yaml(str(tmp_path / "mine.yaml"))
     monkeypatch.chdir(tmp_path)
@@ -289,7 +289,7 @@ def test_user_yaml_hygiene_warnings(fresh_config):
 
 
 def test_small_token_budget_and_request_errors_name_one_fix(capsys):
-    from lcmoe_recipes.launch import main
+    from lcmoe_recipes.cli.launch import main
 
     assert main(["dsv3", "--seq", "131072", "--tokens-per-step", "1000", "--dry-run"]) == 2
     err = capsys.readouterr().err
@@ -307,7 +307,7 @@ def test_small_token_budget_and_request_errors_name_one_fix(capsys):
 
 @pytest.mark.slow
 def test_retarget_an_upstream_recipe_by_name(tmp_path, monkeypatch, capsys):
-    from lcmoe_recipes.launch import main
+    from lcmoe_recipes.cli.launch import main
 
     monkeypatch.chdir(tmp_path)
     name = "qwen3_30b_a3b_pretrain_64gpu_h100_bf16_config"
@@ -324,8 +324,8 @@ def test_retarget_an_upstream_recipe_by_name(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_check_of_launch_output_with_run_options_is_not_an_edit(tmp_path, monkeypatch, capsys):
-    from lcmoe_recipes.check import main as check
-    from lcmoe_recipes.launch import main
+    from lcmoe_recipes.cli.check import main as check
+    from lcmoe_recipes.cli.launch import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["qwen3_next", "--seq", "8192", "--from-hf", "/models/Qwen3-Next-80B-A3B", "--lr", "1e-5",

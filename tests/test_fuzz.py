@@ -81,7 +81,7 @@ def scratch(tmp_path, monkeypatch):
 @FUZZ
 @given(model=MODELS, seq=SEQ, gpus=GPUS, hardware=HARDWARE, overrides=OVERRIDES, extra=LAUNCH_FLAGS)
 def test_launch_never_tracebacks(scratch, model, seq, gpus, hardware, overrides, extra):
-    from lcmoe_recipes.launch import main
+    from lcmoe_recipes.cli.launch import main
 
     out = scratch / "fuzz.yaml"
     if out.exists():
@@ -97,7 +97,7 @@ def test_launch_never_tracebacks(scratch, model, seq, gpus, hardware, overrides,
 @given(model=MODELS, seq=SEQ, gpus=GPUS.filter(lambda n: n is not None), hardware=HARDWARE.map(lambda h: h or "x"),
        extra=PLAN_FLAGS)
 def test_plan_never_tracebacks(scratch, model, seq, gpus, hardware, extra):
-    from lcmoe_recipes.plan.cli import main
+    from lcmoe_recipes.cli.plan import main
 
     csv = scratch / "fuzz.csv"
     if csv.exists():
@@ -141,7 +141,7 @@ def _mutate(text: str, kind: str, where: int, value: str) -> bytes:
 @FUZZ
 @given(mutation=_mutations())
 def test_check_on_mangled_yaml_never_tracebacks(scratch, mutation):
-    from lcmoe_recipes.check import main
+    from lcmoe_recipes.cli.check import main
 
     name, kind, where, value = mutation
     path = scratch / "mangled.yaml"

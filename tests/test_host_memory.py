@@ -116,7 +116,7 @@ def test_cpu_oversubscription_is_a_warning():
 
 
 def test_check_prints_host_memory_beside_gpu_memory(capsys):
-    from lcmoe_recipes.check import main
+    from lcmoe_recipes.cli.check import main
 
     assert main(["dsv3_128k_h100"]) == 0
     out = capsys.readouterr().out
@@ -125,7 +125,7 @@ def test_check_prints_host_memory_beside_gpu_memory(capsys):
 
 
 def test_small_ram_system_refused_by_check(small_ram_h100, capsys):
-    from lcmoe_recipes.check import main
+    from lcmoe_recipes.cli.check import main
 
     assert main(["dsv3_128k_h100"]) == 1
     out = capsys.readouterr().out
@@ -180,7 +180,7 @@ def test_mask_build_measured_against_megatron_core():
 def test_user_yaml_with_the_mask_refused(configs, tmp_path, capsys):
     import copy
 
-    from lcmoe_recipes.check import main
+    from lcmoe_recipes.cli.check import main
     from lcmoe_recipes.emit import apply_overrides, write_yaml
 
     plan, cfg = configs["dsv3_128k_h100"]

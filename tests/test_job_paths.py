@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from lcmoe_recipes.errors import InfeasibleConfig
-from lcmoe_recipes.launch import main as launch_main
+from lcmoe_recipes.cli.launch import main as launch_main
 
 pytestmark = pytest.mark.slow
 NODE = os.uname().nodename

@@ -12,7 +12,7 @@ import pytest
 
 from lcmoe_recipes.catalog import get_hardware
 from lcmoe_recipes.catalog.known_issues import find_container, normalise_image
-from lcmoe_recipes.check import main as check_main
+from lcmoe_recipes.cli.check import main as check_main
 from lcmoe_recipes.checks.conditions import ABSENT, ConfigView, describe, holds, problems
 from lcmoe_recipes.checks.known_issues import (StackVersions, catalogue, config_view, installed_versions,
                                                known_issue_findings, stack_versions)
@@ -357,7 +357,7 @@ def test_check_yaml_with_container_image(fresh_config, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_launch_judges_the_container_versions(tmp_path, capsys):
-    from lcmoe_recipes.launch import main as launch_main
+    from lcmoe_recipes.cli.launch import main as launch_main
 
     argv = ["qwen3_235b", "--seq", "131072", "--precision", "mxfp8", "--dry-run", "--output", str(tmp_path / "q.yaml")]
     assert launch_main(argv + ["--container-image", "nvcr.io/nvidia/nemo:26.02"]) == 2

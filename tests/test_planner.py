@@ -15,7 +15,7 @@ from lcmoe_recipes.cost import HBM_MARGIN, estimate_memory, estimate_step
 from lcmoe_recipes.cost.bands import MEMORY_ERROR_BAND, STEP_ERROR_BAND
 from lcmoe_recipes.errors import InfeasibleConfig, LcmoeError
 from lcmoe_recipes.layout import ParallelLayout
-from lcmoe_recipes.plan.cli import main
+from lcmoe_recipes.cli.plan import main
 from lcmoe_recipes.search import plan
 from lcmoe_recipes.request import TrainingRequest
 from lcmoe_recipes.rules.batch import choose_batch, tokens_per_step
@@ -187,7 +187,7 @@ def test_random_requests_emit_valid_configs_or_clear_errors():
 
 @pytest.mark.slow
 def test_launch_plans_unnamed_requests(capsys, tmp_path):
-    from lcmoe_recipes.launch import main as launch
+    from lcmoe_recipes.cli.launch import main as launch
 
     import os
     cwd = os.getcwd()
@@ -200,5 +200,5 @@ def test_launch_plans_unnamed_requests(capsys, tmp_path):
     assert code == 0 and "qwen3_235b_64k_64xgb200: valid for 64 x gb200" in out
     assert (tmp_path / "out" / "qwen3_235b_64k_64xgb200.yaml").is_file()
     with pytest.raises(LcmoeError):
-        from lcmoe_recipes.launch import resolve_plan
-        resolve_plan("qwen3_235b", 65536, None, None)
+        from lcmoe_recipes import TrainingRequest, resolve
+        resolve(TrainingRequest(model="qwen3_235b", seq_length=65536))

@@ -13,7 +13,7 @@ from lcmoe_recipes.cost import estimate_memory, estimate_step
 from lcmoe_recipes.cost.bands import MEMORY_ERROR_BAND, STEP_ERROR_BAND, memory_band, step_band
 from lcmoe_recipes.cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
 from lcmoe_recipes.errors import InfeasibleConfig
-from lcmoe_recipes.plan.cli import main
+from lcmoe_recipes.cli.plan import main
 from lcmoe_recipes.request import TrainingRequest
 from lcmoe_recipes.search import _context, _with_knobs, plan
 
@@ -174,7 +174,7 @@ def test_compare_gpu_counts_and_refusals(capsys):
 
 
 def test_search_never_imports_the_plots():
-    code = ("import sys, lcmoe_recipes.search, lcmoe_recipes.plan.cli; a = 'lcmoe_recipes.plots' in sys.modules; "
+    code = ("import sys, lcmoe_recipes.search, lcmoe_recipes.cli.plan; a = 'lcmoe_recipes.plots' in sys.modules; "
             "import lcmoe_recipes.plots; print(a, 'lcmoe_recipes.search' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
@@ -191,11 +191,13 @@ def test_scaling_doc_is_current():
 
 def test_launch_takes_memory_margin():
     """launch plans a request no named recipe covers with the same flag (nothing built: the Plan only)."""
-    from lcmoe_recipes.launch import _parser, resolve_plan
+    from lcmoe_recipes import resolve
+    from lcmoe_recipes.cli.common import request_from_args
+    from lcmoe_recipes.cli.launch import _parser
 
     args = _parser().parse_intermixed_args(["qwen3_235b", "--seq", "65536", "--gpus", "64", "--hardware", "gb200",
                                             "--memory-margin", "0.3", "--dry-run"])
-    planned = resolve_plan(args.model, args.seq, args.gpus, args.hardware, args.precision, args)
+    planned = resolve(request_from_args(args))
     assert estimate_memory(planned).total <= 0.7 * get_hardware("gb200").hbm_bytes
     assert planned.layout == plan(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64,
                                                   memory_margin=0.3), top=1).best.plan.layout

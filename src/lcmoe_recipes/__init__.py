@@ -3,18 +3,29 @@
 Named recipes (each returns a validated ``megatron.bridge.training.config.ConfigContainer``)::
 
     from lcmoe_recipes import dsv3_128k_h100
-    cfg = dsv3_128k_h100()
+    cfg = dsv3_128k_h100()                                  # 256 x H100, seq_length 131072
+    cfg = dsv3_128k_h100(tokens_per_step=2**23, overrides=["train.train_iters=200"])
 
-Planning and checking (``recipe_plan``, ``check_plan``) import neither torch nor megatron; the factories load
-megatron-bridge on first use (~15-40 s) and say so on stderr.
+Any request -- a model, a sequence length, a GPU type and count, wishes and run options -- goes through one resolver::
+
+    from lcmoe_recipes import TrainingRequest, resolve, build_recipe
+    plan = resolve(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64))
+    cfg = build_recipe(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64)
+
+Planning and checking (``resolve``, ``recipe_plan``, ``check_plan``) import neither torch nor megatron; building a
+ConfigContainer loads megatron-bridge on first use (~15-40 s) and says so on stderr.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 from .checks import Finding, check_plan
 from .errors import InfeasibleConfig, LcmoeError, ModelConfigError, OverrideError, UnknownName
 from .plan import Plan
 from .recipes import NAMED_RECIPES, recipe_plan
+from .request import TrainingRequest
+from .resolve import phase_requests, resolve
 
 __version__ = "0.1.0"
 
@@ -26,29 +37,38 @@ def build_config(plan: Plan, validate: bool = True):
     return _build(plan, validate=validate)
 
 
-def build_recipe(request=None, validate: bool = True, **fields):
-    """The validated ConfigContainer for any request: the search's best layout (:func:`lcmoe_recipes.search.plan`).
+def _request(request: TrainingRequest | dict | None, fields: dict) -> TrainingRequest:
+    if request is None:
+        return TrainingRequest.parse(**fields)
+    if isinstance(request, TrainingRequest):
+        return request.replace(**fields) if fields else request
+    return TrainingRequest.parse(**request, **fields)
+
+
+def build_recipe(request: TrainingRequest | dict | None = None, overrides: Sequence[str] = (), **fields):
+    """The validated ConfigContainer answering any request (:func:`lcmoe_recipes.resolve.resolve`: a named recipe,
+    the search's best layout, or a retargeted config), with Hydra ``overrides`` applied and checked again.
 
     Args:
-        request: a :class:`lcmoe_recipes.request.TrainingRequest`, or a dict of its fields; or None and the fields
-            as keywords, e.g. ``build_recipe(model_config="my/config.json", seq_length=32768, hardware="h100",
+        request: a :class:`~lcmoe_recipes.request.TrainingRequest`, a dict of its fields, or None and the fields as
+            keywords, e.g. ``build_recipe(model_config="my/config.json", seq_length=32768, hardware="h100",
             num_gpus=64)``.
+        overrides: Hydra overrides on megatron-bridge field names (added to the request's own), e.g.
+            ``["train.train_iters=200"]``.
 
     Raises:
-        pydantic.ValidationError: bad request fields. ModelConfigError: a bad model_config file.
-        InfeasibleConfig: no legal layout fits (names the constraint).
+        LcmoeError: bad request fields (every one named, with its fix); ModelConfigError: a bad model_config file;
+        OverrideError: a bad override; InfeasibleConfig: no legal layout fits, or the config breaks a rule.
     """
-    from .search import plan
-    from .request import TrainingRequest
+    from .launch import configure
 
-    if request is None:
-        request = TrainingRequest(**fields)
-    elif not isinstance(request, TrainingRequest):
-        request = TrainingRequest(**request, **fields)
-    return build_config(plan(request).best.plan, validate=validate)
+    request = _request(request, fields)
+    if overrides:
+        request = request.replace(overrides=tuple(request.overrides) + tuple(overrides))
+    return configure(resolve(request), request, request.overrides).cfg
 
 
-def build_phases(model: str, lengths: list[int], num_gpus: int, hardware: str, **options) -> list:
+def build_phases(model: str, lengths: Sequence[int], num_gpus: int, hardware: str, **options) -> list:
     """One validated ConfigContainer per context-extension phase (``launch --phases``), each planned for its length;
     every phase after the first starts from the previous phase's ``checkpoint.save``.
 
@@ -56,59 +76,67 @@ def build_phases(model: str, lengths: list[int], num_gpus: int, hardware: str, *
         model: catalogue model or alias.
         lengths: increasing seq_lengths, e.g. ``[32768, 131072]`` (DeepSeek-V3's 4K -> 32K -> 128K).
         num_gpus, hardware: the target of every phase.
-        options: run options of :class:`lcmoe_recipes.rules.extension.RunOptions` (``rope``, ``tokens_per_step``,
-            ``lr``, ``train_iters``, ``pretrained_checkpoint`` for the first phase) and ``precision``.
+        options: any other :class:`~lcmoe_recipes.request.TrainingRequest` field (``precision``, ``rope``,
+            ``tokens_per_step``, ``lr``, ``train_iters``, ``from_hf``, ``pretrained_checkpoint`` for the first
+            phase, ``overrides``, ``save_dir``, ...).
 
     Raises:
         LcmoeError: bad lengths or options; InfeasibleConfig: a phase with no fitting layout.
     """
-    import argparse
+    from .launch import configure_phases
 
-    from .errors import LcmoeError
-    from .launch import resolve_plan
-
-    if not lengths or any(n <= 0 for n in lengths) or list(lengths) != sorted(set(lengths)):
-        raise LcmoeError(f"phases {lengths}: give increasing positive lengths", "e.g. [32768, 131072]")
-    precision = options.pop("precision", None)
-    pretrained = options.pop("pretrained_checkpoint", None)
-    configs = []
-    for index, length in enumerate(lengths):
-        wishes = argparse.Namespace(gpus=num_gpus, hardware=hardware, precision=precision, gbs=None, mbs=1,
-                                    dispatcher=None, tp=None, pp=None, cp=None, ep=None, no_offload=False,
-                                    variable_length=False, rope=options.get("rope", "auto"),
-                                    tokens_per_step=options.get("tokens_per_step"), lr=options.get("lr"),
-                                    train_iters=options.get("train_iters"), pretrained_checkpoint=pretrained)
-        plan = resolve_plan(model, length, num_gpus, hardware, precision, wishes)
-        cfg = build_config(plan.with_changes(name=f"{plan.name}-phase{index + 1}"))
-        configs.append(cfg)
-        pretrained = cfg.checkpoint.save
-    return configs
+    request = TrainingRequest.parse(model=model, phases=tuple(lengths), num_gpus=num_gpus, hardware=hardware,
+                                    **options)
+    return [one.cfg for one in configure_phases(request)]
 
 
-def _factory(name: str):
+def check(config: str, gpus: int | None = None, hardware: str | None = None, container_image: str | None = None):
+    """Examine a ConfigContainer YAML or a named recipe for a target (:func:`lcmoe_recipes.examine.examine`):
+    returns an :class:`~lcmoe_recipes.examine.Examination` (plan, findings, scope)."""
+    from .examine import examine
+
+    return examine(config, gpus, hardware, container_image)
+
+
+def _named_factory(name: str):
     recipe = NAMED_RECIPES[name]
 
-    def factory(**options):
-        return build_config(recipe_plan(name, **options))
+    def factory(*, precision: str | None = None, rope: str = "auto", tokens_per_step: int | None = None,
+                global_batch_size: int | None = None, lr: float | None = None, train_iters: int | None = None,
+                pretrained_checkpoint: str | None = None, overrides: Sequence[str] = ()):
+        return build_recipe(TrainingRequest.parse(
+            recipe=name, precision=precision, rope=rope, tokens_per_step=tokens_per_step,
+            global_batch_size=global_batch_size, lr=lr, train_iters=train_iters,
+            pretrained_checkpoint=pretrained_checkpoint), overrides)
 
     factory.__name__ = factory.__qualname__ = name
-    factory.__doc__ = (f"{recipe.summary}: a validated megatron-bridge ConfigContainer for {recipe.num_gpus} x "
-                       f"{recipe.hardware}, seq_length {recipe.seq_length}.\n\nThe layout, knobs and the reason for "
-                       f"each: ``lcmoe_recipes.recipe_plan('{name}')``.\n\nRaises:\n    InfeasibleConfig: if "
-                       "validation fails (a bug: the named recipes are tested to pass).")
+    factory.__doc__ = (
+        f"{recipe.summary}: a validated megatron-bridge ConfigContainer for {recipe.num_gpus} x {recipe.hardware}, "
+        f"seq_length {recipe.seq_length}.\n\nArgs:\n"
+        "    precision: bf16, fp8_blockwise, fp8_cs or mxfp8 (default: the recipe's; another one is checked).\n"
+        "    rope: positions, auto | yarn | abf | keep (default auto: YaRN where seq_length exceeds the trained range).\n"
+        "    tokens_per_step: tokens per optimizer step (default: the base model's published batch, else ~8M/~4M).\n"
+        "    global_batch_size: a fixed GBS instead of the token budget.\n"
+        "    lr, train_iters: learning rate and steps of the phase (default: the final pre-training LR, 1000).\n"
+        "    pretrained_checkpoint: a Megatron checkpoint whose weights the run starts from.\n"
+        "    overrides: Hydra overrides on megatron-bridge field names, applied and checked again.\n\n"
+        f"The layout, knobs and the reason for each: ``lcmoe_recipes.recipe_plan('{name}')``.\n\nRaises:\n"
+        "    LcmoeError: a bad option (named, with its fix); OverrideError: a bad override; InfeasibleConfig: an "
+        "option or override that breaks a rule.")
     return factory
 
 
-dsv3_128k_h100 = _factory("dsv3_128k_h100")
-dsv3_256k_h100 = _factory("dsv3_256k_h100")
-qwen3_235b_128k_gb200 = _factory("qwen3_235b_128k_gb200")  # options: precision="bf16" | "mxfp8"
-qwen3_next_8k_gb200 = _factory("qwen3_next_8k_gb200")
-qwen3_next_32k_gb200 = _factory("qwen3_next_32k_gb200")
-qwen3_next_64k_gb200 = _factory("qwen3_next_64k_gb200")
+dsv3_128k_h100 = _named_factory("dsv3_128k_h100")
+dsv3_256k_h100 = _named_factory("dsv3_256k_h100")
+qwen3_235b_128k_gb200 = _named_factory("qwen3_235b_128k_gb200")  # precision="mxfp8" for the MXFP8 variant
+qwen3_next_8k_gb200 = _named_factory("qwen3_next_8k_gb200")
+qwen3_next_32k_gb200 = _named_factory("qwen3_next_32k_gb200")
+qwen3_next_64k_gb200 = _named_factory("qwen3_next_64k_gb200")
 
 __all__ = [
     "dsv3_128k_h100", "dsv3_256k_h100", "qwen3_235b_128k_gb200",
     "qwen3_next_8k_gb200", "qwen3_next_32k_gb200", "qwen3_next_64k_gb200",
-    "NAMED_RECIPES", "recipe_plan", "build_config", "build_recipe", "build_phases", "check_plan", "Plan", "Finding",
+    "TrainingRequest", "resolve", "phase_requests", "NAMED_RECIPES", "recipe_plan", "build_config", "build_recipe",
+    "build_phases", "check", "check_plan", "Plan", "Finding",
     "LcmoeError", "InfeasibleConfig", "ModelConfigError", "OverrideError", "UnknownName",
 ]

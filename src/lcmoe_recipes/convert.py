@@ -16,11 +16,12 @@ import sys
 
 from .catalog import get_model
 from .checkpoint_folders import CheckpointError, check_hf_folder, matching_models, read_hf_config
-from .errors import LcmoeError, argument_parser
+from .cli.common import ArgumentParser
+from .errors import LcmoeError
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argument_parser(prog="python -m lcmoe_recipes.convert", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m lcmoe_recipes.convert", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hf", required=True, metavar="DIR", help="local Hugging Face folder (config.json + weights)")
     parser.add_argument("--out", metavar="DIR", help="Megatron checkpoint folder to write (or reuse)")
     parser.add_argument("--model", metavar="NAME", help="catalogue model the folder must hold (default: the one "

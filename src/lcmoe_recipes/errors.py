@@ -1,6 +1,9 @@
-"""Typed errors for user input: each names the bad value and the fix. The CLI turns them into exit code 2."""
+"""Typed errors for user input (each names the bad value and the fix; the commands turn them into exit code 2), and
+the :class:`Finding` every check returns."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class LcmoeError(ValueError):
@@ -55,16 +58,29 @@ class LaunchError(LcmoeError):
     exit_code = 1
 
 
-def argument_parser(**kwargs):
-    """An ``argparse.ArgumentParser`` whose usage errors read like every other error of the command lines: one
-    'error: ...' line and a '  fix: ...' line pointing at ``--help`` (exit 2), not the whole usage block."""
-    import argparse
-    import sys
+@dataclass(frozen=True)
+class Finding:
+    """One result of a check.
 
-    class _Parser(argparse.ArgumentParser):
-        def error(self, message: str):  # noqa: D401 - argparse's hook
-            print(f"error: {message}", file=sys.stderr)
-            print(f"  fix: see {self.prog} --help", file=sys.stderr)
-            sys.exit(2)
+    Attributes:
+        severity: "error" (the run cannot start or is wrong) or "warning" (legal but costly or surprising).
+        rule: short identifier, e.g. ``divisibility/seq-cp``.
+        message: what is wrong, naming the bad values.
+        fix: what to do instead.
+    """
 
-    return _Parser(**kwargs)
+    severity: str
+    rule: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"[{self.severity}] {self.rule}: {self.message}; {self.fix}"
+
+
+def raise_for_errors(findings: list[Finding], what: str = "plan") -> None:
+    """Raise :class:`InfeasibleConfig` naming the first error (all findings attached) if any is an error."""
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        more = f" (and {len(errors) - 1} more: {'; '.join(e.rule for e in errors[1:])})" if len(errors) > 1 else ""
+        raise InfeasibleConfig(f"{what}: {errors[0].message}{more}", errors[0].fix, findings)

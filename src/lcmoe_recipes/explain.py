@@ -14,7 +14,7 @@ from .checks.feasibility import layout_is_legal
 from .cost import HOST_MARGIN, estimate_host_memory, estimate_memory, estimate_step, host_findings, memory_findings
 from .plan import PRECISIONS, Plan
 from .ranks import placement
-from .report import schedule_text
+from .report import Citations, schedule_text
 
 
 def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
@@ -24,7 +24,8 @@ def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
         "layout": lay.describe(),
         "pipeline_model_parallel_layout": plan.pipeline_model_parallel_layout or "even split (no pipeline)",
         "cp": str(lay.cp),
-        "cp_comm_type": plan.cp_comm_type if lay.cp > 1 else f"{plan.cp_comm_type} (unused at CP=1)",
+        "cp_comm_type": (plan.cp_comm_type or "p2p") + (f" {list(plan.hierarchical_cp_sizes)}"
+                                                        if plan.hierarchical_cp_sizes else ""),
         "precision": f"{plan.precision} ({PRECISIONS.get(plan.precision, plan.precision)})",
         "dispatcher": plan.moe_token_dispatcher_type + (f" + {plan.moe_flex_dispatcher_backend}"
                                                          if plan.moe_flex_dispatcher_backend else ""),
@@ -37,8 +38,6 @@ def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
                              f"{plan.num_microbatches} microbatches per DP rank",
         "sequence_parallel": "on" if plan.sequence_parallel else "off",
         "positions": plan.positions.describe() if plan.positions else "as the model was trained",
-        "cp_comm_type": (plan.cp_comm_type or "p2p") + (f" {list(plan.hierarchical_cp_sizes)}"
-                                                        if plan.hierarchical_cp_sizes else ""),
         "schedule": schedule_text(plan),
         "pretrained_checkpoint": plan.pretrained_checkpoint or "none: random initialisation",
         "base_recipe": plan.base_recipe or "megatron-bridge recipes/common.py _pretrain_common",
@@ -60,14 +59,20 @@ def all_findings(plan: Plan) -> list[Finding]:
     return sorted(found, key=lambda f: f.severity != "error")
 
 
-def explain_text(plan: Plan, findings: list[Finding] | None = None) -> str:
-    """Plain text: decisions, findings with fixes, placement, GPU and host memory and time breakdowns."""
+def explain_text(plan: Plan, findings: list[Finding] | None = None, citations: Citations | None = None,
+                 with_decisions: bool = True) -> str:
+    """Plain text: decisions (unless ``with_decisions`` is False: the caller printed every reason already), findings
+    with fixes, placement, GPU and host memory and time breakdowns. With ``citations``, sources are cited by key (the
+    caller lists them once, at the end of its output)."""
     findings = all_findings(plan) if findings is None else findings
     mem, step, hw = estimate_memory(plan), estimate_step(plan), plan.hardware_spec
     host = estimate_host_memory(plan)
-    lines = [f"{plan.name}: {plan.model_spec.display}, seq_length {plan.seq_length}, {plan.layout.world} x {hw.display}",
-             "", "decisions (value -- reason [source]):"]
-    lines += [f"  {knob}: {value}\n      {why} [{source}]" for knob, value, why, source in decisions(plan)]
+    lines = [f"{plan.name}: {plan.model_spec.display}, seq_length {plan.seq_length}, {plan.layout.world} x {hw.display}"]
+    if with_decisions:
+        lines += ["", "decisions (value -- reason [source]):"]
+        for knob, value, why, source in decisions(plan):
+            cited = citations.cite(source) if citations is not None and source != "-" else f"[{source}]"
+            lines.append(f"  {knob}: {value}\n      {why} {cited}")
     lines += ["", "findings:"] + ([f"  {f.severity} {f.rule}: {f.message}\n      fix: {f.fix}" for f in findings]
                                    or ["  none"])
     lines += ["", "placement (megatron-core rank order; group size, nodes spanned, NVLink blocks spanned):"]

@@ -3,7 +3,7 @@ communication per collective), for one plan or several side by side, and a seq_l
 TFLOP/s from 4K to 256K with the CP the search picks). matplotlib with the Agg backend: no display needed.
 
 Pictures only: this module draws what it is given and never calls the search (the command lines that ask for a
-plot run the search and pass the results in; :func:`lcmoe_recipes.plan.cli.write_plot_files`).
+plot run the search and pass the results in; :func:`lcmoe_recipes.cli.common.write_plot_files`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from .checks import check_plan, raise_for_errors
 from .errors import UnknownName
 from .layout import ParallelLayout
 from .plan import Plan, Reason
-from .rules.extension import RunOptions, extension_fields, with_cp_comm, with_ep_overlap
+from .request import RunOptions
+from .rules.extension import extension_fields, with_cp_comm, with_ep_overlap
 
 SKILL = "Megatron-Bridge skill nemo-mbridge-perf-moe-long-context (SKILL.md, card.yaml)"
 RUN_OPTIONS = tuple(f.name for f in fields(RunOptions))
@@ -152,7 +153,7 @@ def recipe_plan(name: str, **options) -> Plan:
 
     Args:
         options: the recipe's own options (``precision`` for qwen3_235b_128k_gb200) and any run option of
-            :class:`lcmoe_recipes.rules.extension.RunOptions` (``rope``, ``tokens_per_step``, ``global_batch_size``,
+            :class:`lcmoe_recipes.request.RunOptions` (``rope``, ``tokens_per_step``, ``global_batch_size``,
             ``lr``, ``train_iters``, ``pretrained_checkpoint``).
 
     Raises:

@@ -1,7 +1,7 @@
 """The search: every legal layout for a TrainingRequest, the rules for each knob, the checks and the cost model;
 the fastest layout that fits wins, and layouts the step model cannot tell apart are a tie, decided by memory
 headroom and DP. (The Plan it returns is :class:`lcmoe_recipes.plan.Plan`; its command line is
-``python -m lcmoe_recipes.plan``, :mod:`lcmoe_recipes.plan.cli`.)
+``python -m lcmoe_recipes.plan``, :mod:`lcmoe_recipes.cli.plan`.)
 
 No torch / megatron import.
 

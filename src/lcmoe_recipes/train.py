@@ -29,7 +29,8 @@ from pathlib import Path
 
 from .catalog import HARDWARE, get_hardware
 from .emit.stack import installed_stack
-from .errors import LcmoeError, argument_parser
+from .cli.common import ArgumentParser
+from .errors import LcmoeError
 from .job_paths import problems_here
 
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -121,7 +122,8 @@ def check_versions(meta: dict, installed: dict[str, str | None]) -> str | None:
 
 
 def replan(meta: dict, world_size: int, hardware: str, overrides: list[str]):
-    """Plan again for the world size and GPU type found (the planner's best layout), then re-apply ``overrides``.
+    """Plan again for the world size and GPU type found (:func:`lcmoe_recipes.resolve.resolve`: the named recipe for it, else
+    the planner's best layout), then re-apply ``overrides``.
 
     Returns:
         (ConfigContainer, meta) for the new target.
@@ -133,11 +135,11 @@ def replan(meta: dict, world_size: int, hardware: str, overrides: list[str]):
         raise LcmoeError("this YAML's header does not name its model and seq_length, so it cannot be re-planned",
                          "write it again with the current `python -m lcmoe_recipes.launch ... --dry-run`")
     from . import emit
-    from .search import plan
     from .request import TrainingRequest
+    from .resolve import resolve
 
-    best = plan(TrainingRequest(model=meta["model"], seq_length=meta["seq_length"], hardware=hardware,
-                                num_gpus=world_size)).best.plan
+    best = resolve(TrainingRequest(model=meta["model"], seq_length=meta["seq_length"], hardware=hardware,
+                                   num_gpus=world_size))
     cfg = emit.build_config(best, validate=False, quiet=True)
     emit.apply_overrides(cfg, overrides)
     return cfg, emit.target_meta(best, overrides)
@@ -238,7 +240,7 @@ def rank_arguments(group) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argument_parser(prog="python -m lcmoe_recipes.train", description=__doc__.split("\n\n")[1],
+    parser = ArgumentParser(prog="python -m lcmoe_recipes.train", description=__doc__.split("\n\n")[1],
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", metavar="FILE", help="ConfigContainer YAML written by lcmoe_recipes.launch")

@@ -25,7 +25,6 @@ from importlib import resources
 from typing import Any
 
 from .architectures import UNMODELLED_KEYS, facts
-from .lookup import lookup
 
 # Layer-kind names used everywhere (shapes, memory, step, comm).
 MLA, FULL, SLIDING, GDN = "mla", "full", "sliding", "gdn"
@@ -47,6 +46,8 @@ class ModelSpec:
         hf_config_class: ``transformers`` config class; None derives it from ``model_type`` (or the architecture).
         aliases: other accepted spellings.
         values: the config.json dict of a user entry (None for catalogue entries, read from ``config_file``).
+        same_as: for a user entry whose values are a shipped model's published config.json, that model's key (its
+            published training facts apply: :attr:`published_id`).
     """
 
     key: str
@@ -57,6 +58,25 @@ class ModelSpec:
     hf_config_class: str | None = None
     aliases: tuple[str, ...] = field(default=())
     values: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
+    same_as: str | None = None
+
+    @property
+    def published_id(self) -> str:
+        """The Hugging Face repository whose published facts (model card, technical report, upstream recipes) apply:
+        this model's, or for a user file that is a shipped model's config.json, that model's."""
+        return MODELS[self.same_as].hf_id if self.same_as else self.hf_id
+
+    @property
+    def config_source(self) -> str:
+        """Where the config.json values come from, as a reason cites it: the published file, or the user's."""
+        return f"your config.json ({self.hf_id})" if self.is_user_config else f"{self.display} config.json"
+
+    @property
+    def card_source(self) -> str:
+        """Where facts beyond config.json would be published: the model card, or (a user's model) the user's file."""
+        if self.same_as:
+            return f"{MODELS[self.same_as].display} model card"
+        return self.config_source if self.is_user_config else f"{self.display} model card"
 
     @cached_property
     def config(self) -> dict[str, Any]:
@@ -381,49 +401,3 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 _ALIASES = {alias: m.key for m in MODELS.values() for alias in (m.key, *m.aliases)}
-_USER: dict[str, ModelSpec] = {}  # user config.json entries, by key (filled by register)
-
-
-def register(spec: ModelSpec) -> ModelSpec:
-    """Add a user entry to the catalogue (idempotent: the key hashes the values) and return it."""
-    return _USER.setdefault(spec.key, spec)
-
-
-def models_by_hf_id() -> dict[str, ModelSpec]:
-    """Catalogue models by the Hugging Face repository their config.json values come from."""
-    return {m.hf_id: m for m in MODELS.values()}
-
-
-def get_model(name: str) -> ModelSpec:
-    """The catalogue entry for ``name``: a key or alias (case-insensitive), a registered user entry's key, or the
-    path of a config.json (or of a folder holding one), which is loaded and registered first.
-
-    Raises:
-        UnknownName: naming the valid models (and the closest spelling).
-        ModelConfigError: a path whose config.json is missing, malformed or of an unsupported architecture.
-    """
-    spec = _USER.get(name) or MODELS.get(name)  # a key: the common case (every Plan.model_spec)
-    if spec is not None:
-        return spec
-    key = _ALIASES.get(name.strip().lower().replace(" ", "_"))
-    if key is not None:
-        return MODELS[key]
-    from .user import looks_like_path, load_model_config
-
-    if looks_like_path(name):
-        return load_model_config(name)
-    return lookup(name, MODELS, _ALIASES, "model")
-
-
-def match_model(num_layers: int, num_moe_experts: int | None, hidden_size: int, num_attention_heads: int,
-                vocab_size: int) -> ModelSpec | None:
-    """The catalogue entry (shipped or registered user entry) with these architecture numbers -- how a
-    ConfigContainer, which does not name its model, is read back (:func:`lcmoe_recipes.emit.plan_from_config`).
-    None when no entry matches. ``vocab_size`` may be padded by Megatron (a multiple of 128·TP): it matches
-    when it is the entry's vocabulary rounded up."""
-    for spec in (*MODELS.values(), *_USER.values()):
-        if ((spec.num_layers, spec.num_moe_experts, spec.hidden_size, spec.num_attention_heads)
-                == (num_layers, num_moe_experts or 0, hidden_size, num_attention_heads)
-                and spec.vocab_size <= vocab_size < spec.vocab_size + 128 * 64):
-            return spec
-    return None

@@ -25,7 +25,8 @@ from importlib import resources
 from typing import Any
 
 from .hardware import Hardware
-from .models import ModelSpec, models_by_hf_id
+from .models import ModelSpec
+from .registry import models_by_hf_id
 
 SIBLINGS = {"h100": "h100", "h200": "h100", "b200": "b200", "b300": "b200", "gb200": "gb200", "gb300": "gb200"}
 VARIANTS_AVOIDED = ("dev", "large_scale", "fsdp", "hsdp", "paged_stash", "partial_cg", "full_iteration", "ncclep",
@@ -88,7 +89,7 @@ def _architecture(spec: ModelSpec) -> str:
 def base_recipe(spec: ModelSpec, hw: Hardware, precision: str, num_gpus: int) -> tuple[UpstreamRecipe | None, str]:
     """(the upstream recipe a request starts from, how it matched), or (None, why) when no recipe of the model's
     architecture exists (then megatron-bridge's generic pre-training template is the base)."""
-    return _base_recipe(spec.hf_id, _architecture(spec), hw.key, precision, num_gpus)
+    return _base_recipe(spec.published_id, _architecture(spec), hw.key, precision, num_gpus)
 
 
 @lru_cache(maxsize=4096)

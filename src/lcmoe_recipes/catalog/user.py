@@ -22,13 +22,34 @@ from typing import Any
 
 from ..errors import ModelConfigError
 from .architectures import supported_architectures
-from .models import ModelSpec, register
+from .models import MODELS, ModelSpec
 
 # Keys every decoder needs, and what each is.
 _REQUIRED = {"hidden_size": "the model width", "num_hidden_layers": "the decoder layer count",
              "num_attention_heads": "the attention heads", "vocab_size": "the vocabulary size"}
 _MLA = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _GDN = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+# config.json keys that name or package a model without changing it (transformers writes them on save)
+_NOT_ARCHITECTURE = frozenset({"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache",
+                               "auto_map"})
+
+USER_MODELS: dict[str, ModelSpec] = {}  # user config.json entries, by key (filled by register)
+
+
+def register(spec: ModelSpec) -> ModelSpec:
+    """Add a user entry to the catalogue (idempotent: the key hashes the values) and return it."""
+    return USER_MODELS.setdefault(spec.key, spec)
+
+
+def same_catalogue_model(values: dict[str, Any]) -> str | None:
+    """The key of the shipped model whose published config.json has exactly these values (keys that only name or
+    package a model, such as ``_name_or_path`` or ``torch_dtype``, aside), else None. Such a file is that model:
+    its published training facts (native context, precision, batch, base recipe) apply to it."""
+    mine = {k: v for k, v in values.items() if k not in _NOT_ARCHITECTURE}
+    for spec in MODELS.values():
+        if spec.config_file and {k: v for k, v in spec.config.items() if k not in _NOT_ARCHITECTURE} == mine:
+            return spec.key
+    return None
 
 
 def looks_like_path(name: str) -> bool:
@@ -134,8 +155,11 @@ def spec_from_values(values: dict[str, Any], where: str = "the model config", fi
     digest = hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8]
     slug = _slug(values)
     key = f"user_{slug}_{digest}"
-    display = f"{slug} ({values['architectures'][0]}, {file or 'config values'})"
-    return register(ModelSpec(key, display, str(file or "(user config)"), values=dict(values)))
+    same = same_catalogue_model(values)
+    origin = file or "config values"
+    display = (f"{MODELS[same].display} (your {origin}: its published config.json values)" if same
+               else f"{slug} ({values['architectures'][0]}, {origin})")
+    return register(ModelSpec(key, display, str(file or "(user config)"), values=dict(values), same_as=same))
 
 
 def load_model_config(path: str | os.PathLike) -> ModelSpec:

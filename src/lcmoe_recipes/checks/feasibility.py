@@ -24,9 +24,9 @@ Sources of the rules (megatron-core 0.19.2 unless said otherwise):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 
-from ..errors import InfeasibleConfig
+from ..errors import Finding, InfeasibleConfig, raise_for_errors  # noqa: F401 (re-exported by checks)
 from ..plan import PRECISIONS, Plan, layout_layer_counts, layout_stages
 from ..ranks import max_span
 
@@ -35,24 +35,10 @@ CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mam
 LONG_CONTEXT_NO_ATTN_RECOMPUTE = 65536  # tokens; the skill's "avoid SDPA-heavy recompute at very long context"
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One result of a check.
-
-    Attributes:
-        severity: "error" (the run cannot start or is wrong) or "warning" (legal but costly or surprising).
-        rule: short identifier, e.g. ``divisibility/seq-cp``.
-        message: what is wrong, naming the bad values.
-        fix: what to do instead.
-    """
-
-    severity: str
-    rule: str
-    message: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"[{self.severity}] {self.rule}: {self.message}; {self.fix}"
+def _multiples(unit: int, world: int) -> str:
+    """'64 or 128': the multiples of ``unit`` on either side of ``world`` (GPU counts a layout folds into)."""
+    lower = world // unit * unit
+    return f"{lower} or {lower + unit}" if lower else str(unit)
 
 
 def _near(candidates: list[int], bad: int, n: int = 2) -> str:
@@ -101,17 +87,20 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
     world, tp, pp, cp, ep, etp, vpp = lay.world, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.vpp
 
     # --- rank folding -------------------------------------------------------------------------------
+    folds = math.lcm(tp * pp * cp, etp * ep * pp)  # the GPU counts this layout folds into are its multiples
     if world % (tp * pp * cp):
         ok = [c for c in _divisors(world // (tp * pp)) if plan.seq_length % (2 * c) == 0] if world % (tp * pp) == 0 else []
         ok_tp = [t for t in _divisors(world) if world % (t * pp * cp) == 0 and model.num_attention_heads % t == 0]
         add("error", "rank-folding/dense", f"TP={tp} · PP={pp} · CP={cp} = {tp * pp * cp} does not divide the world size {world}",
-            f"use CP={_near(ok, cp)}" if ok else (f"use TP={_near(ok_tp, tp)}" if ok_tp else f"make TP·PP·CP divide {world}"))
+            f"use CP={_near(ok, cp)}" if ok else (f"use TP={_near(ok_tp, tp)}" if ok_tp else
+                                                  f"make TP·PP·CP divide {world}, or use {_multiples(folds, world)} GPUs"))
     if world % (etp * ep * pp):
         ok = [e for e in _divisors(world // (etp * pp)) if model.num_moe_experts % e == 0] if world % (etp * pp) == 0 else []
         ok_pp = [p for p in _divisors(world) if world % (etp * ep * p) == 0 and world % (tp * p * cp) == 0]
         add("error", "rank-folding/expert", f"ETP={etp} · EP={ep} · PP={pp} = {etp * ep * pp} does not divide the world size {world}",
             f"use EP={_near(ok, ep)}" if ok else (f"use PP={_near(ok_pp, pp)}" if ok_pp else
-                                                  f"choose a GPU count that ETP·EP·PP = {etp * ep * pp} divides"))
+                                                  f"use {_multiples(folds, world)} GPUs (TP·PP·CP and ETP·EP·PP "
+                                                  "divide them)"))
     if vpp is not None and vpp > 1 and pp == 1:
         add("error", "pipeline/vpp-needs-pp", f"VPP={vpp} with PP=1", "interleaving needs PP > 1: set VPP to None or PP >= 2")
 
@@ -264,7 +253,9 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         if "core_attn" in modules and plan.seq_length >= LONG_CONTEXT_NO_ATTN_RECOMPUTE:
             add("warning", "recompute/core-attn-long-context",
                 f"core_attn recompute at seq_length {plan.seq_length}: re-runs the quadratic attention for little memory",
-                "recompute layernorm / moe_act / mla_up_proj / moe instead")
+                "recompute " + " / ".join(m for m in ("layernorm", "moe_act", "mla_up_proj", "moe")
+                                          if (m != "mla_up_proj" or model.multi_latent_attention)
+                                          and (m not in ("moe_act", "moe") or model.is_moe)) + " instead")
         if plan.recompute_num_layers is not None:
             add("error", "recompute/selective-num-layers", "selective recompute with recompute_num_layers set", "unset recompute_num_layers")
     elif plan.recompute_granularity == "full":
@@ -352,14 +343,6 @@ def _cp_exchange_checks(plan: Plan, model, tp: int, cp: int, add) -> None:
         add("error", "divisibility/heads-cp-a2a", f"cp_comm_type=a2a splits heads over CP: {model.num_attention_heads} "
             f"query and {model.num_query_groups} K/V heads over TP={tp} do not divide by CP={cp}",
             f"use CP in {ok} at TP={tp}, or lower TP")
-
-
-def raise_for_errors(findings: list[Finding], what: str = "plan") -> None:
-    """Raise :class:`InfeasibleConfig` naming the first error (all findings attached) if any is an error."""
-    errors = [f for f in findings if f.severity == "error"]
-    if errors:
-        more = f" (and {len(errors) - 1} more: {'; '.join(e.rule for e in errors[1:])})" if len(errors) > 1 else ""
-        raise InfeasibleConfig(f"{what}: {errors[0].message}{more}", errors[0].fix, findings)
 
 
 _YARN_FIELDS = (("factor", "rotary_scaling_factor"), ("original_max_position_embeddings", "original_max_position_embeddings"),

@@ -51,7 +51,7 @@ def _mcore_warns_about_te_cross_entropy() -> bool:
 def upstream_init(spec: ModelSpec) -> float | None:
     """The ``init_method_std`` every recorded megatron-bridge recipe of ``spec`` uses (None when they disagree or none
     exists)."""
-    values = {r.init_method_std for r in upstream_recipes() if r.hf_id == spec.hf_id}
+    values = {r.init_method_std for r in upstream_recipes() if r.hf_id == spec.published_id}
     return values.pop() if len(values) == 1 else None
 
 

@@ -13,59 +13,13 @@ report them) and by ``python -m lcmoe_recipes.check --known-issues``. Imports ne
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from ..catalog import Hardware
-from ..catalog.known_issues import COMPONENTS, KnownIssue, containers, find_container, known_issues
+from ..catalog.known_issues import KnownIssue, containers, find_container, known_issues
+from ..catalog.versions import StackVersions, installed_versions
 from .conditions import ConfigView, holds, problems
 from .feasibility import Finding
-
-
-@dataclass(frozen=True)
-class StackVersions:
-    """The versions a config will run with.
-
-    Attributes:
-        versions: component (``megatron-core``, ``megatron-bridge``, ``transformer-engine``) -> version, or None
-            when unknown.
-        origin: where they come from, e.g. ``installed`` or ``container nvcr.io/nvidia/nemo:26.06, NeMo Framework
-            26.06``.
-        notes: component -> a remark on its version (e.g. Transformer Engine assumed from the target).
-    """
-
-    versions: dict[str, str | None]
-    origin: str
-    notes: dict[str, str] = field(default_factory=dict)
-
-    def describe(self, components: tuple[str, ...] = COMPONENTS) -> str:
-        """``megatron-core 0.19.2, transformer-engine 2.20.2 [assumed: the target container's; not installed here]
-        (installed here)``."""
-        shown = ", ".join(f"{c} {self.versions.get(c) or 'unknown'}" + (f" [{self.notes[c]}]" if c in self.notes else "")
-                          for c in components)
-        return f"{shown} ({self.origin})"
-
-
-def installed_versions() -> StackVersions:
-    """megatron-core, megatron-bridge and Transformer Engine as installed here (package metadata, no import).
-
-    Transformer Engine is absent in the light environment: then the target's version
-    (:data:`lcmoe_recipes.emit.target.TARGET_TE_VERSION`, the cluster container's) is used, with a note saying so.
-    """
-    found: dict[str, str | None] = {}
-    for component in COMPONENTS:
-        try:
-            found[component] = version(component)
-        except PackageNotFoundError:
-            found[component] = None
-    notes = {}
-    if found["transformer-engine"] is None:
-        from ..emit.target import TARGET_TE_VERSION  # light import: no torch, no megatron
-
-        found["transformer-engine"] = TARGET_TE_VERSION
-        notes["transformer-engine"] = "assumed: the target container's; not installed here"
-    return StackVersions(found, "installed here", notes)
 
 
 def stack_versions(container_image: str | None = None) -> tuple[StackVersions, list[Finding]]:

@@ -5,7 +5,7 @@ collective), step time.
 ``host_findings(plan)`` import neither torch nor megatron.
 """
 
-from ..checks import Finding
+from ..errors import Finding
 from ..plan import Plan
 from .host import HOST_MARGIN, HostMemoryBreakdown, estimate_host_memory, host_findings
 from .memory import GDN_MEASURED_RATIOS, MemoryBreakdown, estimate_memory

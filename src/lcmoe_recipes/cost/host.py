@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..checks import Finding
+from ..errors import Finding
 from ..plan import Plan
 from .memory import rank_memory
 from .shapes import shapes

@@ -14,21 +14,22 @@ import functools
 from types import SimpleNamespace
 from typing import Any
 
-from ..catalog import MODELS, Hardware, get_hardware, get_model
-from ..catalog.models import match_model
+from ..catalog import MODELS, Hardware, get_hardware
+from ..catalog.registry import match_model
 from ..checks import Finding, check_plan, raise_for_errors
 from ..checks.known_issues import StackVersions, config_view, known_issue_findings
 from ..checks.config_asserts import config_assert_findings
 from ..errors import InfeasibleConfig, UnknownName
 from ..job_paths import path_findings
 from ..layout import ParallelLayout
-from ..plan import PRECISIONS, Plan, Positions, Schedule
+from ..plan import Plan, Positions, Schedule
+from .fields import grad_reduce_in_fp32, layout_to_str, precision_of
 from .settings import apply_settings
 from .stack import load_bridge, quiet_upstream
 from .target import target_environment
 from .yaml_io import TARGET_ATTR, target_meta
 
-_LAYOUT_CHARS = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
+
 
 
 def base_config(plan: Plan):
@@ -100,30 +101,6 @@ def _answer_local_probes_for_target(model) -> None:
     model.gradient_accumulation_fusion = True
 
 
-def _layout_to_str(value: Any) -> str | None:
-    """A pipeline layout (str, list of lists, or megatron-core's PipelineParallelLayerLayout) as a layout string."""
-    if value is None or isinstance(value, str):
-        return value
-    rows = getattr(value, "input_data", value)
-    if isinstance(rows, str):
-        return rows
-    return "|".join("".join(_LAYOUT_CHARS.get(str(getattr(x, "value", x)), str(x)) for x in row) for row in rows)
-
-
-def _precision_of(mixed_precision: Any) -> str:
-    """Our precision key for a ConfigContainer's ``mixed_precision`` (name or MixedPrecisionConfig)."""
-    if isinstance(mixed_precision, str):
-        name = mixed_precision.replace("-", "_")
-        for key, value in PRECISIONS.items():
-            if value == name:
-                return key
-        return name
-    if mixed_precision is None:
-        return "bf16"
-    recipe = getattr(mixed_precision, "fp8_recipe", None) if getattr(mixed_precision, "fp8", None) else None
-    return {"blockwise": "fp8_blockwise", "mxfp8": "mxfp8", "tensorwise": "fp8_cs", None: "bf16"}.get(recipe, str(recipe))
-
-
 def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str = "config") -> Plan:
     """Read a ConfigContainer (ours, upstream's or a user's) back into a Plan, so the same checks run on it.
 
@@ -162,9 +139,9 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
     hcp = m.hierarchical_context_parallel_sizes
     return Plan(
         name=name, model=model_key, hardware=hw.key, seq_length=m.seq_length, layout=layout,
-        pipeline_model_parallel_layout=_layout_to_str(m.pipeline_model_parallel_layout),
+        pipeline_model_parallel_layout=layout_to_str(m.pipeline_model_parallel_layout),
         micro_batch_size=cfg.train.micro_batch_size, global_batch_size=cfg.train.global_batch_size,
-        precision=_precision_of(cfg.mixed_precision),
+        precision=precision_of(cfg.mixed_precision),
         moe_token_dispatcher_type=m.moe_token_dispatcher_type, moe_flex_dispatcher_backend=m.moe_flex_dispatcher_backend,
         recompute_granularity=m.recompute_granularity,
         recompute_modules=tuple(modules) if modules is not None else (("core_attn",) if m.recompute_granularity == "selective" else ()),
@@ -176,7 +153,7 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         cuda_graph_impl=m.cuda_graph_impl or "none", cuda_graph_modules=tuple(graphs),
         sequence_parallel=bool(m.sequence_parallel), mtp_num_layers=m.mtp_num_layers or 0,
         variable_length=_variable_length(cfg), etp_unset=m.expert_tensor_parallel_size is None,
-        grad_dtype="fp32" if _grad_reduce_in_fp32(cfg) else "bf16",
+        grad_dtype="fp32" if grad_reduce_in_fp32(cfg) else "bf16",
         moment_dtype=("bf16" if precision_aware and str(opt.exp_avg_dtype).endswith("bfloat16") else "fp32"),
         positions=_positions_of(m), cp_comm_type=_cp_comm_type(m.cp_comm_type),
         hierarchical_cp_sizes=tuple(hcp) if hcp else None, schedule=_schedule_of(cfg),
@@ -187,18 +164,6 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         moe_ep_overlap=bool(m.overlap_moe_expert_parallel_comm
                             or (cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm)),
     )
-
-
-def _grad_reduce_in_fp32(cfg) -> bool:
-    """Whether gradients are reduced in fp32 at run time: a mixed-precision config overwrites the DDP field of the
-    same name (megatron-bridge 0.6.2 ``MixedPrecisionConfig.setup``)."""
-    mixed = cfg.mixed_precision
-    if isinstance(mixed, str):
-        from megatron.bridge.training.mixed_precision import get_mixed_precision_config
-
-        mixed = get_mixed_precision_config(mixed)
-    value = getattr(mixed, "grad_reduce_in_fp32", None)
-    return bool(cfg.ddp.grad_reduce_in_fp32 if value is None else value)
 
 
 def _positions_of(m) -> Positions | None:
@@ -267,7 +232,7 @@ def _check_pipeline_layout(cfg, name: str) -> None:
         return
     from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
 
-    text = _layout_to_str(layout)
+    text = layout_to_str(layout)
     try:
         stages = PipelineParallelLayerLayout.get_num_stages_from_str(text) if isinstance(layout, str) else len(layout)
         pp, vpp = m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size
@@ -364,7 +329,8 @@ def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str) -
                 error = exc
         # docs/checks.md: upstream's message mapped to our rule, else the asserts that fire after check time and the
         # settings upstream overrides, read from the resolved trial copy.
-        findings[:0] = config_assert_findings(cfg, trial, hw, world_size, upstream_error=error)
+        with quiet_upstream():  # field defaults it compares with probe this machine (e.g. the fusion notice)
+            findings[:0] = config_assert_findings(cfg, trial, hw, world_size, upstream_error=error)
     return sorted(findings + hygiene_findings(cfg, plan.model_spec), key=lambda f: f.severity != "error")
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..plan import Plan, Reason, mixed_precision_name
+from .fields import precision_of
 
 # Process environment by NVLink domain (megatron-bridge 0.6.2 perf recipes: CUDA_DEVICE_MAX_CONNECTIONS 1 on HGX
 # with DeepEP-class dispatch, 32 on NVL72; HybridEP's NVLINK_DOMAIN_SIZE / USE_MNNVL for the system).
@@ -158,9 +159,7 @@ def _cuda_graphs(cfg, plan: Plan) -> None:
 
 
 def _precision(cfg, plan: Plan) -> None:
-    from .config import _precision_of
-
-    if _precision_of(cfg.mixed_precision) == plan.precision:
+    if precision_of(cfg.mixed_precision) == plan.precision:
         return  # upstream's own mixed-precision object for this precision (its tuned fields included)
     if plan.precision == "bf16" and getattr(cfg.model, "moe_router_padding_for_quantization", False):
         cfg.model.moe_router_padding_for_quantization = False  # pads routed tokens for FP8/FP4 GEMMs only
@@ -431,3 +430,19 @@ class _Absent:
 
 
 _ABSENT = _Absent()
+
+
+# The settings groups a retarget writes onto a user's config (the rest of the config stays the user's).
+RETARGET_SETTINGS = ("layout", "sequence_parallel", "pipeline_model_parallel_layout", "seq_length", "positions",
+                     "cp_comm_type", "dispatcher", "hardware_env", "recompute", "cuda_graphs", "optimizer_cpu_offload",
+                     "global_batch_size", "loss", "attention_mask", "moe_ep_overlap")
+
+
+def retarget_config(cfg, plan: Plan) -> tuple[object, list[Difference]]:
+    """(a copy of ``cfg`` with :data:`RETARGET_SETTINGS` written for ``plan``, every field changed with its setting
+    and reason) -- ``launch --from`` (:func:`lcmoe_recipes.retarget.retarget_plan` makes the plan)."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    return out, parity(out, plan, tuple(s for s in SETTINGS if s.key in RETARGET_SETTINGS))
+

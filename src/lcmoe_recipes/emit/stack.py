@@ -136,7 +136,7 @@ STACK_PACKAGES = {"megatron_core": "megatron-core", "megatron_bridge": "megatron
 def installed_stack() -> dict[str, str | None]:
     """Installed versions of megatron-core and megatron-bridge (distribution metadata; nothing is imported), keyed
     as in a YAML header (``megatron_core``, ``megatron_bridge``); None for one that is not installed."""
-    from ..checks.known_issues import installed_versions
+    from ..catalog.versions import installed_versions
 
     found = installed_versions().versions
     return {key: found[dist] for key, dist in STACK_PACKAGES.items()}

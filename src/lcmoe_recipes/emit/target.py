@@ -36,11 +36,9 @@ from types import ModuleType, SimpleNamespace
 from typing import Iterable, Iterator
 
 from ..catalog import Hardware
+from ..catalog.versions import TARGET_TE_VERSION
 from .stack import te_installed
 
-# TE in the cluster container our recipes target; the version pip resolves for transformer-engine[pytorch] with
-# megatron-core 0.19.2 / torch 2.14 (requirements/te.txt). Override with LCMOE_TARGET_TE_VERSION.
-TARGET_TE_VERSION = os.environ.get("LCMOE_TARGET_TE_VERSION", "2.20.2")
 
 # megatron-core modules whose TE-backed functions are None without TE, and those functions.
 _TE_FUNCTIONS = {

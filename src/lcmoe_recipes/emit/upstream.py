@@ -130,7 +130,7 @@ def summarize(path: str, hub_id: str, cfg) -> dict | None:
 
     import torch
 
-    from .config import _grad_reduce_in_fp32, _layout_to_str
+    from .fields import grad_reduce_in_fp32, layout_to_str
 
     name = path.partition(":")[2]
     match = re.fullmatch(r"(?P<stem>.+?)_pretrain_(?P<gpus>\d+)gpu_(?P<gpu>[a-z0-9]+)_(?P<dtype>[a-z0-9]+)"
@@ -147,9 +147,9 @@ def summarize(path: str, hub_id: str, cfg) -> dict | None:
         "tp": m.tensor_model_parallel_size, "pp": m.pipeline_model_parallel_size,
         "vpp": m.virtual_pipeline_model_parallel_size, "cp": m.context_parallel_size,
         "ep": m.expert_model_parallel_size, "etp": m.expert_tensor_parallel_size,
-        "pipeline_model_parallel_layout": _layout_to_str(m.pipeline_model_parallel_layout),
+        "pipeline_model_parallel_layout": layout_to_str(m.pipeline_model_parallel_layout),
         "mtp_num_layers": m.mtp_num_layers or 0,
-        "grad_dtype": "fp32" if _grad_reduce_in_fp32(cfg) else "bf16",
+        "grad_dtype": "fp32" if grad_reduce_in_fp32(cfg) else "bf16",
         "use_precision_aware_optimizer": precision_aware,
         "moment_dtype": dtype(opt.exp_avg_dtype) if precision_aware else "fp32",
         "init_method_std": m.init_method_std, "cross_entropy_fusion_impl": m.cross_entropy_fusion_impl,

@@ -1,7 +1,7 @@
-"""python -m lcmoe_recipes.plan: the search's command line (:func:`lcmoe_recipes.plan.cli.main`)."""
+"""``python -m lcmoe_recipes.plan``: the planner's command (:mod:`lcmoe_recipes.cli.plan`)."""
 
 import sys
 
-from .cli import main
+from ..cli.plan import main
 
 sys.exit(main())

@@ -35,6 +35,6 @@ def choose_base(spec: ModelSpec, hw: Hardware, precision: str, num_gpus: int) ->
 def base_layout(spec: ModelSpec, hw: Hardware, precision: str, num_gpus: int, pp: int, vpp: int | None) -> str | None:
     """Upstream's pipeline layout string for this model when its base recipe was written for the same PP·VPP."""
     recipe, _ = base_recipe(spec, hw, precision, num_gpus)
-    if recipe is None or recipe.hf_id != spec.hf_id:
+    if recipe is None or recipe.hf_id != spec.published_id:
         return None
     return recipe.layout_for(pp, vpp)

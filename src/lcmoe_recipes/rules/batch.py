@@ -12,8 +12,8 @@ from ..plan import Reason
 SOURCE = ("megatron-core 0.19.2 num_microbatches_calculator (GBS % (MBS·DP)); Megatron-Bridge skill "
           "nemo-mbridge-perf-moe-long-context rule 6 (GBS shrinks as seq_length grows)")
 INTERLEAVED_SOURCE = "megatron-core 0.19.2 pipeline_parallel/schedules.py (interleaving: microbatches a multiple of PP)"
-DEFAULT_SOURCE = ("our default where the base model's batch is not published: ~8.4M tokens (2^23) per step for "
-                  "models over 100B parameters, ~4.2M (2^22) below")
+DEFAULT_SOURCE = ("lcmoe_recipes default where the base model's batch is not published: ~8.4M tokens (2^23) per "
+                  "step above 100B parameters, ~4.2M (2^22) below (docs/guide.md)")
 
 
 def tokens_per_step(spec: ModelSpec, total_params: float, wish: int | None = None) -> tuple[int, Reason]:
@@ -27,7 +27,7 @@ def tokens_per_step(spec: ModelSpec, total_params: float, wish: int | None = Non
         if wish <= 0:
             raise LcmoeError(f"--tokens-per-step {wish} is not a positive number of tokens", "e.g. --tokens-per-step 8388608")
         return wish, Reason(f"{wish / 1e6:.1f}M tokens per step, as requested", "your request")
-    history = history_of(spec.hf_id)
+    history = history_of(spec.published_id)
     if history.tokens_per_step:
         return history.tokens_per_step, Reason(
             f"{history.tokens_per_step / 1e6:.1f}M tokens per step: the base model's pre-training batch, which its "

@@ -8,7 +8,7 @@ from ..layout import ParallelLayout
 from ..plan import Reason
 from ..ranks import max_span
 
-SOURCE = "moe-long-context skill; megatron-bridge flex_dispatcher_backend.py (DeepEP: SM 8/9, B200/B300)"
+SOURCE = "Megatron-Bridge skill nemo-mbridge-perf-moe-long-context; megatron-bridge 0.6.2 flex_dispatcher_backend.py (DeepEP: SM 8/9, B200/B300)"
 
 
 def choose_dispatcher(hw: Hardware, layout: ParallelLayout, wish: str | None,

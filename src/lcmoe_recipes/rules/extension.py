@@ -3,7 +3,6 @@ GBS, schedule, pipeline layout string, and where the weights come from (each fro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 from ..catalog import Hardware, ModelSpec
@@ -11,32 +10,11 @@ from ..catalog.upstream import base_recipe
 from ..cost.shapes import shapes
 from ..layout import ParallelLayout
 from ..plan import Reason, build_pipeline_layout
+from ..request import RunOptions
 from .base import base_layout, choose_base
 from .batch import choose_batch, tokens_per_step
 from .positions import choose_positions
 from .schedule import choose_schedule
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """What a user may ask of any run (``launch``/``plan`` flags, ``TrainingRequest`` fields, named-recipe options).
-
-    Attributes:
-        rope: "auto", "yarn", "abf" or "keep" (:func:`lcmoe_recipes.rules.positions.choose_positions`).
-        tokens_per_step: tokens per optimizer step (None: the rule's default).
-        global_batch_size: a fixed GBS instead of the token budget.
-        micro_batch_size: MBS.
-        lr, train_iters: the phase's learning rate and steps (None: extension defaults).
-        pretrained_checkpoint: Megatron checkpoint whose weights the run starts from (None: random init).
-    """
-
-    rope: str = "auto"
-    tokens_per_step: int | None = None
-    global_batch_size: int | None = None
-    micro_batch_size: int = 1
-    lr: float | None = None
-    train_iters: int | None = None
-    pretrained_checkpoint: str | None = None
 
 
 @lru_cache(maxsize=256)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from ..plan import Reason
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
-SOURCE = ("moe-long-context skill ('all DSV3 long-context configs require optimizer CPU offload'); Megatron-Bridge "
-          "cpu-offloading card (fractions 0.25-1.0); megatron-core 0.19.2 OptimizerConfig (offload needs the "
+SOURCE = ("Megatron-Bridge skill nemo-mbridge-perf-moe-long-context ('all DSV3 long-context configs require "
+          "optimizer CPU offload'); Megatron-Bridge cpu-offloading card (fractions 0.25-1.0); megatron-core 0.19.2 OptimizerConfig (offload needs the "
           "distributed, precision-aware optimizer)")
 FIT_SOURCE = "lcmoe_recipes cost model (docs/cost_model.md): the predicted peak fits the planning limit of HBM"
 

@@ -30,8 +30,8 @@ from ..catalog import ModelSpec
 from ..catalog.history import history_of
 from ..errors import LcmoeError
 from ..plan import Positions, Reason
+from ..request import ROPE_CHOICES
 
-ROPE_CHOICES = ("auto", "yarn", "abf", "keep")
 YARN_SOURCE = "YaRN, arXiv 2309.00071 (factor = target / original length, beta 32/1, temperature 0.1 ln s + 1)"
 ABF_SOURCE = "ABF, arXiv 2309.16039 (raise the RoPE base); NTK-aware base b*s^(d/(d-2)), arXiv 2309.00071 §3.1"
 
@@ -48,10 +48,10 @@ def rotary_dim(spec: ModelSpec) -> int:
 
 def trained_range(spec: ModelSpec) -> tuple[int, str]:
     """(positions plain RoPE was trained on, where that number comes from)."""
-    history = history_of(spec.hf_id)
+    history = history_of(spec.published_id)
     if history.native_context:
         return history.native_context, history.source
-    return int(spec.config["max_position_embeddings"]), f"{spec.display} config.json max_position_embeddings"
+    return int(spec.config["max_position_embeddings"]), f"{spec.config_source} max_position_embeddings"
 
 
 def trained_positions(spec: ModelSpec) -> Positions:
@@ -97,7 +97,7 @@ def choose_positions(spec: ModelSpec, seq_length: int, wish: str = "auto") -> tu
         raise LcmoeError(f"unknown --rope '{wish}'", f"use one of {', '.join(ROPE_CHOICES)}")
     trained = trained_positions(spec)
     covered = coverage(spec, trained)
-    where = (f"{spec.display}'s config.json rope_scaling" if trained.scaling == "yarn" else trained_range(spec)[1])
+    where = (f"{spec.config_source} rope_scaling" if trained.scaling == "yarn" else trained_range(spec)[1])
     if wish == "keep" or (wish == "auto" and seq_length <= covered):
         verdict = "fits" if seq_length <= covered else "does NOT fit (check refuses it)"
         return trained, Reason(f"kept as trained: {trained.describe()} covers {covered:,} positions; seq_length "
@@ -130,5 +130,5 @@ def choose_positions(spec: ModelSpec, seq_length: int, wish: str = "auto") -> tu
                            mscale_all_dim=0.0)
         why = (f"YaRN factor {chosen.factor:g} over the trained {original:,} positions covers seq_length "
                f"{seq_length:,} (plain RoPE covers {covered:,}); beta 32/1 and temperature 0.1 ln s + 1 as in the paper")
-    source = YARN_SOURCE + (f"; {history_of(spec.hf_id).source}" if history_of(spec.hf_id).source else "")
-    return chosen, Reason(why, source)
+    history = history_of(spec.published_id).source
+    return chosen, Reason(why, "; ".join(dict.fromkeys(s for s in (YARN_SOURCE, where, history) if s)))

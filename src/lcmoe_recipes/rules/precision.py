@@ -15,11 +15,11 @@ def choose_precision(spec: ModelSpec, hw: Hardware, wish: str | None) -> tuple[s
     :mod:`lcmoe_recipes.catalog.history`; BF16 when none is published), mapped to the GPU's form of it."""
     if wish:
         return wish, Reason(f"{wish}, as requested", "your request")
-    history = history_of(spec.hf_id)
+    history = history_of(spec.published_id)
     trained = history.precision
     if trained is None:
         return "bf16", Reason(f"BF16: {spec.display} publishes no low-precision training, so an extension keeps BF16 "
-                              "(--precision fp8_blockwise|fp8_cs|mxfp8 to change it)", f"{spec.display} model card")
+                              "(--precision fp8_blockwise|fp8_cs|mxfp8 to change it)", spec.card_source)
     if trained == "fp8_blockwise" and hw.compute_capability[0] >= 10:
         return "mxfp8", Reason(f"MXFP8: {spec.display} was trained in block-scaled FP8; on Blackwell ({hw.display}) "
                                "that is MXFP8 (1x32 blocks)", f"{history.source}; {TE_SOURCE}")

@@ -28,7 +28,7 @@ def choose_schedule(spec: ModelSpec, base_min_lr: float | None, lr: float | None
         raise LcmoeError(f"--lr {lr:g} is not a positive learning rate", "e.g. --lr 7.3e-6")
     if train_iters is not None and train_iters <= 0:
         raise LcmoeError(f"--train-iters {train_iters} is not a positive number of steps", "e.g. --train-iters 1000")
-    history = history_of(spec.hf_id)
+    history = history_of(spec.published_id)
     if lr is not None:
         rate, where = lr, "your --lr"
     elif history.final_lr is not None:

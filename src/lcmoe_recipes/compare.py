@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..catalog import Hardware, ModelSpec
-from ..errors import InfeasibleConfig
-from ..request import TrainingRequest
-from ..rules.precision import choose_precision
-from ..search import PlanResult, plan
+from .catalog import Hardware, ModelSpec
+from .errors import InfeasibleConfig
+from .request import TrainingRequest
+from .rules.precision import choose_precision
+from .search import PlanResult, plan
 
 COMMON = "bf16"
 

@@ -1,0 +1,89 @@
+"""``python -m lcmoe_recipes.check CONFIG --gpus N --hardware NAME``: findings for a config, before anything is queued.
+
+CONFIG is a ConfigContainer YAML (ours, upstream's or a user's) or a named recipe. For a YAML the target defaults to
+the one recorded in its ``# lcmoe_recipes:`` header. Prints the layout, where each parallel group sits (nodes,
+NVLink blocks), the predicted memory per GPU, host memory per node and step time with their breakdowns, and every
+finding (severity, rule, message, fix) -- including a layout predicted not to fit in HBM or in a node's RAM and, for
+a YAML, the known upstream bugs that apply to it for the versions it will run with (the installed ones, or
+``--container-image``'s). ``--known-issues`` lists that catalogue (docs/known_issues.md).
+
+Exit codes: 0 no errors (warnings allowed) · 1 errors found · 2 bad input (missing file, unknown hardware).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..catalog import HARDWARE
+from ..checks.feasibility import layout_is_legal
+from ..checks.known_issues import catalogue_rows, stack_versions
+from ..errors import LcmoeError
+from ..examine import examine
+from ..recipes import NAMED_RECIPES
+from ..report import format_findings
+from .common import ArgumentParser
+
+
+def list_known_issues(container_image: str | None = None) -> int:
+    """Print the known-issue catalogue with whether the installed (or the container's) versions are affected."""
+    versions, notes = stack_versions(container_image)
+    rows = catalogue_rows(versions)
+    print(f"{len(rows)} known upstream bugs (docs/known_issues.md); 'these versions' = {versions.describe()}")
+    for note in notes:
+        print(f"{note.severity} {note.rule}: {note.message}\n        fix: {note.fix}")
+    for issue_id, severity, affected, applies, title, urls in rows:
+        print(f"\n{severity:<7} {issue_id}: {affected}; these versions affected: {applies}")
+        print(f"        {title}")
+        print(f"        {'  '.join(urls)}")
+    print("\nA config gets a finding only when its fields also match the entry's trigger: "
+          "python -m lcmoe_recipes.check CONFIG.yaml [--container-image IMAGE]")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m lcmoe_recipes.check", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="examples:\n  python -m lcmoe_recipes.check out/dsv3_128k_h100.yaml\n"
+                                            "  python -m lcmoe_recipes.check my.yaml --gpus 256 --hardware h100\n"
+                                            "  python -m lcmoe_recipes.check qwen3_235b_128k_gb200\n"
+                                            "  python -m lcmoe_recipes.check out/dsv3_128k_h100.yaml --container-image "
+                                            "nvcr.io/nvidia/nemo:26.06\n"
+                                            "  python -m lcmoe_recipes.check --known-issues")
+    parser.add_argument("config", nargs="?", help=f"ConfigContainer YAML file, or a named recipe "
+                        f"({', '.join(NAMED_RECIPES)})")
+    parser.add_argument("--gpus", type=int, help="target world size (default: the YAML header's or the recipe's)")
+    parser.add_argument("--hardware", help=f"target GPU: {', '.join(HARDWARE)} (default: the YAML header's or the "
+                        "recipe's)")
+    parser.add_argument("--container-image", metavar="IMAGE", help="judge known upstream bugs for the versions in "
+                        "this container (listed NGC NeMo images; default: the installed versions)")
+    parser.add_argument("--known-issues", action="store_true", help="list the known upstream bugs (id, severity, "
+                        "affected versions, whether the installed or --container-image versions are affected, "
+                        "source) and exit")
+    parser.add_argument("--model-config", metavar="PATH", help="the config.json of the YAML's model when it is not "
+                        "in the catalogue and the YAML has no lcmoe_recipes header carrying it")
+    args = parser.parse_args(argv)
+    if args.known_issues:
+        return list_known_issues(args.container_image)
+    try:
+        if args.config is None:
+            raise LcmoeError("no CONFIG given", "give a ConfigContainer YAML or a named recipe, or --known-issues")
+        found = examine(args.config, args.gpus, args.hardware, args.container_image, args.model_config)
+    except LcmoeError as exc:
+        return exc.report()
+    plan, findings = found.plan, found.findings
+    print(f"checked with {found.scope}")
+    if sys.stdout.isatty() and layout_is_legal(findings):
+        from ..cost import estimate_host_memory, estimate_memory, estimate_step
+        from ..explain import print_table
+
+        mem, step, host = estimate_memory(plan), estimate_step(plan), estimate_host_memory(plan)
+        print_table(("component", "GiB"), [(k, f"{v:.1f}") for k, v in mem.gib().items()],
+                    title=f"memory per GPU, PP rank {mem.pp_rank} (HBM {plan.hardware_spec.hbm_gib:.0f} GiB)")
+        print_table(("component", "GiB"), [(k, f"{v:.1f}") for k, v in host.gib().items()],
+                    title=f"host memory per node, node {host.node} (RAM {plan.hardware_spec.host_memory_gib:.0f} GiB)")
+        print_table(("collective", "GB per GPU per step", "exposed s per step"),
+                    [(k, f"{v / 1e9:.1f}", f"{step.parts.get(k.lower() + '_exposed', 0.0):.2f}")
+                     for k, v in step.comm_bytes.items()], title=f"communication (step {step.step_seconds:.2f} s)")
+    print(format_findings(plan, findings))
+    return 1 if found.errors else 0

@@ -1,0 +1,261 @@
+"""``python -m lcmoe_recipes.launch MODEL --seq N [...] [Hydra overrides...]``: the main job.
+
+Parses the flags into one :class:`~lcmoe_recipes.request.TrainingRequest`, builds it (:func:`lcmoe_recipes.launch.build`:
+the named recipe or the search's plan, overridden, checked again for the target, written as YAML), prints a summary,
+and runs it (:func:`lcmoe_recipes.launch.run`): ``--executor local`` (torchrun on this node) or ``--executor slurm`` (a
+Slurm job through NeMo-Run); ``--dry-run`` prints the torchrun command or the sbatch script instead.
+
+Exit codes: 0 done; 2 bad input (nothing written); 1 valid config but it cannot run here (too few GPUs) or the
+launch failed (sbatch refused it, the job failed): the YAML is written, the message says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from ..cost import estimate_memory, estimate_step
+from ..errors import LcmoeError
+from ..executors import EXECUTORS, SlurmSettings, check_settings
+from ..launch import Built, build, run
+from ..recipes import NAMED_RECIPES
+from ..report import Citations, format_plan
+from .common import ArgumentParser, model_argument, report_error, request_arguments, request_from_args
+from ..train import rank_arguments
+
+EPILOG = """\
+examples:
+  python -m lcmoe_recipes.launch qwen3_235b --seq 131072 --dry-run
+  python -m lcmoe_recipes.launch dsv3 --seq 262144 --gpus 512 --hardware h100 --dry-run --output dsv3_256k.yaml
+  python -m lcmoe_recipes.launch qwen3_235b --seq 131072 model.tensor_model_parallel_size=8 --dry-run
+  python -m lcmoe_recipes.launch qwen3_next --seq 65536 train.global_batch_size=128 '+env_vars.NCCL_DEBUG=INFO' --dry-run
+  python -m lcmoe_recipes.launch qwen3_235b --seq 65536 --gpus 64 --hardware gb200 --dry-run   (planned)
+  python -m lcmoe_recipes.launch --list
+  python -m lcmoe_recipes.launch qwen3_next --seq 8192 --executor local --smoke      (CPU-only 2-rank check)
+  python -m lcmoe_recipes.launch dsv3 --seq 131072 --executor slurm --account ACCT --dry-run   (the sbatch script)
+  python -m lcmoe_recipes.launch dsv3 --seq 131072 --executor slurm --account ACCT --partition batch --container-image nvcr.io/nvidia/nemo:25.11
+
+overrides use Hydra syntax on the ConfigContainer: key=value, +key=value (add), ~key (delete; resets a field to
+its default). Keys are megatron-bridge field names, e.g. model.context_parallel_size, train.global_batch_size,
+optimizer.optimizer_offload_fraction, model.recompute_modules=[layernorm,moe_act].
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
+        prog="python -m lcmoe_recipes.launch",
+        description="Build, validate and launch a long-context MoE training config (megatron-bridge ConfigContainer).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_argument(parser, ", a named recipe (see --list)")
+    parser.add_argument("--seq", type=int, metavar="N", help="sequence length in tokens (seq_length), e.g. 131072")
+    parser.add_argument("--dry-run", action="store_true", help="print the summary, write the YAML and print the "
+                        "torchrun command; do not launch")
+    parser.add_argument("--output", metavar="FILE", help="where to write the ConfigContainer YAML "
+                        "(default: out/<recipe>.yaml; with overrides out/<recipe>+<hash of the overrides>.yaml)")
+    parser.add_argument("--list", action="store_true", help="list the named recipes and exit")
+    parser.add_argument("--explain", action="store_true", help="print every decision's reason in full (the default "
+                        "summary shows the decisions that matter, one line each), every finding with its fix, "
+                        "placement, memory and time breakdowns")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (decisions, findings, memory, "
+                        "step, YAML path, cluster command) instead of text")
+    parser.add_argument("--plot", metavar="DIR", help="write memory.png, time.png and sweep.png (4K-256K) into DIR")
+    request_arguments(parser.add_argument_group("target, planning and run options (layout flags on a named recipe "
+                                                "plan its target instead)"))
+    ext = parser.add_argument_group("context extension (where the weights come from, phases, your own config)")
+    source = ext.add_mutually_exclusive_group()
+    source.add_argument("--from-hf", metavar="DIR", help="start from the weights of a local Hugging Face checkpoint "
+                        "folder (config.json must be the planned model's); megatron-bridge reads it at the first start")
+    source.add_argument("--from-checkpoint", metavar="DIR", help="start from the weights of a Megatron checkpoint (a "
+                        "previous phase); its saved run config must be the planned model's")
+    ext.add_argument("--convert-to", metavar="DIR", help="with --from-hf: convert the folder once into a Megatron "
+                     "checkpoint here at the job's start (megatron-bridge's AutoBridge; reused when complete) and "
+                     "start from that")
+    ext.add_argument("--phases", metavar="S1,S2,...", help="one config per phase, e.g. 32768,131072 (DeepSeek-V3's "
+                     "4K->32K->128K); each phase starts from the previous phase's checkpoints and is planned for its "
+                     "own length")
+    ext.add_argument("--from", dest="from_config", metavar="CONFIG.yaml", help="retarget your own ConfigContainer YAML, "
+                     "or one of megatron-bridge's recipes by function name (e.g. the 4K "
+                     "deepseek_v3_pretrain_1024gpu_h100_fp8sc_config), to --seq N: layout, CP, batch, recompute, "
+                     "offload, CUDA graphs and positions re-planned, everything else kept; prints every field that "
+                     "changed and why")
+    run = parser.add_argument_group("running (--executor local: torchrun on this node; slurm: NeMo-Run SlurmExecutor; "
+                                    "GPUs per node from the hardware: 8 HGX, 4 GB200/GB300)")
+    run.add_argument("--executor", choices=EXECUTORS, default="local", help="where to run (default: local)")
+    rank_arguments(run)
+    run.add_argument("--smoke-ranks", type=int, default=2, metavar="N", help="ranks of a --smoke run (default 2; "
+                     "with --executor slurm the smoke job asks for 1 node and no GPUs)")
+    run.add_argument("--smoke-nodes", type=int, default=1, metavar="N", help="slurm: nodes of a --smoke job (default "
+                     "1); every node checks that the data, tokenizer and checkpoint paths exist there")
+    run.add_argument("--nproc-per-node", type=int, metavar="N", help="local: ranks on this node (default: the "
+                     "planned world size; a local run is one node)")
+    run.add_argument("--no-wait", action="store_true", help="slurm: return once the job is submitted")
+    slurm = parser.add_argument_group("slurm executor")
+    slurm.add_argument("--account", help="Slurm account (default $SBATCH_ACCOUNT; none: no account line)")
+    slurm.add_argument("--partition", help="Slurm partition (default: the cluster's)")
+    slurm.add_argument("--time", default="04:00:00", help="wall-clock limit with its hours: HH:MM:SS or D-HH:MM:SS "
+                       "(default 04:00:00); training stops 20 min before it and saves a checkpoint "
+                       "(train.exit_duration_in_mins)")
+    slurm.add_argument("--qos", help="Slurm QOS")
+    slurm.add_argument("--container-image", metavar="IMAGE", help="Pyxis/enroot image with megatron-bridge 0.6.2; "
+                       "default: run this virtualenv on the nodes (shared filesystem)")
+    slurm.add_argument("--container-mounts", metavar="SRC:DST[,...]", help="container mounts, comma-separated")
+    slurm.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment variable "
+                       "for the job (repeatable; wins over the recipe's env_vars)")
+    slurm.add_argument("--sbatch", action="append", default=[], metavar="FLAG=VALUE", help="extra #SBATCH flag, "
+                       "e.g. --sbatch reservation=r1 (repeatable)")
+    slurm.add_argument("--no-segment", action="store_true", help="NVL72: do not ask for --segment (Slurm older than "
+                       "24.05 lacks it)")
+    slurm.add_argument("--tunnel", choices=("local", "ssh"), default="local", help="local: sbatch on this machine; "
+                       "ssh: submit on --host as --user")
+    slurm.add_argument("--host", help="ssh tunnel: login node")
+    slurm.add_argument("--user", help="ssh tunnel: user name")
+    slurm.add_argument("--identity", metavar="KEYFILE", help="ssh tunnel: private key")
+    slurm.add_argument("--job-dir", metavar="DIR", help="NeMo-Run experiment folder, on a filesystem every node "
+                       "sees (on the cluster for ssh; default $NEMORUN_HOME/experiments)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.tensor_model_parallel_size=4")
+    return parser
+
+
+def list_recipes() -> str:
+    """The named recipes as a table."""
+    lines = [f"{'recipe':<24} {'model':<11} {'seq':>7} {'GPUs':>5} {'hardware':<8} summary"]
+    for r in NAMED_RECIPES.values():
+        lines.append(f"{r.name:<24} {r.model:<11} {r.seq_length:>7} {r.num_gpus:>5} {r.hardware:<8} {r.summary}")
+    return "\n".join(lines)
+
+
+def settings_from_args(args) -> SlurmSettings:
+    """The Slurm settings the flags ask for.
+
+    Raises:
+        LcmoeError: an --env or --sbatch that is not KEY=VALUE.
+    """
+    def pairs(items: list[str], flag: str) -> dict[str, str]:
+        out = {}
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise LcmoeError(f"{flag} {item!r} is not KEY=VALUE", f"e.g. {flag} NCCL_DEBUG=INFO")
+            out[key] = value
+        return out
+
+    mounts = tuple(m for m in (args.container_mounts or "").split(",") if m)
+    return SlurmSettings(account=args.account, partition=args.partition, time=args.time, qos=args.qos,
+                         container_image=args.container_image, container_mounts=mounts,
+                         env=pairs(args.env, "--env"), tunnel=args.tunnel,
+                         host=args.host, user=args.user, identity=args.identity, job_dir=args.job_dir,
+                         sbatch=pairs(args.sbatch, "--sbatch"), segment=not args.no_segment)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit code."""
+    args = _parser().parse_intermixed_args(argv)
+    if args.list:
+        print(list_recipes())
+        return 0
+    try:
+        for flag, value in (("--smoke-ranks", args.smoke_ranks), ("--smoke-nodes", args.smoke_nodes)):
+            if value < 1:
+                raise LcmoeError(f"{flag} {value} is not a positive count", f"e.g. {flag} 2")
+        settings = settings_from_args(args) if args.executor == "slurm" else None
+        if settings is not None:
+            check_settings(settings)  # before the 15-40 s build, and before anything is written
+        request = request_from_args(args, named=tuple(NAMED_RECIPES))
+        built = build(request, container_image=args.container_image, output=args.output, settings=settings,
+                      smoke=args.smoke, smoke_nodes=args.smoke_nodes)
+    except LcmoeError as exc:
+        return report_error(exc, args.json)
+
+    citations = Citations()
+    for one in built:
+        _print_built(one, args, citations)
+    if args.plot:
+        from ..plots import write_plot_files
+
+        try:
+            written = write_plot_files([b.shown for b in built], args.plot)
+        except LcmoeError as exc:
+            return report_error(exc, args.json)
+        print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
+
+    results = []
+    if not (args.dry_run and args.executor == "local" and not args.smoke):
+        dependency = None
+        for one in built:
+            try:
+                result = run(one, args.executor, settings, smoke=args.smoke, smoke_ranks=args.smoke_ranks,
+                             smoke_nodes=args.smoke_nodes, nproc_per_node=args.nproc_per_node, dry_run=args.dry_run,
+                             wait=not args.no_wait and len(built) == 1, replan=args.replan, after_job=dependency,
+                             echo=not args.json)
+            except LcmoeError as exc:
+                if args.json:
+                    print(json.dumps({"valid": True, "yaml": str(one.output), "launch": {"error": exc.message,
+                                      "fix": exc.fix}}, indent=2))
+                else:
+                    exc.report()
+                return exc.exit_code
+            results.append(result)
+            if not result.ok:
+                break
+            dependency = result.job_id
+    if args.json:
+        _print_json(built, results)
+    else:
+        for result in results:
+            if result.script:
+                print(f"\nsbatch script ({result.command} $SBATCH_SCRIPT):\n{result.script}")
+            elif result.state == "DRY_RUN":
+                print(f"\nlocal command:\n  {result.command}")
+            print("\n" + result.summary())
+        if sources := citations.listing():
+            print("\n" + sources)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _print_json(built: list[Built], results: list) -> None:
+    from ..explain import explain_json
+
+    docs = []
+    for index, one in enumerate(built):
+        doc = {**explain_json(one.shown, one.warnings), "valid": True, "yaml": str(one.output),
+               "command": one.command, "overrides": one.overrides}
+        if one.changes:
+            doc["changes"] = [{"field": d.path, "before": d.upstream, "after": d.ours, "setting": d.setting,
+                               "reason": d.reason.why} for d in one.changes]
+        if index < len(results):
+            doc["launch"] = dataclasses.asdict(results[index])
+        docs.append(doc)
+    print(json.dumps(docs[0] if len(docs) == 1 else {"phases": docs}, indent=2, default=str))
+
+
+def _print_built(one: Built, args: argparse.Namespace, citations: Citations) -> None:
+    """The summary of one built config: target and checks passed, what a retargeting changed, the plan's rows with
+    the decisions that matter (every reason with --explain), the prediction, the YAML and the cluster command."""
+    if args.json:
+        return
+    plan, hw = one.plan, one.plan.hardware_spec
+    print(f"{plan.name}: valid for {plan.layout.world} x {hw.key} (our checks + memory model + megatron-bridge "
+          "validate())")
+    if one.changes:
+        print(f"retargeted {one.meta.get('retargeted_from')}: {len(one.changes)} field(s) changed (each setting's "
+              "reason once, below its fields)")
+        by_setting: dict[str, list] = {}
+        for d in one.changes:
+            by_setting.setdefault(d.setting, []).append(d)
+        for setting, changes in by_setting.items():
+            for d in changes:
+                print(f"  {d.path}: {d.upstream!r} -> {d.ours!r}")
+            print(f"    [{setting}: {changes[0].reason.why}]")
+    print(format_plan(one.shown, one.warnings, one.overrides, citations, explain=args.explain))
+    mem, step = estimate_memory(one.shown), estimate_step(one.shown)
+    print(f"  predicted: {mem.total / 2**30:.1f} of {hw.hbm_gib:.0f} GiB per GPU (PP rank {mem.pp_rank}); step "
+          f"{step.step_seconds:.1f} s, {step.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {step.mfu:.0%} (docs/accuracy.md)")
+    if args.explain:
+        from ..explain import explain_text
+
+        print("\n" + explain_text(one.shown, one.warnings, citations, with_decisions=False))
+    print(f"\nConfigContainer YAML: {one.output}")
+    if args.executor == "local" and not args.smoke:  # for slurm, the sbatch script is the command
+        print(f"cluster command (on each of the {plan.layout.world // hw.gpus_per_node} nodes):\n  {one.command}")

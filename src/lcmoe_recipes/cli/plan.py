@@ -1,0 +1,132 @@
+"""``python -m lcmoe_recipes.plan``: the search's command line (decision table, the winner's reasons, CSV, JSON,
+--explain, --plot, and --compare / several --gpus side by side).
+
+Thin: the flags become TrainingRequests (:func:`lcmoe_recipes.cli.common.request_from_args`), the search
+(:mod:`lcmoe_recipes.search`) and comparison (:mod:`lcmoe_recipes.compare`) answer them, :mod:`lcmoe_recipes.report`
+formats the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import LcmoeError
+from ..report import TABLE_COLUMNS, Citations, aligned, format_result, table_records, table_rows, write_csv
+from ..search import plan
+from .common import ArgumentParser, model_argument, request_arguments, request_from_args, write_plot_files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(
+        prog="python -m lcmoe_recipes.plan", description="Plan a long-context MoE layout for any model, sequence\n"
+        "length, GPU type and count: candidate layouts, per-GPU memory, exposed communication per\n"
+        "collective, predicted step time and MFU, and why the winner won. Imports neither torch nor\n"
+        "megatron.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  python -m lcmoe_recipes.plan qwen3_235b --seq 65536 --gpus 64 --hardware gb200 --top 8\n"
+               "  python -m lcmoe_recipes.plan dsv3 --seq 131072 --gpus 256 --compare h100,gb200\n"
+               "  python -m lcmoe_recipes.plan dsv3 --seq 131072 --gpus 256,512,1024 --hardware h100 --json")
+    model_argument(parser)
+    parser.add_argument("--seq", type=int, required=True, metavar="N", help="seq_length in tokens")
+    request_arguments(parser, several_gpus=True)
+    parser.add_argument("--compare", metavar="HW[,HW...]", help="GPU types to plan side by side (instead of "
+                        "--hardware), at one precision: e.g. h100,gb200")
+    parser.add_argument("--top", type=int, default=5, help="candidates to show (default 5)")
+    parser.add_argument("--csv", metavar="FILE", help="also write the decision table as CSV")
+    parser.add_argument("--explain", action="store_true", help="print every reason of the winner in full (the default "
+                        "shows the decisions that matter, one line each), every finding with its fix, placement, "
+                        "memory and time breakdowns")
+    parser.add_argument("--json", action="store_true", help="print JSON (table, winner explained, rejections) instead")
+    parser.add_argument("--plot", metavar="DIR", help="write memory.png, time.png (the shown candidates side by "
+                        "side) and sweep.png (4K-256K) into DIR")
+    args = parser.parse_args(argv)
+    try:
+        if args.top < 1:
+            raise LcmoeError(f"--top {args.top} shows nothing", "use --top 1 or more")
+        hardware = _hardware_list(args)
+        if len(hardware) * len(args.gpus) > 1:
+            return _compare_main(args, hardware)
+        request = request_from_args(args, hardware=hardware[0], num_gpus=args.gpus[0])
+        result = plan(request, top=args.top)
+    except LcmoeError as exc:
+        return exc.report()
+    citations = Citations()
+    if args.json:
+        import json
+
+        from ..explain import explain_json
+
+        print(json.dumps({"why": result.why, "considered": result.considered, "evaluated": result.evaluated,
+                          "pruned": result.pruned, "rejected": result.rejected, "candidates": table_records(result),
+                          "winner": explain_json(result.best.plan)}, indent=2, default=str))
+    elif sys.stdout.isatty():
+        from ..explain import print_table
+
+        print_table(TABLE_COLUMNS, table_rows(result), title=f"{request.model} at seq_length {request.seq_length} on "
+                    f"{request.num_gpus} x {request.hardware}: {result.considered} layouts considered")
+        print("\n".join(format_result(result, citations, args.explain).splitlines()[2:]))
+    else:
+        print(format_result(result, citations, args.explain))
+    if args.explain and not args.json:
+        from ..explain import explain_text
+
+        print("\n" + explain_text(result.best.plan, citations=citations, with_decisions=False))
+    if not args.json and (sources := citations.listing()):
+        print(sources)
+    if args.csv:
+        write_csv(result, args.csv)
+        print(f"\nCSV: {args.csv}", file=sys.stderr if args.json else sys.stdout)
+    if args.plot:
+        try:
+            written = write_plot_files([c.plan for c in result.ranked], args.plot, request)
+        except LcmoeError as exc:
+            return exc.report()
+        print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _hardware_list(args) -> list[str]:
+    """The GPU types asked for: --hardware, or the --compare list (not both).
+
+    Raises:
+        LcmoeError: neither or both given, or an unknown GPU type (with the closest name).
+    """
+    from ..catalog import get_hardware
+
+    if args.compare and args.hardware:
+        raise LcmoeError("--hardware and --compare both name the GPU type", "give --compare h100,gb200 alone, or "
+                         "--hardware NAME alone")
+    if not (args.compare or args.hardware):
+        raise LcmoeError("--hardware (or --compare) is required", "e.g. --hardware gb200, or --compare h100,gb200")
+    names = [x.strip() for x in (args.compare or args.hardware).split(",") if x.strip()]
+    return list(dict.fromkeys(get_hardware(n).key for n in names))
+
+
+def _compare_main(args, hardware: list[str]) -> int:
+    """--compare / several --gpus: the winners side by side at one precision, as a table or JSON."""
+    from ..catalog import get_hardware, get_model
+    from ..compare import column_record, common_precision, compare, format_columns
+
+    for flag, given in (("--csv", args.csv), ("--plot", args.plot), ("--explain", args.explain)):
+        if given:
+            raise LcmoeError(f"{flag} works on one target, not on a comparison",
+                             f"drop {flag}, or plan one --hardware and one --gpus count with it")
+    first = request_from_args(args, hardware=hardware[0], num_gpus=args.gpus[0])
+    precision, why = common_precision(get_model(first.model), [get_hardware(h) for h in hardware], args.precision)
+    requests = [first.replace(hardware=h, num_gpus=n, precision=precision) for h in hardware for n in args.gpus]
+    columns = compare(requests)
+    if args.json:
+        import json
+
+        print(json.dumps({"model": requests[0].model, "seq_length": args.seq, "precision": precision,
+                          "precision_reason": why, "targets": [column_record(c) for c in columns]},
+                         indent=2, default=str))
+        return 0
+    header, rows = format_columns(columns)
+    print(f"{requests[0].model} at seq_length {args.seq}: the search's winner per target, at {why}")
+    print(aligned([tuple(header)] + rows, labels=True))
+    for c in columns:
+        if c.result is None:
+            print(f"{c.request.num_gpus} x {c.request.hardware}: {c.error.message}\n  fix: {c.error.fix}")
+    return 0

@@ -1,0 +1,191 @@
+"""One request, one resolver: every command and the Python API answer a TrainingRequest with lcmoe_recipes.resolve;
+commands only parse and print; the default output is a summary a person reads, --explain keeps every reason."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from lcmoe_recipes import (NAMED_RECIPES, LcmoeError, TrainingRequest, dsv3_128k_h100, phase_requests, recipe_plan,
+                           resolve)
+from lcmoe_recipes.catalog import get_model
+from lcmoe_recipes.cli.common import request_from_args
+from lcmoe_recipes.cli.launch import _parser as launch_parser
+from lcmoe_recipes.cli.launch import main as launch
+from lcmoe_recipes.cli.plan import main as plan_main
+from lcmoe_recipes.report import Citations, split_sources
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _request(*argv: str) -> TrainingRequest:
+    return request_from_args(launch_parser().parse_intermixed_args(list(argv)), named=tuple(NAMED_RECIPES))
+
+
+# --- one resolver ------------------------------------------------------------------------------------------------
+
+def test_a_named_recipe_resolves_to_its_plan_by_name_or_by_request():
+    assert resolve(TrainingRequest(recipe="dsv3_128k_h100")) == recipe_plan("dsv3_128k_h100")
+    by_model = resolve(TrainingRequest(model="deepseek-v3", seq_length=131072))
+    assert by_model == recipe_plan("dsv3_128k_h100")
+    assert resolve(_request("qwen3_235b", "--seq", "131072", "--precision", "mxfp8")) == recipe_plan(
+        "qwen3_235b_128k_gb200", precision="mxfp8")
+
+
+def test_layout_wishes_plan_the_named_recipes_target():
+    plan = resolve(_request("qwen3_next_8k_gb200", "--tp", "2"))
+    assert (plan.layout.world, plan.hardware, plan.layout.tp) == (32, "gb200", 2)
+    assert plan.reasons["layout"].why.startswith("planned for the named recipe's target (32 x gb200) because --tp "
+                                                 "ask(s) for what qwen3_next_8k_gb200 pins")
+
+
+def test_a_request_no_recipe_covers_is_searched_or_refused_with_the_fix():
+    plan = resolve(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64))
+    assert plan.name == "qwen3_235b_64k_64xgb200" and plan.layout.world == 64
+    with pytest.raises(LcmoeError) as err:
+        resolve(TrainingRequest(model="qwen3_235b", seq_length=65536))
+    assert "no named recipe for qwen3_235b at seq_length 65536" in err.value.message
+    assert "or give --gpus and --hardware to plan one" in err.value.fix
+    with pytest.raises(LcmoeError, match="unknown recipe 'dsv3_128k_h10'"):
+        resolve(TrainingRequest(recipe="dsv3_128k_h10"))
+    with pytest.raises(LcmoeError, match="one plan per phase"):
+        resolve(TrainingRequest(model="qwen3_30b", phases=(32768, 65536), hardware="h100", num_gpus=64))
+
+
+def test_phases_are_one_request_each_on_one_target():
+    phases = phase_requests(TrainingRequest(model="dsv3", phases=(32768, 131072)))
+    assert [(p.seq_length, p.phase, p.num_gpus, p.hardware) for p in phases] == [(32768, 1, 256, "h100"),
+                                                                                 (131072, 2, 256, "h100")]
+    first = resolve(phases[0])
+    assert first.name == "dsv3_32k_256xh100-phase1"
+    second = resolve(phases[1].replace(pretrained_checkpoint="/ckpt/phase1"))
+    assert second.pretrained_checkpoint == "/ckpt/phase1" and second.name == "dsv3_128k_h100-phase2"
+    assert second.reasons["pretrained_checkpoint"].why.startswith("model weights from phase 1's checkpoints "
+                                                                  "(/ckpt/phase1)")
+
+
+def test_bad_requests_name_every_field_and_the_fix():
+    with pytest.raises(LcmoeError) as err:
+        TrainingRequest.parse(model="dsv3", seq_length=-4096, tokens_per_step=0, lr=-1e-5)
+    assert "seq_length -4096 must be greater than 0" in err.value.message
+    assert "tokens_per_step 0 must be greater than 0" in err.value.message and "lr -1e-05" in err.value.message
+    assert err.value.fix == "use e.g. 131072 (128K); use e.g. 8388608 (8M); use e.g. 1e-05"
+    with pytest.raises(LcmoeError, match="use one of bf16, fp8_blockwise, fp8_cs, mxfp8"):
+        TrainingRequest.parse(model="dsv3", seq_length=4096, precision="fp6")
+    with pytest.raises(LcmoeError, match="convert_to converts a Hugging Face folder and needs from_hf"):
+        TrainingRequest.parse(model="dsv3", seq_length=4096, convert_to="/x")
+    with pytest.raises(LcmoeError, match="seq_length and phases both given"):
+        TrainingRequest.parse(model="dsv3", seq_length=4096, phases=(4096, 8192))
+
+
+def test_nothing_below_the_commands_takes_a_namespace():
+    """The library's entry points take requests and keywords (the import rule itself: tests/test_architecture.py)."""
+    from lcmoe_recipes import build_phases, build_recipe
+
+    for fn in (resolve, phase_requests, build_recipe, build_phases):
+        assert "Namespace" not in str(inspect.signature(fn))
+
+
+# --- the Python API ----------------------------------------------------------------------------------------------
+
+def test_named_factories_show_their_options():
+    params = inspect.signature(dsv3_128k_h100).parameters
+    assert list(params) == ["precision", "rope", "tokens_per_step", "global_batch_size", "lr", "train_iters",
+                            "pretrained_checkpoint", "overrides"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+    assert "DeepSeek-V3 at 128K on 256 H100" in dsv3_128k_h100.__doc__
+
+
+@pytest.mark.slow
+def test_build_recipe_and_factories_take_overrides(configs):
+    from lcmoe_recipes import OverrideError, build_recipe, qwen3_next_8k_gb200
+
+    cfg = qwen3_next_8k_gb200(overrides=["train.train_iters=200"])
+    assert cfg.train.train_iters == 200
+    cfg = build_recipe(recipe="qwen3_next_8k_gb200", tokens_per_step=2**21, overrides=["train.train_iters=50"])
+    assert (cfg.train.train_iters, cfg.train.global_batch_size) == (50, 256)
+    with pytest.raises(OverrideError):
+        build_recipe(recipe="qwen3_next_8k_gb200", overrides=["train.no_such_field=1"])
+
+
+# --- bugs from a new user's trial ---------------------------------------------------------------------------------
+
+QWEN3_30B = json.loads((ROOT / "src" / "lcmoe_recipes" / "catalog" / "hf_configs" / "qwen3_30b_a3b.json").read_text())
+
+
+def test_a_config_json_equal_to_a_catalogue_model_takes_its_published_facts(tmp_path):
+    """Qwen3-30B-A3B's own config.json (max_position_embeddings 40,960) is Qwen3-30B-A3B: YaRN factor 4 over its
+    model card's native 32,768, as for `qwen3_30b`, and the reasons say so; a changed file cites the file."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**QWEN3_30B, "_name_or_path": "/home/me/Qwen3-30B-A3B", "torch_dtype": "float32"}))
+    spec = get_model(str(path))
+    assert spec.same_as == "qwen3_30b" and spec.published_id == "Qwen/Qwen3-30B-A3B"
+    request = dict(seq_length=131072, hardware="h100", num_gpus=64)
+    mine = resolve(TrainingRequest(model_config=str(path), **request))
+    catalogue = resolve(TrainingRequest(model="qwen3_30b", **request))
+    assert mine.positions == catalogue.positions
+    assert (mine.positions.factor, mine.positions.original_max_position_embeddings) == (4.0, 32768)
+    assert "your config.json has exactly the values of Qwen3-30B-A3B's published config.json" in mine.reasons["model"].why
+    assert "Qwen3-30B-A3B model card" in mine.reasons["positions"].source
+    edited = tmp_path / "edited" / "config.json"
+    edited.parent.mkdir()
+    edited.write_text(json.dumps({**QWEN3_30B, "max_position_embeddings": 65536}))
+    other = resolve(TrainingRequest(model_config=str(edited), **request))
+    assert get_model(str(edited)).same_as is None
+    assert (other.positions.factor, other.positions.original_max_position_embeddings) == (2.0, 65536)
+    assert f"your config.json ({edited.resolve()}) max_position_embeddings" in other.reasons["positions"].source
+    assert "model card" not in other.reasons["precision"].source and str(edited.resolve()) in other.reasons["precision"].source
+
+
+@pytest.mark.slow
+def test_launch_takes_model_config(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_30B))
+    monkeypatch.chdir(tmp_path)
+    assert launch(["--model-config", str(path), "--seq", "32768", "--gpus", "16", "--hardware", "h100",
+                   "--dry-run", "--output", "mine.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "valid for 16 x h100" in out and (tmp_path / "mine.yaml").is_file()
+    assert "model: your config.json has exactly the values of Qwen3-30B-A3B's" in out
+
+
+def test_negative_numbers_reach_the_request_check(capsys):
+    """`--lr -1e-5` is the value of --lr (argparse alone says 'expected one argument'); the request names the fix."""
+    args = launch_parser().parse_intermixed_args(["dsv3", "--seq", "131072", "--lr", "-1e-5"])
+    assert args.lr == -1e-5
+    assert plan_main(["dsv3", "--seq", "-4096", "--gpus", "256", "--hardware", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert "seq_length -4096 must be greater than 0" in err and "fix: use e.g. 131072 (128K)" in err
+
+
+# --- output a person reads -----------------------------------------------------------------------------------------
+
+def test_citations_are_keys_listed_once():
+    c = Citations()
+    assert split_sources("a (x; y); b; a (x; y)") == ["a (x; y)", "b", "a (x; y)"]
+    assert c.cite("a (x; y); b") == "[1, 2]" and c.cite("b; c") == "[2, 3]" and c.cite("a (x; y)") == "[1]"
+    assert c.listing() == "sources:\n  [1] a (x; y)\n  [2] b\n  [3] c"
+
+
+@pytest.mark.slow
+def test_main_job_output_fits_one_screen_and_explain_keeps_every_reason(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert launch(["qwen3_235b", "--seq", "131072", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out) + len(err) <= 3000, len(out) + len(err)
+    assert "TP=4 PP=4 VPP=12 CP=4 EP=32 ETP=1 -> DP=2 EDP=1" in out and "why (the decisions that matter" in out
+    sources = [line for line in out.splitlines() if re.match(r"  \[\d+\] ", line)]
+    assert sources and len(sources) == len(set(s.split("] ", 1)[1] for s in sources))  # each source once
+    assert launch(["qwen3_235b", "--seq", "131072", "--dry-run", "--explain"]) == 0
+    full = capsys.readouterr().out
+    plan = recipe_plan("qwen3_235b_128k_gb200")
+    for knob, reason in plan.reasons.items():
+        assert f"- {knob}: {reason.why}" in full, knob
+    listed = [line.split("] ", 1)[1] for line in full.splitlines() if re.match(r"  \[\d+\] ", line)]
+    assert len(listed) == len(set(listed))
+    assert "DeepSeek-V3 technical report (arXiv 2412.19437) §4.3: 1,000 steps per phase at the final pre-training LR" \
+        in listed
