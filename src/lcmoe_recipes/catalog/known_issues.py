@@ -17,24 +17,38 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 COMPONENTS = ("megatron-core", "megatron-bridge", "transformer-engine")  # PyPI distribution names
+# Where a bug lives (the docs group by it); the versions that decide it are always COMPONENTS' (`affected`).
+PACKAGES = (*COMPONENTS, "deep-ep", "nemo-container")
+CONFIDENCES = ("high", "medium", "low")
+
+
+_SOURCE_KINDS = {"issue": int, "pull": int, "file": str, "commit": str}
 
 
 @dataclass(frozen=True)
 class Source:
-    """A public GitHub issue or pull request."""
+    """A public GitHub issue, pull request, commit, or file on a repository's default branch (e.g. release notes)."""
 
     repository: str
-    kind: str  # "issue" or "pull"
-    number: int
+    kind: str  # "issue", "pull", "commit" or "file"
+    ref: int | str  # the number, the commit's hash, or the file's path
 
     @property
     def url(self) -> str:
-        return f"https://github.com/{self.repository}/{'pull' if self.kind == 'pull' else 'issues'}/{self.number}"
+        if self.kind in ("file", "commit"):
+            return f"https://github.com/{self.repository}/{'blob/main' if self.kind == 'file' else 'commit'}/{self.ref}"
+        return f"https://github.com/{self.repository}/{'pull' if self.kind == 'pull' else 'issues'}/{self.ref}"
 
     @property
     def short(self) -> str:
-        """``Megatron-LM #5100`` / ``Megatron-LM PR #5271``."""
-        return f"{self.repository.split('/')[-1]} {'PR ' if self.kind == 'pull' else ''}#{self.number}"
+        """``Megatron-LM #5100`` / ``Megatron-LM PR #5271`` / ``Megatron-LM commit c2c36f7`` /
+        ``Megatron-Bridge docs/releases/known-issues.md``."""
+        name = self.repository.split("/")[-1]
+        if self.kind == "file":
+            return f"{name} {self.ref}"
+        if self.kind == "commit":
+            return f"{name} commit {str(self.ref)[:7]}"
+        return f"{name} {'PR ' if self.kind == 'pull' else ''}#{self.ref}"
 
 
 @dataclass(frozen=True)
@@ -42,11 +56,15 @@ class KnownIssue:
     """One upstream bug (see the header of ``known_issues.yaml`` for the meaning of each field).
 
     Attributes:
+        package: where the bug lives (one of :data:`PACKAGES`).
         affected: component (one of :data:`COMPONENTS`) -> PEP 440 specifier string.
         trigger: the condition (mapping) over the config's fields.
+        confidence: for a report whose root cause upstream has not confirmed, how sure the entry is that the trigger
+            leads to the symptom (one of :data:`CONFIDENCES`; ``status`` says why); "" when the cause is known.
     """
 
     id: str
+    package: str
     title: str
     severity: str
     trigger: dict[str, Any]
@@ -55,6 +73,7 @@ class KnownIssue:
     symptom: str
     fix: str
     sources: tuple[Source, ...]
+    confidence: str = ""
 
     def affects(self, versions: dict[str, str | None]) -> bool | None:
         """True when every component in :attr:`affected` has a version in its range, False when one is outside,
@@ -93,21 +112,28 @@ def _read(name: str) -> dict[str, Any]:
 
 
 def _source(raw: dict[str, Any], where: str) -> Source:
-    kinds = [k for k in ("issue", "pull") if k in raw]
-    if set(raw) != {"repository", *kinds} or len(kinds) != 1 or not isinstance(raw[kinds[0]], int):
-        raise ValueError(f"{where}: a source is {{repository: OWNER/NAME, issue: N}} or {{..., pull: N}}, not {raw}")
+    kinds = [k for k in _SOURCE_KINDS if k in raw]
+    if set(raw) != {"repository", *kinds} or len(kinds) != 1 or not isinstance(raw[kinds[0]], _SOURCE_KINDS[kinds[0]]):
+        raise ValueError(f"{where}: a source is {{repository: OWNER/NAME, issue: N}}, {{..., pull: N}}, "
+                         f"{{..., commit: SHA}} or {{..., file: PATH}}, not {raw}")
     if raw["repository"].count("/") != 1:
         raise ValueError(f"{where}: repository must be OWNER/NAME, not {raw['repository']!r}")
     return Source(raw["repository"], kinds[0], raw[kinds[0]])
 
 
+_REQUIRED = {"id", "package", "title", "severity", "trigger", "affected", "status", "symptom", "fix", "sources"}
+
+
 def _issue(raw: dict[str, Any]) -> KnownIssue:
     where = f"known_issues.yaml, {raw.get('id', '?')}"
-    fields = {"id", "title", "severity", "trigger", "affected", "status", "symptom", "fix", "sources"}
-    if set(raw) != fields:
-        raise ValueError(f"{where}: fields {sorted(fields)} expected, got {sorted(raw)}")
+    if not _REQUIRED <= set(raw) <= _REQUIRED | {"confidence"}:
+        raise ValueError(f"{where}: fields {sorted(_REQUIRED)} (and optionally confidence) expected, got {sorted(raw)}")
     if raw["severity"] not in ("error", "warning"):
         raise ValueError(f"{where}: severity must be error or warning, not {raw['severity']!r}")
+    if raw["package"] not in PACKAGES:
+        raise ValueError(f"{where}: package must be one of {', '.join(PACKAGES)}, not {raw['package']!r}")
+    if raw.get("confidence", "high") not in CONFIDENCES:
+        raise ValueError(f"{where}: confidence must be one of {', '.join(CONFIDENCES)}, not {raw['confidence']!r}")
     for component, spec in raw["affected"].items():
         if component not in COMPONENTS:
             raise ValueError(f"{where}: unknown component {component!r} (one of {', '.join(COMPONENTS)})")
@@ -116,8 +142,8 @@ def _issue(raw: dict[str, Any]) -> KnownIssue:
         raise ValueError(f"{where}: needs at least one affected component and one source")
     sources = tuple(_source(s, where) for s in raw["sources"])
     text = {k: " ".join(str(raw[k]).split()) for k in ("title", "status", "symptom", "fix")}
-    return KnownIssue(id=raw["id"], severity=raw["severity"], trigger=raw["trigger"], affected=dict(raw["affected"]),
-                      sources=sources, **text)
+    return KnownIssue(id=raw["id"], package=raw["package"], severity=raw["severity"], trigger=raw["trigger"],
+                      affected=dict(raw["affected"]), sources=sources, confidence=raw.get("confidence", ""), **text)
 
 
 @functools.cache

@@ -47,10 +47,11 @@ def stack_versions(container_image: str | None = None) -> tuple[StackVersions, l
 
 def config_view(config: Any, hardware: Hardware | None = None, world_size: int | None = None) -> ConfigView:
     """A :class:`ConfigView` of ``config`` (ConfigContainer, its ``to_dict()``, or a YAML's dict) with the target's
-    pseudo-fields ``target.hardware``, ``target.hbm_gb`` (datasheet GB) and ``target.gpus``."""
+    pseudo-fields ``target.hardware``, ``target.hbm_gb`` (datasheet GB), ``target.gpus_per_node`` and
+    ``target.gpus``."""
     target: dict[str, Any] = {}
     if hardware is not None:
-        target.update(hardware=hardware.key, hbm_gb=hardware.hbm_bytes / 1e9)
+        target.update(hardware=hardware.key, hbm_gb=hardware.hbm_bytes / 1e9, gpus_per_node=hardware.gpus_per_node)
     if world_size is not None:
         target["gpus"] = world_size
     return ConfigView(config, target)
@@ -73,10 +74,12 @@ def catalogue() -> tuple[tuple[KnownIssue, ...], dict[str, Any]]:
 
 def _finding(issue: KnownIssue, versions: StackVersions) -> Finding:
     sources = ", ".join(s.short for s in issue.sources)
+    confidence = (f"; an open report whose root cause upstream has not confirmed (confidence: {issue.confidence})"
+                  if issue.confidence else "")
     return Finding(issue.severity, f"known-issue/{issue.id}",
                    f"{issue.title} [{sources}]. {issue.symptom} Affects {issue.affected_text()} "
-                   f"({issue.fixed_in()}); this config runs {versions.describe(tuple(issue.affected))}",
-                   issue.fix)
+                   f"({issue.fixed_in()}){confidence}; this config runs "
+                   f"{versions.describe(tuple(issue.affected))}", issue.fix)
 
 
 def known_issue_findings(view: ConfigView | Any, versions: StackVersions | None = None) -> list[Finding]:

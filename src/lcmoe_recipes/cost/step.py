@@ -51,6 +51,7 @@ EFFICIENCY: dict[tuple[str, str], float] = {
 }
 OFFLOAD_STEP_SECONDS = 0.15
 GDN_CHUNK = 64
+BACKWARD_SHARE = 2 / 3  # backward = 2x forward FLOPs: 2/3 of a microbatch's forward + backward (no recompute)
 
 
 def _eff_key(hw_key: str, precision: str) -> tuple[str, str]:
@@ -275,3 +276,48 @@ def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None 
         comm[t.kind] = t.nvlink_bytes + t.scaleout_bytes
     return StepEstimate(step, plan.global_batch_size * plan.seq_length / step / lay.world, tflops,
                         tflops / hw.peak(plan.precision), t_mb, parts, comm)
+
+
+@dataclass(frozen=True)
+class Waits:
+    """The longest times a rank of ``plan`` blocks in one communication call, predicted (s).
+
+    Attributes:
+        collective: (kind, seconds) of the longest single collective: an upper bound -- a decoder layer's whole
+            forward + backward traffic of one kind for one microbatch (TP, CP, EP), a microbatch's pipeline transfer
+            (PP), or a step's whole gradient reduce-scatter plus parameter all-gather (DP, EDP), as if each were one
+            call (:mod:`lcmoe_recipes.cost.comm`).
+        pipeline: the first pipeline stage's wait for its first gradient: after its warm-up forwards it receives
+            nothing until that microbatch's backward has passed the PP - 1 later stages, (PP - 1) / VPP backward
+            times of the slowest stage, a backward being 2/3 of a microbatch's time (twice the forward's FLOPs, the
+            3x convention above). The longest single pipeline wait: the last stage waits (PP - 1) / VPP forwards
+            for its first activation, and the whole bubble, (PP - 1) / VPP microbatch times, is spread over both.
+        dispatch: (backend, seconds) of one MoE dispatch or combine (a quarter of a layer's forward + backward EP
+            traffic), or None without EP.
+    """
+
+    collective: tuple[str, float]
+    pipeline: float
+    dispatch: tuple[str, float] | None
+
+    @property
+    def longest(self) -> tuple[str, float]:
+        """(what, seconds) of the longest wait of all."""
+        return max([self.collective, ("pipeline wait", self.pipeline)], key=lambda kv: kv[1])
+
+
+def longest_waits(plan: Plan) -> Waits:
+    """The :class:`Waits` of ``plan`` (same model and constants as :func:`estimate_step`)."""
+    lay = plan.layout
+    t_mb, w = _slowest_rank(plan, EFFICIENCY)[:2]
+    transfers = [t for r in range(lay.pp) for _, i, _ in rank_kinds(plan, r) for t in layer_transfers(plan, i)]
+    transfers.append(pipeline_transfer(plan))
+    from .memory import rank_memory  # parameter counts of the slowest rank
+
+    detail = rank_memory(plan, w.rank).detail
+    transfers += data_parallel_transfers(plan, detail["dense_params"], detail["expert_params"])
+    longest = max(transfers, key=lambda t: t.seconds)
+    ep = [t.seconds / 4 for t in transfers if t.kind == "EP"]
+    backend = plan.moe_flex_dispatcher_backend or plan.moe_token_dispatcher_type
+    return Waits((longest.kind, longest.seconds), (lay.pp - 1) / (lay.vpp or 1) * BACKWARD_SHARE * t_mb,
+                 (backend, max(ep)) if ep else None)

@@ -19,6 +19,7 @@ from ..catalog.registry import match_model
 from ..checks import Finding, check_plan, raise_for_errors
 from ..checks.known_issues import StackVersions, config_view, known_issue_findings
 from ..checks.config_asserts import config_assert_findings
+from ..checks.timeouts import timeout_findings
 from ..errors import InfeasibleConfig, UnknownName
 from ..job_paths import path_findings
 from ..layout import ParallelLayout
@@ -273,7 +274,9 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
        (:func:`lcmoe_recipes.checks.config_asserts.config_assert_findings`, docs/checks.md). The copy is thrown away:
        ``cfg`` is never changed;
     5. always: the known upstream bugs whose trigger holds for ``cfg`` and whose affected versions include
-       ``versions`` (default: the installed ones; rules ``known-issue/<id>``, see docs/known_issues.md).
+       ``versions`` (default: the installed ones; rules ``known-issue/<id>``, see docs/known_issues.md);
+    6. if no error so far: the distributed timeouts against the predicted longest waits
+       (:func:`lcmoe_recipes.checks.timeouts.timeout_findings`, rules ``timeout/*``).
 
     Returns:
         list of :class:`lcmoe_recipes.checks.Finding`.
@@ -281,7 +284,11 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     hw = hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
     findings = _rule_and_upstream_findings(cfg, hw, world_size, name)
     # 5. Known upstream bugs for the versions the config will run with (catalog/known_issues.yaml).
-    findings += known_issue_findings(config_view(cfg, hw, world_size), versions)
+    view = config_view(cfg, hw, world_size)
+    findings += known_issue_findings(view, versions)
+    # 6. Timeouts against the cost model's longest waits (checks/timeouts.py), for a layout the checks accept.
+    if not any(f.severity == "error" for f in findings):
+        findings += timeout_findings(view, plan_from_config(cfg, hw, world_size, name))
     return sorted(findings, key=lambda f: f.severity != "error")
 
 
