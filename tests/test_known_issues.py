@@ -231,7 +231,8 @@ def test_unlisted_container_is_a_warning_that_says_what_is_assumed():
     assert versions.versions == installed_versions().versions
     assert note.severity == "warning" and note.rule == "known-issue/unlisted-container"
     assert note.message.startswith("container image 'nvcr.io/nvidia/nemo:25.07' is not in the version table "
-                                   "(nvcr.io/nvidia/nemo: 26.06, 26.04, 26.02, 25.11, 25.09), so the megatron-core / "
+                                   "(nvcr.io/nvidia/nemo: 26.08, 26.06.01, 26.06, 26.04.01, 26.04, 26.02.01, 26.02, "
+                                   "25.11, 25.09), so the megatron-core / "
                                    "megatron-bridge / Transformer Engine versions it runs are unknown; known upstream "
                                    "issues were checked for megatron-core 0.19.2, megatron-bridge 0.6.2")
 
