@@ -181,3 +181,22 @@ def test_overlay_for_nemo_26_06_runs_the_entry_script_there(nemo_26_06_env, tmp_
     assert ran.returncode == 0, out[-3000:]
     assert f"overlay {built.path}: megatron-core and megatron-bridge import from it" in out
     assert "smoke rank 0/1" in out and "all_reduce 1 (expected 1)" in out
+
+
+@pytest.mark.slow
+def test_te_gates_are_judged_for_the_images_transformer_engine(fresh_config):
+    """megatron-bridge 0.6.2 training/comm_overlap.py: "CUDA graph with delay_wgrad_compute requires TE version >=
+    2.12.0". The target's TE passes; nemo:25.09 (TE 2.7.0) is refused, naming the nearest image whose TE passes."""
+    from lcmoe_recipes.emit import apply_overrides
+    from lcmoe_recipes.errors import InfeasibleConfig
+
+    plan, cfg = fresh_config("qwen3_235b_128k_gb200")  # TE CUDA graphs
+    apply_overrides(cfg, ["comm_overlap.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=true"])
+    args = (cfg, plan.hardware_spec, plan.layout.world, plan.name)
+    assert not [f for f in ov.validate_for_image(*args, "nvcr.io/nvidia/nemo:26.06") if f.severity == "error"]
+    with pytest.raises(InfeasibleConfig) as caught:
+        ov.validate_for_image(*args, "nvcr.io/nvidia/nemo:25.09")
+    assert caught.value.message.endswith("CUDA graph with delay_wgrad_compute requires TE version >= 2.12.0. (with "
+                                         "nvcr.io/nvidia/nemo:25.09's Transformer Engine 2.7.0)")
+    assert caught.value.fix.startswith("use nvcr.io/nvidia/nemo:26.02 (NeMo Framework 26.02, Transformer Engine 2.12), "
+                                       "the nearest listed image this config passes with; or ")
