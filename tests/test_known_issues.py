@@ -74,6 +74,10 @@ CASES = {
         None, stack(),
         {"model": {"mtp_num_layers": 1, "overlap_moe_expert_parallel_comm": True}, "dataset": {"eod_mask_loss": True}},
         None),
+    # TransformerEngine PR #3193, first released in v2.18; nemo:26.06 ships TE 2.16
+    "te-fused-cross-entropy-bf16-grad": (
+        {"model": {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"}}, None, stack(te="2.16"),
+        {"model": {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "native"}}, stack(te="2.18")),
 }
 
 
@@ -366,3 +370,20 @@ def test_launch_judges_the_container_versions(tmp_path, capsys):
     assert "error: qwen3_235b_128k_gb200: MXFP8 MoE with VPP and TE CUDA graphs on GB200/GB300: NaN gradient norm " \
            "[Megatron-Bridge #2096, Megatron-Bridge PR #2209, Megatron-Bridge PR #2850]" in err
     assert not (tmp_path / "q.yaml").exists()  # nothing written on error
+
+
+@pytest.mark.slow
+def test_te_gated_issue_is_judged_for_the_images_transformer_engine(configs):
+    """Our recipes fuse the cross-entropy with TE as megatron-bridge's do: fine with the target's TE 2.20.2, warned
+    about on nemo:26.06 through the overlay (the pinned megatron with the image's TE 2.16)."""
+    from lcmoe_recipes.emit import config_findings
+    from lcmoe_recipes.overlay import job_versions
+
+    plan, cfg = configs["qwen3_next_8k_gb200"]
+    here = {f.rule for f in config_findings(cfg, plan.hardware_spec, plan.layout.world, plan.name)}
+    assert "known-issue/te-fused-cross-entropy-bf16-grad" not in here
+    versions, _ = job_versions("nvcr.io/nvidia/nemo:26.06")
+    image = {f.rule: f for f in config_findings(cfg, plan.hardware_spec, plan.layout.world, plan.name, versions)}
+    found = image["known-issue/te-fused-cross-entropy-bf16-grad"]
+    assert found.severity == "warning" and "this config runs transformer-engine 2.16" in found.message
+    assert found.fix.startswith("On an image whose Transformer Engine is older than 2.18")
