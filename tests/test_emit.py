@@ -81,7 +81,8 @@ def test_qwen3_235b_pipeline_and_env(configs):
     assert m.sequence_parallel and m.use_te_rng_tracker and cfg.rng.te_rng_tracker
     assert cfg.env_vars["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == 32
     assert cfg.env_vars["USE_MNNVL"] == 1 and cfg.env_vars["NCCL_GRAPH_REGISTER"] == 0  # graphs + expandable segments
-    assert m.moe_router_dtype == "fp32" and cfg.comm_overlap.tp_comm_overlap is False
+    # TP 4 with sequence parallelism: upstream's recipe asks for TP communication overlap, and here it applies
+    assert m.moe_router_dtype == "fp32" and cfg.comm_overlap.tp_comm_overlap is True
     assert (m.position_embedding_type, m.yarn_rotary_scaling_factor, m.yarn_original_max_position_embeddings) == (
         "yarn", 4.0, 32768)  # Qwen3 model card: YaRN factor 4 over 32,768 for 131,072
 

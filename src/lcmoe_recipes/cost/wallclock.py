@@ -15,8 +15,9 @@ constants below, each with where it comes from.
   rules allow. An evaluation iteration runs the forward pass only: :data:`FORWARD_SHARE` of a training microbatch.
 * **Checkpoints.** A full save holds, per parameter, its bf16 weight and the optimizer's master weight and two Adam
   moments (:func:`checkpoint_bytes`: 14 bytes with fp32 moments; DeepSeek-V3: 9.4 TB). Saves are asynchronous and
-  fully parallel (megatron-bridge 0.6.2 docs/training/checkpointing.md: asynchronous saving "allows training to
-  continue while checkpoint data is persisted to disk in the background"; ``fully_parallel_save`` spreads the
+  fully parallel (megatron-bridge's checkpointing guide, https://docs.nvidia.com/nemo/megatron-bridge/0.6.0/training/
+  checkpointing.html: asynchronous saving "allows training to continue while checkpoint data is persisted to disk in
+  the background"; ``fully_parallel_save`` spreads the
   write over the data-parallel ranks): a rank copies its share to host memory (megatron-core 0.19.2
   ``dist_checkpointing/strategies/filesystem_async.py``, ``preload_tensors``) and a background process writes it
   at the filesystem's bandwidth (``fs_gbps``, default :data:`DEFAULT_FS_GBPS`). The next save waits for the
@@ -154,9 +155,10 @@ def save_intervals(plan: Plan, fs_gbps: float = DEFAULT_FS_GBPS, base_interval: 
     if floor > 1:
         text += f"; no closer than {floor} steps, one write apart"
     return SaveIntervals(persistent, recovery, write, step, Reason(
-        text, "megatron-bridge 0.6.2 docs/training/checkpointing.md (async_save, fully_parallel_save, "
-              "non_persistent_ckpt_type 'global') and training/checkpointing.py (the two newest non-persistent "
-              "saves kept); lcmoe_recipes.cost.wallclock (size, bandwidth default, cadence)"))
+        text, "megatron-bridge's checkpointing guide https://docs.nvidia.com/nemo/megatron-bridge/0.6.0/training/"
+              "checkpointing.html (async_save, fully_parallel_save, non_persistent_ckpt_type 'global'); megatron-bridge "
+              "0.6.2 training/checkpointing.py (the two newest non-persistent saves kept); lcmoe_recipes.cost.wallclock "
+              "(size, bandwidth default, cadence)"))
 
 
 @dataclass(frozen=True)
