@@ -90,15 +90,20 @@ def build() -> str:
             lines.append("")
     lines += [
         "## Containers", "",
-        f"NGC NeMo Framework images whose versions are known (source: the [Software Component Versions]({source}) "
-        "tables). An image not listed here gets the warning `known-issue/unlisted-container` and the installed "
-        "versions are assumed.", "",
-        "| image | release | megatron-core | megatron-bridge | Transformer Engine | note |", "|---|---|---|---|---|---|",
+        f"NGC NeMo Framework images and their stacks (`src/lcmoe_recipes/catalog/containers.yaml`; source: the "
+        f"[Software Component Versions]({source}) tables (*table*), and for releases they do not list, the commits "
+        "Megatron-Bridge's release tag pins (*pins*); the file's header says how). *unknown*: not published there. "
+        "An image not listed here gets the warning `known-issue/unlisted-container` and the installed versions are "
+        "assumed. A job on a listed image whose megatron-core / megatron-bridge differ from ours runs through an "
+        "overlay of the pinned ones (docs/launch.md); then the known issues are judged for the pinned versions with "
+        "the image's Transformer Engine.", "",
+        "| image | release | megatron-core | megatron-bridge | Transformer Engine | PyTorch | Python | from | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in listed:
-        v = c.versions
+        v = {k: value or "unknown" for k, value in {**c.versions, "pytorch": c.pytorch, "python": c.python}.items()}
         lines.append(f"| `{c.image}` | {c.release} | {v['megatron-core']} | {v['megatron-bridge']} | "
-                     f"{v['transformer-engine']} | {c.note} |")
+                     f"{v['transformer-engine']} | {v['pytorch']} | {v['python']} | {c.origin} | {c.note} |")
     lines += ["", "Which entries each stack's versions fall in (a config is affected only where the entry's trigger "
               "also holds for it):", "", "| stack | errors | warnings |", "|---|---|---|"]
     for label, versions in _stacks():

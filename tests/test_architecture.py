@@ -26,7 +26,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("planner", ("search", "recipes", "retarget", "compare", "report", "explain", "plots")),
     ("emit", ("emit",)),
     ("resolve", ("resolve", "examine")),
-    ("launch", ("launch", "executors", "job_checks")),
+    ("launch", ("launch", "executors", "job_checks", "overlay", "kubeflow")),
     ("cli", ("cli", "train", "convert", "check", "plan.__main__", "launch.__main__")),
 ]
 # The package itself is the public facade: it may import anything, and nothing inside the package imports it.

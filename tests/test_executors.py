@@ -69,7 +69,7 @@ def test_failure_summary_names_the_fix():
 @pytest.mark.slow
 def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
     _, cfg = configs["dsv3_128k_h100"]
-    settings = SlurmSettings(account="llm", partition="batch", time="02:00:00", container_image="nvcr.io/nvidia/nemo:25.11",
+    settings = SlurmSettings(account="llm", partition="batch", time="02:00:00", container_image="nvcr.io/nvidia/nemo:26.06",
                              container_mounts=("/lustre/data:/data",), env={"NCCL_DEBUG": "INFO"})
     result = submit(cfg, settings, dry_run=True, output=tmp_path / "dsv3.yaml")
     assert result.state == "DRY_RUN" and result.command == "sbatch --requeue --parsable"
@@ -82,7 +82,18 @@ def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
         assert f"export {env}\n" in result.script
     assert "NVLINK_DOMAIN_SIZE" not in result.script  # HybridEP's variables: not with DeepEP
     command = next(line for line in result.script.splitlines() if line.startswith("srun --output"))
-    assert "--container-image nvcr.io/nvidia/nemo:25.11" in command and "/lustre/data:/data" in command
+    assert "--container-image nvcr.io/nvidia/nemo:26.06" in command and "/lustre/data:/data" in command
+    # nemo:26.06 holds megatron-core 0.18.0 / megatron-bridge 0.5.0: the overlay's mount and variable, not built
+    key = re.search(r"lcmoe-overlays/([0-9a-f]{12}):/lcmoe_overlay:ro", command).group(1)
+    assert f"{nemorun_home}/experiments/lcmoe-overlays/{key}:/lcmoe_overlay:ro" in command
+    assert "export LCMOE_OVERLAY=/lcmoe_overlay\n" in result.script
+    assert not (nemorun_home / "experiments" / "lcmoe-overlays").exists()  # a dry run builds nothing
+    overlay_note = next(n for n in result.notes if n.startswith("overlay: "))
+    assert overlay_note.startswith("overlay: nvcr.io/nvidia/nemo:26.06, NeMo Framework 26.06 holds megatron-core "
+                                   "0.18.0 / megatron-bridge 0.5.0; to be built on this machine (login node) into "
+                                   f"{nemorun_home}/experiments/lcmoe-overlays/{key} (~")
+    assert ("MiB as installed here: megatron-core 0.19.2, megatron-bridge 0.6.2, hydra-core 1.3.8, multi-storage-client "
+            "1.3.1, opentelemetry-api 1.45.2), mounted at /lcmoe_overlay, first on the job's import path") in overlay_note
     assert re.search(r"torchrun .*--nnodes 32 --nproc-per-node 8 .*-m lcmoe_recipes\.train --config dsv3\.yaml "
                      r"train\.exit_duration_in_mins=100$", command), command  # --time 02:00:00 minus 20 min
     assert "note: train.exit_duration_in_mins=100: megatron-bridge ends training after 100 min and then saves a " \

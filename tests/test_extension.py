@@ -280,7 +280,8 @@ def test_user_yaml_hygiene_warnings(fresh_config):
     assert "every data-loader worker builds a dense 131,072 x 131,072 mask per sample (128 GiB" in \
         found["data/attention-mask"].message
     assert found["model/init-differs-from-upstream"].fix == "set model.init_method_std=0.006"
-    assert found["numerics/te-cross-entropy"].fix == "set model.cross_entropy_fusion_impl=native"
+    # TE's fused cross-entropy is judged for the TE the run uses (known issue, fixed in TE 2.18), not flagged here
+    assert not any(rule.startswith("numerics/") for rule in found)
     assert "round-robin" in found["real-training/benchmark-setting"].message
     _, cfg = fresh_config("qwen3_next_32k_gb200")
     apply_overrides(cfg, ["dataset.inter_document_masking=true"])

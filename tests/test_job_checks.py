@@ -130,6 +130,14 @@ def test_paths_against_container_mounts(fresh_config, tmp_path):
                                                "/lustre/data:/data,/ckpt/run1:/ckpt/run1"):
         slurm_job(_paths(cfg, blend=["/data/web"], tokenizer="/data/tok", save="/ckpt/run1"), image, "/j")
 
+    # Several paths outside every mount: one fix that mounts their common parent, not each leaf folder.
+    with pytest.raises(InfeasibleConfig) as caught:
+        slurm_job(_paths(cfg, blend=["/data/web"], tokenizer=str(here), save=str(tmp_path / "run1" / "ckpt")),
+                  image, "/j")
+    assert caught.value.fix == f"add a mount: --container-mounts /lustre/data:/data,{tmp_path}:{tmp_path}"
+    assert {f.rule for f in caught.value.findings} == {"job/unmounted-read", "job/unmounted-write"}
+    assert {f.fix for f in caught.value.findings} == {caught.value.fix}
+
     # Not here, not mounted: it may be inside the image -- a warning.
     job = slurm_job(_paths(cfg, blend=["/data/web"], tokenizer="/opt/tokenizers/x", save="/data/ckpt"), image, "/j")
     assert [(f.severity, f.rule) for f in job.findings] == [("warning", "job/unmounted-read")]
@@ -197,7 +205,24 @@ def test_training_time_against_the_slurm_limit():
     assert one.severity == "warning" and one.rule == "job/time-short"
     assert one.message == ("1000 steps x 279 s predicted = 77.5 h, but --time 04:00:00 leaves 220 min of training: "
                            "the job saves and exits after about 47 steps")
-    assert one.fix.startswith("resubmit the same job until it finishes") and "78:00:00" in one.fix
+    # 77.5 h of training + the 20-minute exit margin = 77 h 50 min: a limit the same check accepts
+    assert one.fix == ("resubmit the same job until it finishes (it resumes from its saves), or give --time "
+                       "3-05:50:00 or more (20 min for the final save included)")
+    assert training_time_finding(1000, 279.0, "3-05:50:00", chained=True) is None
+    from lcmoe_recipes.job_checks import suggested_time
+
+    assert suggested_time(180) == "03:20:00"  # 3 h of training: 3:00:00 would leave only 2 h 40 min
+    assert training_time_finding(180, 60.0, suggested_time(180), chained=True) is None
+    assert training_time_finding(180, 60.0, "03:10:00", chained=True).severity == "error"
     chained = training_time_finding(1000, 279.0, "04:00:00", chained=True)
     assert chained.severity == "error" and "the next phase (afterok) would start from that partly trained" in (
         chained.message)
+
+
+def test_parent_mounts_cover_every_folder_with_one_mount_per_top_level_folder():
+    from lcmoe_recipes.job_checks import parent_mounts
+
+    assert parent_mounts(["/lustre/data/web", "/lustre/ckpt/run1", "/lustre/data/code"]) == ["/lustre:/lustre"]
+    assert parent_mounts(["/lustre/me/ckpt", "/scratch/tok"]) == ["/lustre/me/ckpt:/lustre/me/ckpt",
+                                                                   "/scratch/tok:/scratch/tok"]
+    assert parent_mounts(["/lustre/me/a", "/lustre/me/b"]) == ["/lustre/me:/lustre/me"]

@@ -253,7 +253,8 @@ def test_unlisted_container_is_a_warning_that_says_what_is_assumed():
     assert versions.versions == installed_versions().versions
     assert note.severity == "warning" and note.rule == "known-issue/unlisted-container"
     assert note.message.startswith("container image 'nvcr.io/nvidia/nemo:25.07' is not in the version table "
-                                   "(nvcr.io/nvidia/nemo: 26.06, 26.04, 26.02, 25.11, 25.09), so the megatron-core / "
+                                   "(nvcr.io/nvidia/nemo: 26.08, 26.06.01, 26.06, 26.04.01, 26.04, 26.02.01, 26.02, "
+                                   "25.11, 25.09), so the megatron-core / "
                                    "megatron-bridge / Transformer Engine versions it runs are unknown; known upstream "
                                    "issues were checked for megatron-core 0.19.2, megatron-bridge 0.6.2")
 
@@ -302,15 +303,15 @@ NAMED_FINDINGS = {
     "qwen3_next_64k_gb200": ["mtp-context-parallel-loss-scale", "global-aux-loss-scale"],
 }
 # ... and on NeMo 26.04's (megatron-core 0.17.0, megatron-bridge 0.4.0, TE 2.14): what the older stack adds
-NAMED_FINDINGS_2604 = {
-    "dsv3_128k_h100": ["moe-aux-loss-per-token-tp-cp-scale"],  # per-token loss at CP32: aux gradient 1/32
-    "dsv3_256k_h100": ["moe-aux-loss-per-token-tp-cp-scale"],
+NAMED_FINDINGS_2604 = {  # and TE 2.14 < 2.18 with the recipes' TE cross-entropy fusion
+    "dsv3_128k_h100": ["moe-aux-loss-per-token-tp-cp-scale", "te-fused-cross-entropy-bf16-grad"],  # per-token loss at CP32: aux gradient 1/32
+    "dsv3_256k_h100": ["moe-aux-loss-per-token-tp-cp-scale", "te-fused-cross-entropy-bf16-grad"],
     "qwen3_235b_128k_gb200": ["moe-aux-loss-per-token-tp-cp-scale", "expert-grad-norm-tp-undercount",
                               "vpp-async-send-freed-output",
-                              "te-graphs-hybridep-router-grad"],  # TP4 CP4 EP32 VPP12, TE graphs with HybridEP
-    "qwen3_next_8k_gb200": ["vpp-async-send-freed-output"],  # VPP4, outputs deallocated, P2P overlapped
-    "qwen3_next_32k_gb200": ["moe-aux-loss-per-token-tp-cp-scale", "vpp-async-send-freed-output"],
-    "qwen3_next_64k_gb200": ["moe-aux-loss-per-token-tp-cp-scale", "vpp-async-send-freed-output"],
+                              "te-graphs-hybridep-router-grad", "te-fused-cross-entropy-bf16-grad"],  # TP4 CP4 EP32 VPP12, TE graphs with HybridEP
+    "qwen3_next_8k_gb200": ["vpp-async-send-freed-output", "te-fused-cross-entropy-bf16-grad"],  # VPP4, outputs deallocated, P2P overlapped
+    "qwen3_next_32k_gb200": ["moe-aux-loss-per-token-tp-cp-scale", "vpp-async-send-freed-output", "te-fused-cross-entropy-bf16-grad"],
+    "qwen3_next_64k_gb200": ["moe-aux-loss-per-token-tp-cp-scale", "vpp-async-send-freed-output", "te-fused-cross-entropy-bf16-grad"],
 }
 
 
@@ -444,10 +445,15 @@ def test_check_yaml_with_container_image(fresh_config, tmp_path, capsys):
     _, cfg = fresh_config("qwen3_235b_128k_gb200")  # VPP12, EP32, TE graphs on attn/moe_router/moe_preprocess
     cfg.mixed_precision = "bf16_with_mxfp8_mixed"
     path = write_yaml(cfg, tmp_path / "q.yaml", {"recipe": "q", "world_size": 128, "hardware": "gb200"})
-    assert check_main([str(path), "--container-image", "nvcr.io/nvidia/nemo:26.02"]) == 1
+    # the image's own megatron (--no-overlay): its megatron-bridge 0.3.0 has the bug
+    assert check_main([str(path), "--container-image", "nvcr.io/nvidia/nemo:26.02", "--no-overlay"]) == 1
     out = capsys.readouterr().out
     assert "error   known-issue/mxfp8-vpp-te-cuda-graphs-nan: MXFP8 MoE with VPP and TE CUDA graphs on GB200/GB300" in out
     assert "this config runs megatron-bridge 0.3.0 (container nvcr.io/nvidia/nemo:26.02, NeMo Framework 26.02)" in out
+    # through the overlay launch builds for that image, the pinned megatron-bridge 0.6.2 runs: not affected
+    assert check_main([str(path), "--container-image", "nvcr.io/nvidia/nemo:26.02"]) == 0
+    out = capsys.readouterr().out
+    assert "mxfp8-vpp-te-cuda-graphs-nan" not in out and "megatron-bridge     0.3.0" in out and "overlay" in out
     assert check_main([str(path), "--container-image", "registry.example/nemo:custom"]) == 0
     out = capsys.readouterr().out
     assert "warning known-issue/unlisted-container: container image 'registry.example/nemo:custom'" in out
@@ -459,7 +465,7 @@ def test_launch_judges_the_container_versions(tmp_path, capsys):
     from lcmoe_recipes.cli.launch import main as launch_main
 
     argv = ["qwen3_235b", "--seq", "131072", "--precision", "mxfp8", "--dry-run", "--output", str(tmp_path / "q.yaml")]
-    assert launch_main(argv + ["--container-image", "nvcr.io/nvidia/nemo:26.02"]) == 2
+    assert launch_main(argv + ["--container-image", "nvcr.io/nvidia/nemo:26.02", "--no-overlay"]) == 2
     err = capsys.readouterr().err  # the first error's message: the bug's title, then its sources
     assert "error: qwen3_235b_128k_gb200: MXFP8 MoE with VPP and TE CUDA graphs on GB200/GB300: NaN gradient norm " \
            "[Megatron-Bridge #2096, Megatron-Bridge PR #2209, Megatron-Bridge PR #2850]" in err
@@ -498,3 +504,21 @@ def test_config_findings_compare_the_timeouts(fresh_config):
     (finding,) = [f for f in config_findings(cfg, "h100", 512) if f.rule.startswith("timeout/")]
     need = math.ceil(3 * longest_waits(plan).longest[1])  # the Plan read back from the config prices the same
     assert finding.rule == "timeout/after-init" and finding.fix == f"set dist.distributed_timeout_seconds_after_init={need}"
+
+
+@pytest.mark.slow
+def test_te_gated_issue_is_judged_for_the_images_transformer_engine(configs):
+    """Our recipes fuse the cross-entropy with TE as megatron-bridge's do: fine with the target's TE 2.20.2, warned
+    about on nemo:26.06 through the overlay (the pinned megatron with the image's TE 2.16)."""
+    from lcmoe_recipes.emit import config_findings
+    from lcmoe_recipes.overlay import job_versions
+
+    plan, cfg = configs["qwen3_next_8k_gb200"]
+    here = {f.rule for f in config_findings(cfg, plan.hardware_spec, plan.layout.world, plan.name)}
+    assert "known-issue/te-fused-cross-entropy-bf16-grad" not in here
+    versions, _ = job_versions("nvcr.io/nvidia/nemo:26.06")
+    image = {f.rule: f for f in config_findings(cfg, plan.hardware_spec, plan.layout.world, plan.name, versions)}
+    found = image["known-issue/te-fused-cross-entropy-bf16-grad"]
+    assert found.severity == "warning" and "this config runs transformer-engine 2.16" in found.message
+    assert found.fix.startswith("On an image whose Transformer Engine is older than 2.18")
+

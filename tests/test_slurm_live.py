@@ -135,3 +135,26 @@ def test_sbatch_refusals_are_reported(slurm, configs, nemorun_home, tmp_path):
     with pytest.raises(LaunchError, match="sbatch: unrecognized option '--segment=8'") as caught:
         submit(cfg, SlurmSettings(account="lcmoe", time="00:10:00"), output=tmp_path / "n.yaml")
     assert caught.value.fix.startswith("this Slurm has no --segment (Slurm 24.05+, topology/block): pass --no-segment")
+
+
+def test_smoke_job_through_an_overlay(slurm, nemorun_home, tmp_path):
+    """A job whose Python holds nemo:26.06's megatron-core 0.18.0 / megatron-bridge 0.5.0 (tests/image_env.py; this
+    Slurm has no Pyxis, so the 'image' is a Python environment the node runs): launch probes it, builds the overlay of
+    the pinned wheels into the job folder on this machine, and the smoke job passes the entry script's version check
+    through it and completes."""
+    import image_env
+
+    from lcmoe_recipes.overlay import MANIFEST
+
+    python = image_env.build(tmp_path / "nemo_26_06")
+    result = submit(ROOT / "recipes" / "qwen3_next_8k_gb200.yaml", SlurmSettings(time="00:10:00", python=str(python)),
+                    smoke=True)
+    assert result.state == "SUCCEEDED" and result.exit_code == 0, result.summary()
+    (note,) = [n for n in result.notes if n.startswith("overlay: ")]
+    assert note.startswith(f"overlay: {python} holds megatron-core 0.18.0 / megatron-bridge 0.5.0; built on this "
+                           f"machine into {nemorun_home}/experiments/lcmoe-overlays/")
+    (overlay,) = (nemorun_home / "experiments" / "lcmoe-overlays").iterdir()
+    assert (overlay / MANIFEST).is_file() and (overlay / "megatron_core-0.19.2.dist-info").is_dir()
+    log = result.log_path.read_text()
+    assert f"overlay {overlay}: megatron-core and megatron-bridge import from it" in log
+    assert log.count("all_reduce 3 (expected 3)") == 2

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .catalog import get_hardware, load_model_config
 from .checks import Finding
-from .checks.known_issues import stack_versions
+from .checks.known_issues import job_versions
 from .errors import LcmoeError
 from .explain import all_findings
 from .plan import Plan
@@ -61,12 +61,13 @@ def edits_of_named_recipe(cfg, meta: dict) -> list[tuple[str, object, object]]:
 
 
 def examine(config: str, gpus: int | None = None, hardware: str | None = None, container_image: str | None = None,
-            model_config: str | None = None) -> Examination:
+            model_config: str | None = None, overlay: bool = True) -> Examination:
     """Examine ``config`` (a ConfigContainer YAML path or a named recipe) for ``gpus`` x ``hardware`` (default: the
     YAML header's or the recipe's target).
 
     Args:
-        container_image: judge known upstream bugs for this image's versions (YAML only; default: installed).
+        container_image: judge known upstream bugs for the versions a job on this image runs (YAML only; default:
+            installed): through an overlay of the pinned megatron where it needs one, unless ``overlay`` is False.
         model_config: the config.json of the YAML's model when it is not in the catalogue and the YAML has no
             lcmoe_recipes header carrying it.
 
@@ -115,7 +116,7 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
     if edited:
         name = f"{name} (edited)"
     plan = emit.plan_from_config(cfg, hw, gpus, name)
-    versions, findings = stack_versions(container_image)  # an unlisted image: a warning
+    versions, findings = job_versions(container_image, overlay)  # unlisted image: a warning; overlay: the pinned
     findings = emit.config_findings(cfg, hw, gpus, name, versions) + findings
     if edited:
         shown = "; ".join(f"{path}: {before!r} -> {after!r}" for path, before, after in edited[:8])

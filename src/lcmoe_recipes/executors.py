@@ -28,7 +28,7 @@ from pathlib import Path
 from .catalog import Hardware, get_hardware
 from .errors import LaunchError, LcmoeError
 
-EXECUTORS = ("local", "slurm")
+EXECUTORS = ("local", "slurm", "kubeflow")
 # LOGLEVEL: torch-elastic's agent (NeMo-Run sets INFO, which buries the ranks' lines); OMP_NUM_THREADS=1 is torchrun's
 # own default, set here so it does not print its banner. The recipe's env_vars and --env win over both.
 QUIET_ENV = {"LOGLEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
@@ -65,6 +65,12 @@ class SlurmSettings:
         exclusive: ``--exclusive`` for GPU jobs (whole nodes, the layouts assume them).
         segment: ``--segment`` on NVL72 racks (see :func:`nvl72_segment`); needs Slurm 24.05+ with topology/block.
             False for an older Slurm (then make sure the nodes share racks some other way).
+        python: without ``container_image``: the Python the nodes run (a path on storage they share, e.g. a
+            cluster-wide environment); default this virtualenv's. Its packages are read by running it here.
+        overlay: when the image's (or ``python``'s) megatron-core / megatron-bridge differ from the pinned ones,
+            build an overlay of the pinned wheels into the job folder and put it first on the job's import path
+            (:mod:`lcmoe_recipes.overlay`); False runs the image as it is (the entry script then refuses the
+            other versions).
     """
 
     account: str | None = None
@@ -82,6 +88,8 @@ class SlurmSettings:
     sbatch: dict[str, str] = field(default_factory=dict)
     exclusive: bool = True
     segment: bool = True
+    python: str | None = None
+    overlay: bool = True
 
 
 @dataclass
@@ -292,7 +300,8 @@ def job_dir_of(settings: SlurmSettings) -> str:
 
 def check_settings(settings: SlurmSettings) -> None:
     """Refuse Slurm settings sbatch would refuse or misread later: a ``--time`` without its hours
-    (:func:`lcmoe_recipes.job_checks.slurm_minutes`), bad ``--container-mounts``, an incomplete SSH tunnel.
+    (:func:`lcmoe_recipes.job_checks.slurm_minutes`), bad ``--container-mounts``, an incomplete SSH tunnel, a
+    ``python`` beside a container image or not absolute.
 
     Raises:
         LcmoeError: naming the setting and a valid form.
@@ -301,6 +310,10 @@ def check_settings(settings: SlurmSettings) -> None:
 
     slurm_minutes(settings.time)
     parse_mounts(settings.container_mounts)
+    if settings.python and (settings.container_image or not os.path.isabs(settings.python)):
+        raise LcmoeError(f"--python {settings.python}: " + ("a container job runs the image's Python"
+                         if settings.container_image else "give the absolute path the nodes share"),
+                         "give either --container-image or an absolute --python, e.g. /shared/envs/nemo/bin/python")
     if settings.tunnel == "ssh":
         missing = [name for name in ("host", "user", "job_dir") if not getattr(settings, name)]
         if missing:
@@ -332,13 +345,101 @@ def _packager(yaml: Path):
                                relative_path=[str(yaml.resolve().parent), str(PACKAGE_DIR.parent)])
 
 
+@dataclass(frozen=True)
+class OverlayStep:
+    """The overlay a Slurm job gets (:mod:`lcmoe_recipes.overlay`).
+
+    Attributes:
+        overlay: what it holds and why.
+        folder: where it lies on the cluster's shared storage (``<job dir>/lcmoe-overlays/<key>``).
+        seen_as: the folder as the job sees it (:data:`lcmoe_recipes.overlay.MOUNT_POINT` in a container).
+        bytes: its size: measured once built, else as the same versions are installed here.
+        built: whether it was built (False for a dry run).
+    """
+
+    overlay: object
+    folder: str
+    seen_as: str
+    bytes: int
+    built: bool
+
+    def note(self) -> str:
+        """One line for the launch summary."""
+        stack = self.overlay.stack
+        size = f"{self.bytes / 2**20:.0f} MiB" if self.built else f"~{self.bytes / 2**20:.0f} MiB as installed here"
+        verb = "built on this machine into" if self.built else "to be built on this machine (login node) into"
+        where = f", mounted at {self.seen_as}" if self.seen_as != self.folder else ""
+        lines = [f"overlay: {stack.where} holds megatron-core {stack.versions.get('megatron-core') or 'unknown'} / "
+                 f"megatron-bridge {stack.versions.get('megatron-bridge') or 'unknown'}; {verb} {self.folder} "
+                 f"({size}: {self.overlay.summary()}){where}, first on the job's import path ($LCMOE_OVERLAY) before "
+                 "the entry script's version check"]
+        return "; ".join(lines + [f"warning: {w}" for w in self.overlay.warnings])
+
+
+def job_stack(settings: SlurmSettings, hw: Hardware):
+    """The Python stack the job runs (:class:`lcmoe_recipes.overlay.JobStack`), or None where it is this
+    virtualenv's (the pinned versions) or an image the catalogue does not list (its versions are unknown: warned
+    about by :func:`lcmoe_recipes.checks.known_issues.stack_versions`, checked by the entry script)."""
+    from .catalog.known_issues import find_container
+    from .overlay import container_stack, probe_stack
+
+    if settings.container_image:
+        found = find_container(settings.container_image)
+        return container_stack(found, hw.cpu_arch) if found else None
+    return probe_stack(settings.python) if settings.python else None
+
+
+def overlay_step(settings: SlurmSettings, hw: Hardware, *, build: bool, tunnel=None) -> OverlayStep | None:
+    """Plan (and with ``build``, build and place) the overlay the job needs, or None.
+
+    Raises:
+        OverlayRefused: the image cannot take one (the reason and the nearest listed image that can).
+        LcmoeError: the package registry cannot be read, or a wheel cannot be fetched.
+    """
+    from . import overlay as ov
+
+    stack = job_stack(settings, hw) if settings.overlay else None
+    plan = ov.plan_overlay(stack) if stack else None
+    if plan is None:
+        return None
+    tunnel = tunnel or _tunnel(settings)
+    folder = f"{tunnel.job_dir.rstrip('/')}/lcmoe-overlays/{plan.key}"
+    seen_as = ov.MOUNT_POINT if settings.container_image else folder
+    if not build:
+        return OverlayStep(plan, folder, seen_as, plan.estimated_bytes(), False)
+    if settings.tunnel == "local":
+        built = ov.build(plan, os.path.dirname(folder))
+        return OverlayStep(plan, folder, seen_as, built.bytes, True)
+    import tarfile
+    import tempfile
+
+    from .overlay import MANIFEST
+
+    if tunnel.run(f"test -f {shlex.quote(folder)}/{MANIFEST}", warn=True).return_code == 0:
+        return OverlayStep(plan, folder, seen_as, plan.estimated_bytes(), True)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lcmoe_recipes" / "overlays"
+    built = ov.build(plan, cache)
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / f"{plan.key}.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(built.path, arcname=plan.key)
+        remote = f"{os.path.dirname(folder)}/{plan.key}.tar.gz"
+        tunnel.run(f"mkdir -p {shlex.quote(os.path.dirname(folder))}")
+        tunnel.put(str(archive), remote)
+        tunnel.run(f"tar -xzf {shlex.quote(remote)} -C {shlex.quote(os.path.dirname(folder))} && rm -f "
+                   f"{shlex.quote(remote)}")
+    return OverlayStep(plan, folder, seen_as, built.bytes, True)
+
+
 def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings, yaml: Path, *,
-                   smoke: bool = False, smoke_ranks: int = 2, smoke_nodes: int = 1):
+                   smoke: bool = False, smoke_ranks: int = 2, smoke_nodes: int = 1,
+                   overlay: OverlayStep | None = None):
     """The NeMo-Run ``SlurmExecutor`` for a config's target.
 
     GPU run: nodes = world_size / GPUs-per-node, one torchrun per node with one rank per GPU, ``--gpus-per-node``,
     ``--exclusive``, ``--segment`` on NVL72. Smoke run: ``smoke_nodes`` nodes (default one) of ``smoke_ranks`` CPU
-    ranks each, no GPUs; every node checks the config's paths.
+    ranks each, no GPUs; every node checks the config's paths. With ``overlay`` (:func:`overlay_step`): its folder
+    mounted read-only into the container and named by ``$LCMOE_OVERLAY``.
 
     Raises:
         LcmoeError: a GPU count that does not fill whole nodes, an incomplete SSH tunnel.
@@ -368,8 +469,15 @@ def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings
         raise LcmoeError(f"the NeMo-Run job folder {tunnel.job_dir} contains '/nemo_run', which NeMo-Run rewrites "
                          "in jobs without a container image",
                          "use another --job-dir (or NEMORUN_HOME), e.g. ~/.nemo_run/experiments")
-    if not settings.container_image:  # run this virtualenv's torchrun and python on the nodes
-        options["setup_lines"] = f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"
+    if not settings.container_image:  # run this virtualenv's (or the given) torchrun and python on the nodes
+        bin_dir = Path(settings.python).parent if settings.python else Path(sys.executable).parent
+        options["setup_lines"] = f"export PATH={shlex.quote(str(bin_dir))}:$PATH"
+    if overlay is not None:
+        from .overlay import ENV_VAR
+
+        options["env_vars"][ENV_VAR] = shlex.quote(overlay.seen_as)
+        if settings.container_image:
+            options["container_mounts"].append(f"{overlay.folder}:{overlay.seen_as}:ro")
     executor = run.SlurmExecutor(**options)
     executor.torchrun_nproc_per_node = options["ntasks_per_node"]
     return executor
@@ -405,20 +513,27 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
     Args:
         executor: a ready ``nemo_run.SlurmExecutor`` to use instead of one built from ``settings``: its nodes times
             GPUs per node must equal the planned world size; its packager is replaced (the YAML and this package
-            must travel with the job) and the recipe's ``env_vars`` are added under its own.
+            must travel with the job) and the recipe's ``env_vars`` are added under its own. It gets no overlay
+            (:func:`overlay_step`; the entry script checks the versions it finds).
         wait: wait for the job to end and read its state and logs (else return once submitted).
-        notes: lines for the result's summary (:attr:`LaunchResult.notes`).
+        notes: lines for the result's summary (:attr:`LaunchResult.notes`); the overlay step's line is added.
 
     Raises:
-        LcmoeError: see :func:`slurm_executor`; a given executor whose size differs from the plan.
+        LcmoeError: see :func:`slurm_executor`; a given executor whose size differs from the plan; see
+            :func:`overlay_step` (an image that cannot take an overlay is refused before anything is submitted).
         LaunchError: sbatch refused the job (its message, the script's path).
     """
     import nemo_run as run
     from invoke.exceptions import UnexpectedExit
 
+    notes = list(notes)
     if executor is None:
-        executor = slurm_executor(meta, env_vars, settings or SlurmSettings(), yaml, smoke=smoke,
-                                  smoke_ranks=smoke_ranks, smoke_nodes=smoke_nodes)
+        settings = settings or SlurmSettings()
+        step = overlay_step(settings, get_hardware(meta.get("hardware", "h100")), build=not dry_run)
+        if step is not None:
+            notes.append(step.note())
+        executor = slurm_executor(meta, env_vars, settings, yaml, smoke=smoke, smoke_ranks=smoke_ranks,
+                                  smoke_nodes=smoke_nodes, overlay=step)
     else:
         per_node = executor.gpus_per_node or executor.torchrun_nproc_per_node or executor.ntasks_per_node
         if not smoke and executor.nodes * per_node != meta.get("world_size"):
@@ -440,7 +555,7 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
                     Path(exp._exp_dir).parent.rmdir()
                 request = exp.jobs[0]._dryrun_info.request
                 return LaunchResult("slurm", "DRY_RUN", " ".join(request.launch_cmd), yaml,
-                                    script=request.materialize(), notes=list(notes))
+                                    script=request.materialize(), notes=notes)
             try:
                 exp.run(sequential=True, detach=not wait)
             except UnexpectedExit as exc:
@@ -478,5 +593,5 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
                 break
     return LaunchResult("slurm", state, "sbatch --requeue --parsable", yaml, job_id=job_id, exit_code=exit_code,
                         log_path=rank_log or batch_log or exp_dir / name, first_error=first_error,
-                        experiment_id=exp_id, notes=list(notes))
+                        experiment_id=exp_id, notes=notes)
 

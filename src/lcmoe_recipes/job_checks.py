@@ -18,6 +18,7 @@ Checked before anything is submitted or written (``launch --executor slurm``, ``
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -86,6 +87,16 @@ def exit_duration(limit_minutes: int) -> int | None:
     return limit_minutes - FINAL_SAVE_MARGIN_MIN if limit_minutes > FINAL_SAVE_MARGIN_MIN else None
 
 
+def suggested_time(training_minutes: float) -> str:
+    """The shortest ``--time``, in whole 10 minutes, that leaves ``training_minutes`` of training after the
+    :data:`FINAL_SAVE_MARGIN_MIN` exit margin (``3:20:00`` for 3 hours of training); ``D-HH:MM:SS`` from a day on.
+    :func:`training_time_finding` accepts it."""
+    total = math.ceil((math.ceil(training_minutes) + FINAL_SAVE_MARGIN_MIN) / 10) * 10
+    days, rest = divmod(total, 24 * 60)
+    hours, minutes = divmod(rest, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:00" if days else f"{hours:02d}:{minutes:02d}:00"
+
+
 def parse_mounts(mounts) -> list[tuple[str, str]]:
     """(source, destination) of Pyxis ``--container-mounts`` entries ``SRC[:DST[:FLAGS]]`` (DST defaults to SRC).
 
@@ -107,20 +118,35 @@ def _under(path: str, folder: str) -> bool:
     return folder == "/" or path == folder or path.startswith(folder + "/")
 
 
-def _mount_for(item: JobPath) -> str:
+def _folder_of(item: JobPath) -> str:
     """The folder to mount for ``item``: a dataset prefix's folder, else the path itself."""
-    folder = os.path.dirname(item.path) if item.files else item.path.rstrip("/")
-    return f"{folder}:{folder}"
+    return os.path.dirname(item.path) if item.files else item.path.rstrip("/")
+
+
+def parent_mounts(folders: list[str]) -> list[str]:
+    """One ``SRC:DST`` mount per top-level folder that covers every folder of ``folders`` under it: their deepest
+    common parent (``/lustre/data/web`` and ``/lustre/ckpt/run1`` -> ``/lustre:/lustre``), never ``/`` itself."""
+    groups: dict[str, list[str]] = {}
+    for folder in folders:
+        groups.setdefault(folder.strip("/").split("/")[0], []).append(folder)
+    return [f"{p}:{p}" for p in (os.path.commonpath(g) for g in groups.values())]
 
 
 def _mount_findings(items: list[JobPath], mounts: list[tuple[str, str]], image: str, given: tuple[str, ...]) -> list:
     findings = []
-    for item in items:
-        if is_url(item.path) or not item.path.startswith("/") or any(_under(item.path, dst) for _, dst in mounts):
-            continue
-        add = ",".join([*given, _mount_for(item)])
-        seen_as = next((dst + item.path[len(src):] for src, dst in mounts if _under(item.path, src)), None)
-        fix = f"add a mount: --container-mounts {add}"
+    outside = [item for item in items if not (is_url(item.path) or not item.path.startswith("/")
+                                              or any(_under(item.path, dst) for _, dst in mounts))]
+
+    def seen_inside(item: JobPath) -> str | None:
+        return next((dst + item.path[len(src):] for src, dst in mounts if _under(item.path, src)), None)
+
+    # One fix for every path that must be mounted: the fewest parent mounts covering them all. A path that may be
+    # inside the image (not on this machine, only read) is added only to its own warning's fix.
+    needed = [_folder_of(i) for i in outside if seen_inside(i) or i.writes or os.path.exists(i.path)]
+    for item in outside:
+        seen_as = seen_inside(item)
+        folders = needed if _folder_of(item) in needed else [*needed, _folder_of(item)]
+        fix = f"add a mount: --container-mounts {','.join([*given, *parent_mounts(folders)])}"
         if seen_as:
             findings.append(Finding("error", "job/host-path", f"{item.what} is a path of this host, which the "
                                     f"container mounts elsewhere: inside it, it is '{seen_as}'",
@@ -169,15 +195,16 @@ def training_time_finding(train_iters: int, step_seconds: float, time_text: str,
         return None
     steps = int(usable * 60 // step_seconds)
     hours = needed / 60
+    enough = suggested_time(needed)  # the exit margin included: this limit passes this check
     told = (f"{train_iters} steps x {step_seconds:.0f} s predicted = {hours:.1f} h, but --time {time_text} leaves "
             f"{usable} min of training: the job saves and exits after about {steps} steps")
     if chained:
         return Finding("error", "job/time-short", f"{told}, and the next phase (afterok) would start from that "
-                       "partly trained checkpoint", f"give --time of at least {int(hours + 1)}:00:00 (the cluster "
-                       "allowing), fewer --train-iters, or launch the phases one at a time (a resubmitted job resumes "
-                       "from its own saves)")
+                       "partly trained checkpoint", f"give --time {enough} or more ({FINAL_SAVE_MARGIN_MIN} min for the "
+                       "final save included; the cluster allowing), fewer --train-iters, or launch the phases one at a "
+                       "time (a resubmitted job resumes from its own saves)")
     return Finding("warning", "job/time-short", told, f"resubmit the same job until it finishes (it resumes from its "
-                   f"saves), or give --time of at least {int(hours + 1)}:00:00")
+                   f"saves), or give --time {enough} or more ({FINAL_SAVE_MARGIN_MIN} min for the final save included)")
 
 
 def job_folder_findings(job_dir: str, nodes: int, local_tunnel: bool) -> list:
@@ -202,7 +229,7 @@ def job_folder_findings(job_dir: str, nodes: int, local_tunnel: bool) -> list:
 
 
 @dataclass
-class SlurmJob:
+class JobCheck:
     """What the job adds to the config, and what it was told.
 
     Attributes:
@@ -216,7 +243,7 @@ class SlurmJob:
     notes: list[str] = field(default_factory=list)
 
 
-def slurm_job(cfg, settings, job_dir: str, smoke: bool = False) -> SlurmJob:
+def slurm_job(cfg, settings, job_dir: str, smoke: bool = False) -> JobCheck:
     """Check the job ``cfg`` would run as under ``settings`` (:class:`lcmoe_recipes.executors.SlurmSettings`), with
     NeMo-Run's job folder ``job_dir``; see the module doc for every rule (the job folder's own:
     :func:`job_folder_findings`).
@@ -225,7 +252,7 @@ def slurm_job(cfg, settings, job_dir: str, smoke: bool = False) -> SlurmJob:
         cfg: the ConfigContainer as the ranks will run it (data, tokenizer and save overrides applied).
 
     Returns:
-        :class:`SlurmJob`: the exit-duration override (a training job), warnings, notes.
+        :class:`JobCheck`: the exit-duration override (a training job), warnings, notes.
 
     Raises:
         InfeasibleConfig: a relative path the job reads, a path outside the container's mounts that cannot be
@@ -233,7 +260,7 @@ def slurm_job(cfg, settings, job_dir: str, smoke: bool = False) -> SlurmJob:
     """
     from .checks import raise_for_errors
 
-    job = SlurmJob()
+    job = JobCheck()
     items = job_paths(cfg)
     findings = []
     for item in items:

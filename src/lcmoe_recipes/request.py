@@ -108,6 +108,8 @@ class TrainingRequest(BaseModel):
                                  "logs (each phase in DIR/phaseN_<len>k)")
     data_path: tuple[str, ...] = Field(default=(), description="Megatron dataset prefixes, optionally weighted")
     tokenizer: str | None = Field(default=None, description="Hugging Face tokenizer for real data")
+    fs_gbps: float | None = Field(default=None, description="write bandwidth of the checkpoint filesystem, GB/s: sets "
+                                  "the save cadence (default: lcmoe_recipes.cost.wallclock.DEFAULT_FS_GBPS)")
     phase: int | None = Field(default=None, description="1-based phase of a phased run (set by the resolver)")
 
     # --- construction ----------------------------------------------------------------------------------------------
@@ -228,6 +230,14 @@ class TrainingRequest(BaseModel):
     def _lr(cls, value: float | None) -> float | None:
         if value is not None and not value > 0:
             raise ValueError(f"lr {value:g} must be greater than 0 (a learning rate); use e.g. 1e-05")
+        return value
+
+    @field_validator("fs_gbps")
+    @classmethod
+    def _fs_gbps(cls, value: float | None) -> float | None:
+        if value is not None and not value > 0:
+            raise ValueError(f"fs_gbps {value:g} must be greater than 0 (GB/s the checkpoint filesystem writes); use "
+                             "e.g. 20")
         return value
 
     @field_validator("rope")

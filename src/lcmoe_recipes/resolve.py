@@ -275,6 +275,8 @@ def resolve(request: TrainingRequest) -> Plan:
         plan = plan.with_changes(reasons={"model": why, **plan.reasons})
     if request.phase:
         plan = plan.with_changes(name=f"{plan.name}-phase{request.phase}")
+    if request.fs_gbps is not None:
+        plan = plan.with_changes(fs_gbps=request.fs_gbps)
     return plan
 
 

@@ -1,7 +1,8 @@
 """Entry script run on every rank: ``python -m lcmoe_recipes.train --config FILE [options] [Hydra overrides...]``.
 
-Rebuilds the ConfigContainer from the YAML ``launch`` wrote (or from a named recipe with ``--recipe``), applies
-overrides (and ``--data-path`` / ``--tokenizer`` / ``--save-dir``), refuses to start when the megatron-core /
+First, with ``$LCMOE_OVERLAY`` set (a Slurm job onto an image with other megatron versions), puts that overlay of the
+pinned wheels first on the import path (:func:`lcmoe_recipes.overlay.activate`). Rebuilds the ConfigContainer from the
+YAML ``launch`` wrote (or from a named recipe with ``--recipe``), applies overrides (and ``--data-path`` / ``--tokenizer`` / ``--save-dir``), refuses to start when the megatron-core /
 megatron-bridge versions here differ from the ones the YAML was built with (before torch.distributed or any GPU
 work), when the world size or GPU type it finds differs from what the config was planned for (``--replan`` plans
 again for what it finds instead), or when a path the config reads is missing on this node; validates, and calls
@@ -32,6 +33,7 @@ from .emit.stack import installed_stack
 from .cli.common import ArgumentParser
 from .errors import LcmoeError
 from .job_paths import problems_here
+from .overlay import activate as activate_overlay
 
 RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 EPILOG = """\
@@ -322,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(argv)
     rank0 = os.environ.get("RANK", "0") == "0"
     try:
+        if (folder := activate_overlay()) and rank0:  # the pinned wheels first on the import path, before any import
+            _line(f"overlay {folder}: megatron-core and megatron-bridge import from it")
         from . import emit
 
         # The cheap refusals first, before megatron-bridge loads (15-40 s) and before torch.distributed or any GPU

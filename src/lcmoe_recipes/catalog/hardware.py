@@ -37,6 +37,9 @@ class Hardware:
             compute tray on NVL72. Priced by :mod:`lcmoe_recipes.cost.host`.
         cpu_cores: CPU cores per node (same node).
         source: datasheet(s) the numbers come from.
+        cpu_arch: the node CPU's architecture as ``platform.machine()`` names it: ``x86_64`` (Intel Xeon on
+            HGX/DGX) or ``aarch64`` (Grace, Arm Neoverse V2, on NVL72), as the sources say: the platform of the
+            wheels an overlay for these nodes holds (:mod:`lcmoe_recipes.overlay`).
     """
 
     key: str
@@ -54,6 +57,7 @@ class Hardware:
     cpu_cores: int
     source: str
     aliases: tuple[str, ...] = field(default=())
+    cpu_arch: str = "x86_64"
 
     def peak(self, precision: str) -> float:
         """Dense peak TFLOP/s for one of our precision keys (bf16, fp8_blockwise, fp8_cs, mxfp8)."""
@@ -112,7 +116,7 @@ HARDWARE: dict[str, Hardware] = {
                  "same datasheet (GB200 Grace Blackwell Superchip: 72 Arm Neoverse V2 cores, up to 480 GB LPDDR5X; "
                  "rack: 36 Grace CPUs, 2,592 cores, up to 17 TB LPDDR5X) -- a compute tray (a Slurm node) holds two "
                  "superchips: 144 cores and up to 960 GB",
-                 ("gb200_nvl72", "gb200-nvl72")),
+                 ("gb200_nvl72", "gb200-nvl72"), "aarch64"),
         Hardware("gb300", "GB300 NVL72", "NVIDIA GB300", (10, 3), 288 * 10**9, 4, 72, 64,
                  {"bf16": 2500.0, "fp8": 5000.0, "fp4": 15000.0}, 900.0, 100.0, 960 * 10**9, 144,
                  "NVIDIA GB300 NVL72 datasheet (72 Blackwell Ultra GPUs, up to 288 GB HBM3e each; FP8 720 PFLOPS "
@@ -120,7 +124,7 @@ HARDWARE: dict[str, Hardware] = {
                  "the same datasheet (36 Grace CPUs, 2,592 Arm Neoverse V2 cores, up to 17 TB LPDDR5X per rack) and "
                  "NVIDIA Enterprise Reference Architecture 'NVL72 AI factory', System Hardware & Components (a compute "
                  "tray holds 4 GPUs and 2 Grace CPUs): 144 cores and up to 2 x 480 GB per tray",
-                 ("gb300_nvl72", "gb300-nvl72")),
+                 ("gb300_nvl72", "gb300-nvl72"), "aarch64"),
     )
 }
 

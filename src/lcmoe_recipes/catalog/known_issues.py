@@ -99,12 +99,26 @@ class KnownIssue:
 
 @dataclass(frozen=True)
 class Container:
-    """A container image and the versions inside it (component -> version), with the release it belongs to."""
+    """A container image and the stack inside it, with the release it belongs to (see ``containers.yaml``).
+
+    Attributes:
+        versions: component (one of :data:`COMPONENTS`) -> version, None where the sources do not give it.
+        pytorch, python: the image's PyTorch and Python versions (``"3.12"``), None where unknown.
+        origin: ``table`` (the software-versions table) or ``pins`` (the Megatron-Bridge tag's pinned commits).
+    """
 
     image: str
     release: str
-    versions: dict[str, str]
+    versions: dict[str, str | None]
+    pytorch: str | None = None
+    python: str | None = None
+    origin: str = "table"
     note: str = ""
+
+    @property
+    def tag(self) -> str:
+        """``26.06`` of ``nvcr.io/nvidia/nemo:26.06``."""
+        return self.image.rsplit(":", 1)[-1]
 
 
 def _read(name: str) -> dict[str, Any]:
@@ -161,16 +175,31 @@ def known_issues() -> tuple[tuple[KnownIssue, ...], dict[str, Any]]:
     return issues, dict(raw["conditions"])
 
 
+_CONTAINER_FIELDS = {"image", "release", "from", *COMPONENTS, "pytorch", "python"}
+
+
 @functools.cache
 def containers() -> tuple[tuple[Container, ...], str]:
-    """(listed containers, the source URL of their versions) from ``containers.yaml``."""
+    """(listed containers, newest first, the source URL of their versions) from ``containers.yaml``.
+
+    Raises:
+        ValueError: a malformed entry (a missing field, a version that is not PEP 440, an unknown ``from``).
+    """
     raw = _read("containers.yaml")
     out = []
     for entry in raw["containers"]:
-        versions = {c: str(entry[c]) for c in COMPONENTS}
-        for version in versions.values():
-            Version(version)  # raises InvalidVersion
-        out.append(Container(entry["image"], entry["release"], versions, entry.get("note", "")))
+        where = f"containers.yaml, {entry.get('image', '?')}"
+        if not _CONTAINER_FIELDS <= set(entry) or set(entry) - _CONTAINER_FIELDS - {"note"}:
+            raise ValueError(f"{where}: fields {sorted(_CONTAINER_FIELDS)} (and an optional note) expected, "
+                             f"got {sorted(entry)}")
+        if entry["from"] not in ("table", "pins"):
+            raise ValueError(f"{where}: 'from' is table or pins, not {entry['from']!r}")
+        text = {key: None if entry[key] is None else str(entry[key]) for key in (*COMPONENTS, "pytorch", "python")}
+        for version in text.values():
+            if version is not None:
+                Version(version)  # raises InvalidVersion
+        out.append(Container(entry["image"], entry["release"], {c: text[c] for c in COMPONENTS}, text["pytorch"],
+                             text["python"], entry["from"], entry.get("note", "")))
     return tuple(out), raw["source"]
 
 

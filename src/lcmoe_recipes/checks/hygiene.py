@@ -7,8 +7,6 @@ Each finding says what the run will do and names the fix; all are warnings (the 
   a bool copy), which the attention kernel never reads;
 * ``model/init-differs-from-upstream``: ``init_method_std`` other than the one every megatron-bridge recipe of the
   same model uses (DeepSeek-V3: 0.006);
-* ``numerics/te-cross-entropy``: Transformer Engine's cross-entropy fusion on a megatron-core that warns about its
-  stability (its ``ModelParallelConfig.__post_init__`` says so);
 * ``real-training/benchmark-setting``: megatron-bridge's benchmark-only settings left on
   (``moe_router_force_load_balancing`` routes tokens round-robin, ignoring the learned router).
 
@@ -24,28 +22,11 @@ The checks read attributes only; nothing here imports megatron.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from ..catalog import ModelSpec
 from ..catalog.upstream import upstream_recipes
 from .feasibility import Finding
 
 MASK_WARN_TOKENS = 8192  # from 8K a worker's mask build exceeds 2 GiB (2 float32 copies of s^2)
-
-
-@lru_cache(maxsize=1)
-def _mcore_warns_about_te_cross_entropy() -> bool:
-    """Whether the installed megatron-core's ModelParallelConfig warns about TE's cross-entropy fusion (source text,
-    read without importing megatron)."""
-    from importlib.util import find_spec
-
-    spec = find_spec("megatron.core")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    from pathlib import Path
-
-    path = Path(list(spec.submodule_search_locations)[0]) / "model_parallel_config.py"
-    return path.is_file() and "cross entropy loss fusion has known stability issues" in path.read_text(encoding="utf-8")
 
 
 def upstream_init(spec: ModelSpec) -> float | None:
@@ -71,12 +52,6 @@ def hygiene_findings(cfg, spec: ModelSpec) -> list[Finding]:
                            f"init_method_std={m.init_method_std:g}, but megatron-bridge's recipes of {spec.display} use "
                            f"{init:g}: layers initialised here (e.g. new ones, or all of them without pretrained "
                            "weights) start at another scale", f"set model.init_method_std={init:g}"))
-    if getattr(m, "cross_entropy_loss_fusion", False) and getattr(m, "cross_entropy_fusion_impl", None) == "te" \
-            and _mcore_warns_about_te_cross_entropy():
-        out.append(Finding("warning", "numerics/te-cross-entropy",
-                           "cross_entropy_fusion_impl='te': the installed megatron-core warns that Transformer "
-                           "Engine's cross-entropy fusion has known stability issues (Megatron-LM's argument "
-                           "validation rejects it)", "set model.cross_entropy_fusion_impl=native"))
     cp, pp = m.context_parallel_size or 1, m.pipeline_model_parallel_size or 1
     if getattr(cfg.dataset, "inter_document_masking", False) and (cp > 1 or pp > 1):
         out.append(Finding("error", "data/document-masking-layout",

@@ -108,3 +108,23 @@ def catalogue_rows(versions: StackVersions) -> list[tuple[str, str, str, str, st
     return [(issue.id, issue.severity, f"{issue.affected_text()} ({issue.fixed_in()})",
              answer[issue.affects(versions.versions)], issue.title, tuple(s.url for s in issue.sources))
             for issue in catalogue()[0]]
+
+
+def job_versions(image: str | None, overlay: bool = True):
+    """The versions a job on ``image`` runs, for the known issues and megatron-core's TE gates: the image's own,
+    or, where the overlay replaces megatron-core / megatron-bridge (a listed image with other versions, unless
+    ``overlay`` is False), the pinned ones with the image's Transformer Engine.
+
+    Returns:
+        (:class:`lcmoe_recipes.checks.known_issues.StackVersions`, findings): the warning for an unlisted image.
+    """
+    from importlib import metadata
+
+    versions, notes = stack_versions(image)
+    found = find_container(image) if image else None
+    pinned = {name: metadata.version(name) for name in ("megatron-core", "megatron-bridge")}
+    if not overlay or found is None or all(found.versions.get(n) == v for n, v in pinned.items()):
+        return versions, notes
+    overlay = " / ".join(f"{n} {v}" for n, v in pinned.items())
+    return StackVersions({**versions.versions, **pinned}, f"container {found.image}, {found.release}, with an overlay "
+                         f"of {overlay}"), notes

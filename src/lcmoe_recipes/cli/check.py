@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                         "recipe's)")
     parser.add_argument("--container-image", metavar="IMAGE", help="judge known upstream bugs for the versions in "
                         "this container (listed NGC NeMo images; default: the installed versions)")
+    parser.add_argument("--no-overlay", action="store_true", help="with --container-image: judge the image's own "
+                        "megatron-core / megatron-bridge (default: the pinned ones, which launch puts in an overlay "
+                        "where the image's differ)")
     parser.add_argument("--known-issues", action="store_true", help="list the known upstream bugs (id, severity, "
                         "affected versions, whether the installed or --container-image versions are affected, "
                         "source) and exit")
@@ -68,10 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.config is None:
             raise LcmoeError("no CONFIG given", "give a ConfigContainer YAML or a named recipe, or --known-issues")
-        found = examine(args.config, args.gpus, args.hardware, args.container_image, args.model_config)
+        found = examine(args.config, args.gpus, args.hardware, args.container_image, args.model_config,
+                        overlay=not args.no_overlay)
     except LcmoeError as exc:
         return exc.report()
     plan, findings = found.plan, found.findings
+    if args.container_image:
+        from ..overlay import compare_stack, format_stack
+
+        print(format_stack(args.container_image, compare_stack(args.container_image, plan.hardware_spec.cpu_arch)))
     print(f"checked with {found.scope}")
     if sys.stdout.isatty() and layout_is_legal(findings):
         from ..cost import estimate_host_memory, estimate_memory, estimate_step

@@ -99,7 +99,7 @@ _FIELDS = {"gbs": "global_batch_size", "mbs": "micro_batch_size", "gpus": "num_g
            "seq": "seq_length", "from_config": "from_config"}
 _REQUEST_FLAGS = ("precision", "gbs", "mbs", "dispatcher", "tp", "pp", "cp", "ep", "memory_margin", "rope",
                   "tokens_per_step", "lr", "train_iters", "model_config", "variable_length", "gpus", "hardware", "seq",
-                  "from_hf", "from_checkpoint", "convert_to", "from_config", "save_dir", "tokenizer")
+                  "from_hf", "from_checkpoint", "convert_to", "from_config", "save_dir", "tokenizer", "fs_gbps")
 
 
 def request_from_args(args: argparse.Namespace, named: tuple[str, ...] = (), **fields) -> TrainingRequest:

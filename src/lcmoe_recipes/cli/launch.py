@@ -17,8 +17,10 @@ import json
 import sys
 
 from ..cost import estimate_memory, estimate_step
+from ..cost.wallclock import phase_time
 from ..errors import LcmoeError
 from ..executors import EXECUTORS, SlurmSettings, check_settings
+from ..kubeflow import KubeflowSettings, check_kubeflow_settings
 from ..launch import Built, build, run
 from ..recipes import NAMED_RECIPES
 from ..report import Citations, format_plan
@@ -81,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                      "offload, CUDA graphs and positions re-planned, everything else kept; prints every field that "
                      "changed and why")
     run = parser.add_argument_group("running (--executor local: torchrun on this node; slurm: NeMo-Run SlurmExecutor; "
-                                    "GPUs per node from the hardware: 8 HGX, 4 GB200/GB300)")
+                                    "kubeflow: NeMo-Run KubeflowExecutor; GPUs per node from the hardware: 8 HGX, 4 "
+                                    "GB200/GB300)")
     run.add_argument("--executor", choices=EXECUTORS, default="local", help="where to run (default: local)")
     rank_arguments(run)
     run.add_argument("--smoke-ranks", type=int, default=2, metavar="N", help="ranks of a --smoke run (default 2; "
@@ -91,18 +94,28 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--nproc-per-node", type=int, metavar="N", help="local: ranks on this node (default: the "
                      "planned world size; a local run is one node)")
     run.add_argument("--no-wait", action="store_true", help="slurm: return once the job is submitted")
+    run.add_argument("--time", help="the job's wall-clock limit with its hours: HH:MM:SS or D-HH:MM:SS (slurm default "
+                     "04:00:00; kubeflow: none unless given); training stops 20 min before it and saves a checkpoint "
+                     "(train.exit_duration_in_mins)")
+    run.add_argument("--container-image", metavar="IMAGE", help="the image the job runs (Pyxis/enroot on Slurm, the "
+                     "pods' on Kubernetes): its stack is shown beside the target's, known upstream bugs are judged "
+                     "for it, and where its megatron-core / megatron-bridge differ from 0.19.2 / 0.6.2 an overlay of "
+                     "the pinned wheels is built into the job folder (docs/launch.md); slurm default: this virtualenv")
+    run.add_argument("--no-overlay", action="store_true", help="run the image's own megatron (the entry script then "
+                     "refuses versions other than the config's)")
+    run.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment variable "
+                     "for the job (repeatable; wins over the recipe's env_vars)")
+    run.add_argument("--fs-gbps", type=float, metavar="GB/S", help="write bandwidth of the checkpoint filesystem, "
+                     "GB/s: sets the save cadence (default 20)")
+    run.add_argument("--budget-hours", type=float, metavar="H", help="warn about a phase predicted to run longer, "
+                     "with the --tokens-per-step that fits (default 48)")
     slurm = parser.add_argument_group("slurm executor")
     slurm.add_argument("--account", help="Slurm account (default $SBATCH_ACCOUNT; none: no account line)")
     slurm.add_argument("--partition", help="Slurm partition (default: the cluster's)")
-    slurm.add_argument("--time", default="04:00:00", help="wall-clock limit with its hours: HH:MM:SS or D-HH:MM:SS "
-                       "(default 04:00:00); training stops 20 min before it and saves a checkpoint "
-                       "(train.exit_duration_in_mins)")
     slurm.add_argument("--qos", help="Slurm QOS")
-    slurm.add_argument("--container-image", metavar="IMAGE", help="Pyxis/enroot image with megatron-bridge 0.6.2; "
-                       "default: run this virtualenv on the nodes (shared filesystem)")
+    slurm.add_argument("--python", metavar="PATH", help="without --container-image: the Python the nodes run (an "
+                       "absolute path on shared storage; default this virtualenv's)")
     slurm.add_argument("--container-mounts", metavar="SRC:DST[,...]", help="container mounts, comma-separated")
-    slurm.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment variable "
-                       "for the job (repeatable; wins over the recipe's env_vars)")
     slurm.add_argument("--sbatch", action="append", default=[], metavar="FLAG=VALUE", help="extra #SBATCH flag, "
                        "e.g. --sbatch reservation=r1 (repeatable)")
     slurm.add_argument("--no-segment", action="store_true", help="NVL72: do not ask for --segment (Slurm older than "
@@ -114,6 +127,15 @@ def _parser() -> argparse.ArgumentParser:
     slurm.add_argument("--identity", metavar="KEYFILE", help="ssh tunnel: private key")
     slurm.add_argument("--job-dir", metavar="DIR", help="NeMo-Run experiment folder, on a filesystem every node "
                        "sees (on the cluster for ssh; default $NEMORUN_HOME/experiments)")
+    kube = parser.add_argument_group("kubeflow executor (Kubeflow Trainer through NeMo-Run; needs --container-image)")
+    kube.add_argument("--pvc", metavar="NAME", help="the PersistentVolumeClaim every pod mounts (ReadWriteMany): "
+                      "code, checkpoints, logs")
+    kube.add_argument("--pvc-mount", default="/shared", metavar="DIR", help="where the pods mount it (default "
+                      "/shared); checkpoints and logs must go under it (--save-dir)")
+    kube.add_argument("--namespace", default="default", help="Kubernetes namespace (default: default)")
+    kube.add_argument("--runtime", default="torch-distributed", help="ClusterTrainingRuntime (default "
+                      "torch-distributed)")
+    kube.add_argument("--kubeconfig", metavar="FILE", help="kube config (default $KUBECONFIG or ~/.kube/config)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model.tensor_model_parallel_size=4")
     return parser
 
@@ -126,8 +148,8 @@ def list_recipes() -> str:
     return "\n".join(lines)
 
 
-def settings_from_args(args) -> SlurmSettings:
-    """The Slurm settings the flags ask for.
+def settings_from_args(args) -> SlurmSettings | KubeflowSettings:
+    """The Slurm or Kubernetes settings the flags ask for (``--executor``).
 
     Raises:
         LcmoeError: an --env or --sbatch that is not KEY=VALUE.
@@ -141,12 +163,17 @@ def settings_from_args(args) -> SlurmSettings:
             out[key] = value
         return out
 
+    if args.executor == "kubeflow":
+        return KubeflowSettings(image=args.container_image, pvc=args.pvc, mount=args.pvc_mount,
+                                namespace=args.namespace, runtime=args.runtime, time=args.time,
+                                env=pairs(args.env, "--env"), kubeconfig=args.kubeconfig, overlay=not args.no_overlay)
     mounts = tuple(m for m in (args.container_mounts or "").split(",") if m)
-    return SlurmSettings(account=args.account, partition=args.partition, time=args.time, qos=args.qos,
+    return SlurmSettings(account=args.account, partition=args.partition, time=args.time or "04:00:00", qos=args.qos,
                          container_image=args.container_image, container_mounts=mounts,
                          env=pairs(args.env, "--env"), tunnel=args.tunnel,
                          host=args.host, user=args.user, identity=args.identity, job_dir=args.job_dir,
-                         sbatch=pairs(args.sbatch, "--sbatch"), segment=not args.no_segment)
+                         sbatch=pairs(args.sbatch, "--sbatch"), segment=not args.no_segment, python=args.python,
+                         overlay=not args.no_overlay)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,16 +186,24 @@ def main(argv: list[str] | None = None) -> int:
         for flag, value in (("--smoke-ranks", args.smoke_ranks), ("--smoke-nodes", args.smoke_nodes)):
             if value < 1:
                 raise LcmoeError(f"{flag} {value} is not a positive count", f"e.g. {flag} 2")
-        settings = settings_from_args(args) if args.executor == "slurm" else None
-        if settings is not None:
+        settings = settings_from_args(args) if args.executor != "local" else None
+        if isinstance(settings, SlurmSettings):
             check_settings(settings)  # before the 15-40 s build, and before anything is written
+        elif settings is not None:
+            check_kubeflow_settings(settings)
         request = request_from_args(args, named=tuple(NAMED_RECIPES))
         built = build(request, container_image=args.container_image, output=args.output, settings=settings,
-                      smoke=args.smoke, smoke_nodes=args.smoke_nodes)
+                      smoke=args.smoke, smoke_nodes=args.smoke_nodes, budget_hours=args.budget_hours,
+                      overlay=not args.no_overlay)
     except LcmoeError as exc:
         return report_error(exc, args.json)
 
     citations = Citations()
+    if args.container_image and not args.json:
+        from ..overlay import compare_stack, format_stack
+
+        print(format_stack(args.container_image, compare_stack(args.container_image,
+                                                              built[0].plan.hardware_spec.cpu_arch)) + "\n")
     for one in built:
         _print_built(one, args, citations)
     if args.plot:
@@ -199,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append(result)
             if not result.ok:
                 break
-            dependency = result.job_id
+            # a dry run shows the chain as it will be: the next phase's sbatch waits on this job (afterok)
+            dependency = result.job_id or (f"<job id of {one.plan.name}>" if args.dry_run else None)
     if args.json:
         _print_json(built, results)
     else:
@@ -252,6 +288,8 @@ def _print_built(one: Built, args: argparse.Namespace, citations: Citations) -> 
     mem, step = estimate_memory(one.shown), estimate_step(one.shown)
     print(f"  predicted: {mem.total / 2**30:.1f} of {hw.hbm_gib:.0f} GiB per GPU (PP rank {mem.pp_rank}); step "
           f"{step.step_seconds:.1f} s, {step.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {step.mfu:.0%} (docs/accuracy.md)")
+    if one.shown.schedule is not None:
+        print(f"  phase: {phase_time(one.shown).text()}")
     if args.explain:
         from ..explain import explain_text
 

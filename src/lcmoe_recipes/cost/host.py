@@ -39,10 +39,16 @@ is ``Hardware.host_memory_bytes``. The terms, per rank:
   ``ATen/core/CachingHostAllocator.h``, ``PowerOf2Ceil``); one allocation is one parameter's shard, whose size is
   taken as a routed expert's weight (``moe_intermediate_size`` x ``hidden_size`` times a power of two): the bulk of
   an MoE's parameters.
+* **checkpoint** -- our configs save asynchronously (``checkpoint.async_save``, :mod:`lcmoe_recipes.cost.wallclock`):
+  each rank copies its share of a save to host memory and a background process writes it (megatron-core 0.19.2
+  ``dist_checkpointing/strategies/filesystem_async.py``, ``preload_tensors``), so during a save a node holds its
+  ranks' shares (:func:`lcmoe_recipes.cost.wallclock.rank_save_bytes`: the optimizer shard and the same share of the
+  weights; offloaded optimizer state is on the host already). Priced for every plan: a config that saves
+  synchronously needs less.
 * **processes** -- :data:`RANK_PROCESS_BYTES` per rank (Python, torch, megatron-bridge, the CUDA context).
 
 Not counted: the OS and the file system's page cache (the dataset's ``.bin``/``.idx`` files and index arrays are
-memory-mapped, so they are shared and reclaimable), NCCL / InfiniBand registration buffers, checkpoint save copies.
+memory-mapped, so they are shared and reclaimable), NCCL / InfiniBand registration buffers.
 The planning fraction :data:`HOST_MARGIN` leaves room for them. Imports neither torch nor megatron.
 """
 
@@ -54,6 +60,7 @@ from ..errors import Finding
 from ..plan import Plan
 from .memory import rank_memory
 from .shapes import shapes
+from .wallclock import rank_save_bytes
 
 HOST_MARGIN = 0.85  # plan to at most 85% of a node's RAM: the OS, page cache, NCCL/IB buffers live outside the model
 
@@ -85,6 +92,7 @@ class HostMemoryBreakdown:
         data_loader: data-loader workers and the ranks' batches (bytes).
         optimizer: pageable CPU-offloaded optimizer state (bytes).
         pinned: page-locked optimizer buffers, power-of-two rounding included (bytes).
+        checkpoint: the ranks' shares of an asynchronous save while it is written (bytes).
         processes: the ranks' own processes (bytes).
         detail: per-rank and per-sample figures behind the terms (bytes, counts).
     """
@@ -95,15 +103,16 @@ class HostMemoryBreakdown:
     optimizer: float
     pinned: float
     processes: float
+    checkpoint: float = 0.0
     detail: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def total(self) -> float:
-        return self.data_loader + self.optimizer + self.pinned + self.processes
+        return self.data_loader + self.optimizer + self.pinned + self.checkpoint + self.processes
 
     def gib(self) -> dict[str, float]:
         """Terms in GiB (2**30 bytes)."""
-        names = ("data_loader", "optimizer", "pinned", "processes", "total")
+        names = ("data_loader", "optimizer", "pinned", "checkpoint", "processes", "total")
         return {n: getattr(self, n) / 2**30 for n in names}
 
 
@@ -160,6 +169,7 @@ def estimate_host_memory(plan: Plan) -> HostMemoryBreakdown:
     world, pp = lay.world, lay.pp
     loader = loader_bytes_per_rank(plan)
     by_stage = [optimizer_bytes_per_rank(plan, p) for p in range(pp)]
+    saves = [rank_save_bytes(plan, p) for p in range(pp)]
     stage = world // pp
     if stage % per_node == 0:  # every node inside one pipeline stage: one node per stage tells all
         nodes = {p * stage // per_node: [p] * per_node for p in range(pp)}
@@ -175,7 +185,7 @@ def estimate_host_memory(plan: Plan) -> HostMemoryBreakdown:
         out = HostMemoryBreakdown(
             node=n, ranks=ranks, data_loader=ranks * loader["total"],
             optimizer=sum(by_stage[p][0] for p in stages), pinned=sum(by_stage[p][1] for p in stages),
-            processes=ranks * RANK_PROCESS_BYTES,
+            processes=ranks * RANK_PROCESS_BYTES, checkpoint=sum(saves[p] for p in stages),
             detail={"sample_bytes": float(sample_bytes(plan)), "loader_worker_bytes": loader["worker"],
                     "loader_main_bytes": loader["main"], "loaders_per_rank": float(data_loaders(plan)),
                     "workers_per_rank": float(data_loaders(plan) * plan.num_workers),
@@ -212,6 +222,8 @@ def host_findings(plan: Plan) -> list[Finding]:
         "optimizer": "offload less optimizer state (a smaller optimizer.optimizer_offload_fraction) or use more "
                      "nodes (a larger DP/EDP shards it thinner)",
         "processes": "use a system with more host memory per GPU",
+        "checkpoint": "save synchronously (checkpoint.async_save=false: training waits for each write) or use more "
+                      "nodes (each rank's share of a save is smaller)",
     }
     fixes["pinned"] = fixes["optimizer"]
     fix = "; ".join(dict.fromkeys(fixes[p] for p in parts if gib[p] >= 0.05 * gib["total"]))

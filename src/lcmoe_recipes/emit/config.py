@@ -9,6 +9,7 @@ group with its reason. Field names are Megatron's.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 from types import SimpleNamespace
@@ -161,6 +162,7 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         pretrained_checkpoint=cfg.checkpoint.pretrained_checkpoint,
         create_attention_mask=bool(getattr(cfg.dataset, "create_attention_mask", False)),
         num_workers=int(getattr(cfg.dataset, "num_workers", 0) or 0), eval_iters=int(_eval_iters(cfg) or 0),
+        eval_global_batch_size=getattr(cfg.validation, "eval_global_batch_size", None),
         pin_cpu_grads=bool(opt.pin_cpu_grads),
         moe_ep_overlap=bool(m.overlap_moe_expert_parallel_comm
                             or (cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm)),
@@ -269,7 +271,9 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     4. if those pass: megatron-bridge's ``runtime_config_update`` (mixed-precision resolution, DP size, comm-overlap
        setup, ``validate()`` with every megatron-core post-init check) on a deep copy, inside
        :func:`lcmoe_recipes.emit.target.target_environment` so the world size, GPU and TE probes answer for the
-       target (its message mapped to our rule id and fix, else rule ``upstream/validate``); if it passes, the
+       target -- the TE probe with ``versions``' Transformer Engine when given (an image's: megatron-core's
+       ``is_te_min_version`` gates judged for the TE the job runs) -- (its message mapped to our rule id and fix,
+       else rule ``upstream/validate``); if it passes, the
        asserts megatron-core raises later and the settings upstream overrides, read from that resolved copy
        (:func:`lcmoe_recipes.checks.config_asserts.config_assert_findings`, docs/checks.md). The copy is thrown away:
        ``cfg`` is never changed;
@@ -282,7 +286,8 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
         list of :class:`lcmoe_recipes.checks.Finding`.
     """
     hw = hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
-    findings = _rule_and_upstream_findings(cfg, hw, world_size, name)
+    te = versions.versions.get("transformer-engine") if versions is not None else None
+    findings = _rule_and_upstream_findings(cfg, hw, world_size, name, te)
     # 5. Known upstream bugs for the versions the config will run with (catalog/known_issues.yaml).
     view = config_view(cfg, hw, world_size)
     findings += known_issue_findings(view, versions)
@@ -292,7 +297,25 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     return sorted(findings, key=lambda f: f.severity != "error")
 
 
-def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str) -> list:
+@contextlib.contextmanager
+def _te_version_as(version: str | None):
+    """megatron-core's TE version probe (``megatron.core.utils._te_version``, read by ``is_te_min_version``) answers
+    ``version`` for the duration; nothing changes for None."""
+    if version is None:
+        yield
+        return
+    import megatron.core.utils as mcore_utils
+    from packaging.version import Version
+
+    saved = mcore_utils._te_version
+    mcore_utils._te_version = Version(version)
+    try:
+        yield
+    finally:
+        mcore_utils._te_version = saved
+
+
+def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str, te_version: str | None = None) -> list:
     """Steps 1-4 of :func:`config_findings`: every finding of our checks (memory where the layout is legal), then,
     when none is an error, the pipeline layout with megatron-core's parser and upstream validation; the hygiene
     warnings of :mod:`lcmoe_recipes.checks.hygiene` always."""
@@ -329,7 +352,7 @@ def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str) -
         error = None
         # checkpoint.pretrained_checkpoint is read on the cluster: its existence is checked where the job runs.
         with target_environment(hw, world_size, cluster_paths=[trial.checkpoint.pretrained_checkpoint]), \
-                quiet_upstream():
+                _te_version_as(te_version), quiet_upstream():
             try:
                 runtime_config_update(trial)
             except (AssertionError, ValueError, RuntimeError, TypeError, AttributeError, KeyError) as exc:

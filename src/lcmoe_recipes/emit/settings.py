@@ -14,6 +14,8 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..cost.wallclock import phase_time, save_intervals
+from ..rules.batch import choose_eval_batch
 from ..plan import Plan, Reason, mixed_precision_name
 from .fields import precision_of
 
@@ -216,12 +218,32 @@ def _data(cfg, plan: Plan) -> None:
 
 def _checkpoint(cfg, plan: Plan) -> None:
     run_dir = f"nemo_experiments/{plan.name}"
-    cfg.checkpoint.save = cfg.checkpoint.load = f"{run_dir}/checkpoints"  # a restarted job resumes from its saves
-    cfg.checkpoint.pretrained_checkpoint = plan.pretrained_checkpoint
-    if plan.schedule is not None:  # at least four checkpoints per phase, never fewer than upstream's cadence
-        cfg.checkpoint.save_interval = max(1, min(cfg.checkpoint.save_interval or plan.schedule.train_iters,
-                                                  plan.schedule.train_iters // 4))
+    ckpt = cfg.checkpoint
+    ckpt.save = ckpt.load = f"{run_dir}/checkpoints"  # a restarted job resumes from its saves
+    ckpt.pretrained_checkpoint = plan.pretrained_checkpoint
     cfg.logger.tensorboard_dir = f"{run_dir}/tb_logs"
+    ckpt.async_save = ckpt.fully_parallel_save = True
+    cadence = save_intervals(plan, base_interval=ckpt.save_interval)
+    ckpt.save_interval = cadence.persistent
+    if cadence.non_persistent:  # overwritten saves under <save>/non_persistent; megatron-bridge keeps the two newest
+        ckpt.non_persistent_save_interval, ckpt.non_persistent_ckpt_type = cadence.non_persistent, "global"
+
+
+def _evaluation(cfg, plan: Plan) -> None:
+    if plan.eval_iters <= 0 or plan.eval_global_batch_size is None:
+        return
+    cfg.validation.eval_global_batch_size = plan.eval_global_batch_size
+    cfg.validation.eval_interval = cfg.checkpoint.save_interval  # after "checkpoint": a validation loss per kept save
+
+
+def _eval_reason(plan: Plan) -> Reason:
+    return choose_eval_batch(plan.seq_length, plan.layout, plan.micro_batch_size, plan.eval_iters,
+                             plan.global_batch_size)[1]
+
+
+def _logging(cfg, plan: Plan) -> None:
+    log = cfg.logger
+    log.log_throughput = log.log_throughput_to_tensorboard = log.log_memory_to_tensorboard = True
 
 
 def _real_training(cfg, plan: Plan) -> None:
@@ -235,8 +257,6 @@ def _real_training(cfg, plan: Plan) -> None:
 
 def _numerics(cfg, plan: Plan) -> None:
     m = cfg.model
-    if m.cross_entropy_loss_fusion and m.cross_entropy_fusion_impl == "te":
-        m.cross_entropy_fusion_impl = "native"
     if (m.num_moe_experts or 0) >= 32 and not m.moe_router_dtype:
         m.moe_router_dtype = "fp32"
 
@@ -245,11 +265,6 @@ def _loss(cfg, plan: Plan) -> None:
     if plan.layout.cp > 1:
         cfg.model.calculate_per_token_loss = True
         cfg.ddp.average_in_collective = False  # megatron-core DDP asserts it off with per-token loss
-
-
-def _tp_overlap(cfg, plan: Plan) -> None:
-    if cfg.comm_overlap is not None and plan.layout.tp > 1:
-        cfg.comm_overlap.tp_comm_overlap = False
 
 
 def _ep_overlap(cfg, plan: Plan) -> None:
@@ -329,12 +344,29 @@ SETTINGS: tuple[Setting, ...] = (
                     "lcmoe_recipes docs/guide.md (real data); megatron-core 0.19.2 "
                     "datasets/blended_megatron_dataset_config.py")),
     Setting("checkpoint", ("checkpoint.save", "checkpoint.load", "checkpoint.pretrained_checkpoint",
-                           "checkpoint.save_interval", "logger.tensorboard_dir"), _checkpoint,
-            _answer("a real run saves: checkpoints and TensorBoard under nemo_experiments/<recipe>/ of the launch folder "
-                    "(launch --save-dir moves them), at least four saves per phase, and a restarted job resumes from "
-                    "them (checkpoint.load = checkpoint.save; megatron-bridge reads checkpoint.pretrained_checkpoint "
-                    "only when no saved checkpoint exists yet)",
-                    f"{UPSTREAM} perf_recipes/_common.py _benchmark_common turns saving off for benchmarks")),
+                           "checkpoint.save_interval", "logger.tensorboard_dir", "checkpoint.async_save",
+                           "checkpoint.fully_parallel_save", "checkpoint.non_persistent_save_interval",
+                           "checkpoint.non_persistent_ckpt_type"), _checkpoint,
+            lambda plan: Reason(
+                "a real run saves, and a restarted job resumes from its saves (checkpoint.load = checkpoint.save; "
+                "megatron-bridge reads checkpoint.pretrained_checkpoint only when no saved checkpoint exists yet); "
+                "checkpoints and TensorBoard under nemo_experiments/<recipe>/ of the launch folder (launch --save-dir "
+                "moves them); " + save_intervals(plan).reason.why,
+                f"{UPSTREAM} perf_recipes/_common.py _benchmark_common turns saving off for benchmarks; "
+                + save_intervals(plan).reason.source)),
+    Setting("evaluation", ("validation.eval_global_batch_size", "validation.eval_interval"), _evaluation,
+            lambda plan: Reason(
+                f"{_eval_reason(plan).why}; one evaluation with every kept save, and the validation and test "
+                f"evaluations after training: {phase_time(plan).evaluation / 3600:.1f} h of the phase "
+                f"({phase_time(plan).text()})" if plan.eval_iters > 0 else "no evaluation (eval_iters 0)",
+                _eval_reason(plan).source)),
+    Setting("logging", ("logger.log_throughput", "logger.log_throughput_to_tensorboard",
+                        "logger.log_memory_to_tensorboard"), _logging,
+            _answer("throughput and memory logged, so a run's log calibrates the cost model: TFLOP/s per GPU on every "
+                    "log line (what scripts/calibrate_step.py fits), throughput and per-pipeline-stage peak memory in "
+                    "TensorBoard; megatron-bridge prints its memory report after the first steps either way",
+                    f"{UPSTREAM} training/utils/train_utils.py training_log (log_throughput, "
+                    "log_throughput_to_tensorboard, log_memory_to_tensorboard -> report_memory)")),
     Setting("real_training", ("model.moe_router_force_load_balancing", "ddp.check_for_nan_in_grad",
                               "rerun_state_machine.check_for_nan_in_loss", "validation.eval_iters", "train.eval_iters"),
             _real_training,
@@ -342,12 +374,9 @@ SETTINGS: tuple[Setting, ...] = (
                     "benchmark-only setting), NaN checks on gradients and loss stay on, validation runs",
                     f"{UPSTREAM} perf_recipes/_common.py _benchmark_common and the model's perf common.py "
                     "(moe_router_force_load_balancing); recipes/common.py _pretrain_common for the training values")),
-    Setting("numerics", ("model.cross_entropy_fusion_impl", "model.moe_router_dtype"), _numerics,
-            _answer("native cross-entropy fusion (megatron-core warns that Transformer Engine's has known stability "
-                    "issues and Megatron-LM's argument validation rejects it); fp32 routing for 32+ experts "
-                    "(megatron-core warns without it)",
-                    "megatron-core 0.19.2 model_parallel_config.py and transformer/transformer_config.py __post_init__ "
-                    "warnings")),
+    Setting("numerics", ("model.moe_router_dtype",), _numerics,
+            _answer("fp32 routing for 32+ experts (megatron-core warns without it)",
+                    "megatron-core 0.19.2 transformer/transformer_config.py __post_init__ warning")),
     Setting("loss", ("model.calculate_per_token_loss", "ddp.average_in_collective"), _loss,
             _answer("per-token loss with context parallelism: each CP rank's loss is summed over its tokens and divided "
                     "by the global count of unmasked tokens, so masked tokens spread unevenly over the CP ranks do not "
@@ -359,10 +388,6 @@ SETTINGS: tuple[Setting, ...] = (
                                  "(see moe_ep_overlap); delayed weight gradients only with it, and not with graphed "
                                  "attention that has biases (megatron-bridge asserts both)",
                                  f"{UPSTREAM} training/comm_overlap.py CommOverlapConfig.setup")),
-    Setting("tp_comm_overlap", ("comm_overlap.tp_comm_overlap",), _tp_overlap,
-            _answer("TP communication overlap off: upstream's recipe asks for it at TP=1, where CommOverlapConfig.setup "
-                    "turns it off; at TP>1 it would start userbuffer overlap that no upstream recipe of this model runs "
-                    "and our step model does not price", f"{UPSTREAM} training/comm_overlap.py CommOverlapConfig.setup")),
 )
 
 

@@ -20,10 +20,13 @@ import shlex
 from pathlib import Path
 
 from ..catalog import get_hardware
-from ..checks.known_issues import stack_versions
 from ..errors import LcmoeError
 from ..executors import (EXECUTORS, LaunchResult, SlurmSettings, check_settings, job_dir_of, nodes_for, run_local,
                          run_slurm, train_arguments)
+from ..job_checks import JobCheck
+from ..kubeflow import KubeflowSettings, check_kubeflow_settings, kube_job_overrides, run_kubeflow
+from ..checks.known_issues import job_versions
+from ..overlay import validate_for_image
 from ..plan import Plan, carry_reasons
 from ..recipes import NAMED_RECIPES
 from ..request import TrainingRequest
@@ -78,11 +81,13 @@ def _output(plan: Plan, overrides: list[str], output: str | Path | None) -> Path
     return output
 
 
-def configure(plan: Plan, request: TrainingRequest, overrides: list[str] = (), versions=None,
-              version_notes=()) -> Built:
+def configure(plan: Plan, request: TrainingRequest, overrides: list[str] = (),
+              container_image: str | None = None, overlay: bool = True) -> Built:
     """``plan``'s ConfigContainer (``--from``: the source config retargeted), ``overrides`` applied with
     megatron-bridge's parser, then checked again for the target: our checks, upstream ``validate()``, the known
-    upstream bugs for ``versions`` (default: installed). Nothing is written.
+    upstream bugs and megatron-core's Transformer Engine gates for the versions a job on ``container_image`` runs
+    (:func:`lcmoe_recipes.overlay.validate_for_image`, through an overlay of the pinned megatron unless ``overlay``
+    is False; default: installed). Nothing is written.
 
     Raises:
         OverrideError: a bad override. InfeasibleConfig: the config breaks a rule or upstream refuses it.
@@ -101,11 +106,12 @@ def configure(plan: Plan, request: TrainingRequest, overrides: list[str] = (), v
         emit.apply_overrides(cfg, overrides)
         shown = emit.plan_from_config(cfg, hw, world, plan.name)
         shown = shown.with_changes(reasons=carry_reasons(plan, shown))
-    warnings = emit.validate_config(cfg, hw, world, plan.name, versions) + list(version_notes)
+    warnings = validate_for_image(cfg, hw, world, plan.name, container_image, overlay)
     return Built(plan, shown, cfg, overrides, warnings, weights_of(request, plan.model), changes)
 
 
-def configure_phases(request: TrainingRequest, versions=None, version_notes=(), before_build=None) -> list[Built]:
+def configure_phases(request: TrainingRequest, container_image: str | None = None,
+                     before_build=None, overlay: bool = True) -> list[Built]:
     """:func:`configure` for every phase of ``request`` (one without phases): each phase resolved
     (:func:`lcmoe_recipes.resolve.resolve`) and started from the previous phase's ``checkpoint.save``; its overrides
     are ``save_dir`` (``DIR/phaseN_<len>k`` per phase), the request's own, then its data.
@@ -131,7 +137,7 @@ def configure_phases(request: TrainingRequest, versions=None, version_notes=(), 
                     if request.save_dir and phased else request.save_dir)
         overrides = (emit.save_overrides(save_dir) + list(request.overrides)
                      + emit.data_overrides(list(request.data_path) or None, request.tokenizer))
-        one = configure(plan, phase, overrides, versions, version_notes)
+        one = configure(plan, phase, overrides, container_image, overlay)
         one.meta = _header(one, phase)
         out.append(one)
     return out
@@ -155,63 +161,91 @@ def _header(one: Built, request: TrainingRequest) -> dict:
 
 
 def build(request: TrainingRequest, *, container_image: str | None = None, output: str | Path | None = None,
-          settings: SlurmSettings | None = None, smoke: bool = False, smoke_nodes: int = 1) -> list[Built]:
+          settings: SlurmSettings | KubeflowSettings | None = None, smoke: bool = False, smoke_nodes: int = 1,
+          budget_hours: float | None = None, overlay: bool | None = None) -> list[Built]:
     """The validated configs of ``request``, one per phase (:func:`configure_phases`), each written as YAML.
 
     Args:
-        container_image: judge known upstream bugs for this image's versions (default: the installed ones).
-        output: the YAML's path (one config only; phases go to ``out/<plan>.yaml`` each).
-        settings: a Slurm job's settings: its folder, the paths the config reads and writes, and the predicted time
-            against ``settings.time`` are checked too (a chained phase that cannot finish is refused).
+        container_image: the image the job runs: known upstream bugs and megatron-core's TE gates are judged for
+            its versions (through an overlay of the pinned megatron where it needs one); default: the installed
+            ones, or ``settings``' image.
+        output: the YAML's path; with phases, its stem names each phase's (``<stem>-phaseN.yaml``).
+        settings: a Slurm or Kubernetes job's settings: its folder or volume, the paths the config reads and writes,
+            and the predicted time against its time limit are checked too (a chained phase that cannot finish is
+            refused).
         smoke, smoke_nodes: the job is a smoke check on that many nodes (no time check).
+        overlay: judge the image with an overlay of the pinned megatron where it needs one (default: ``settings``',
+            else True); False: the image's own versions.
+        budget_hours: warn about a phase predicted to run longer (default
+            :data:`lcmoe_recipes.cost.wallclock.DEFAULT_PHASE_BUDGET_HOURS`), with the tokens per step that fit it.
 
     Raises:
         LcmoeError: anything :func:`configure_phases` refuses; phases on Slurm without ``save_dir``; a job folder or
             path the job cannot use.
     """
     from .. import emit
+    from ..cost.wallclock import DEFAULT_PHASE_BUDGET_HOURS, phase_findings
 
-    if request.phases and len(request.phases) > 1 and settings is not None and not request.save_dir:
+    phased = bool(request.phases and len(request.phases) > 1)
+    if phased and isinstance(settings, SlurmSettings) and not request.save_dir:
         raise LcmoeError("--phases on Slurm needs --save-dir: each job runs in its own code folder, so the next "
                          "phase would not find the previous phase's checkpoints",
                          "add --save-dir /shared/folder (each phase saves under DIR/phaseN_<len>k)")
-    versions, version_notes = stack_versions(container_image)
+    if container_image is None and settings is not None:
+        container_image = settings.image if isinstance(settings, KubeflowSettings) else settings.container_image
     checks: list = []
 
-    def job_folder(plan: Plan) -> None:  # before the heavy build: the Slurm job folder
-        checks.append(slurm_job_check(settings, {"world_size": plan.layout.world, "hardware": plan.hardware_spec.key},
-                                      smoke, smoke_nodes))
+    def job_folder(plan: Plan) -> None:  # before the heavy build: the job's folder (Slurm) or volume (Kubernetes)
+        if isinstance(settings, KubeflowSettings):
+            checks.append(lambda cfg: JobCheck(*kube_job_overrides(cfg, settings, smoke)))
+        else:
+            checks.append(slurm_job_check(settings, {"world_size": plan.layout.world,
+                                                     "hardware": plan.hardware_spec.key}, smoke, smoke_nodes))
 
-    built = configure_phases(request, versions, version_notes, job_folder if settings is not None else None)
+    overlay = getattr(settings, "overlay", True) if overlay is None else overlay
+    built = configure_phases(request, container_image, job_folder if settings is not None else None, overlay)
     for index, one in enumerate(built):  # every check first: nothing is written for a request that is refused
         if settings is not None:
             one.job = checks[index](one.cfg)
             one.warnings = one.warnings + one.job.findings
-        one.warnings = one.warnings + list(one.weights.notes) + _time_findings(one, settings, smoke,
-                                                                                chained=index < len(built) - 1)
-        name = output if len(built) == 1 and output is not None else (
-            f"out/{one.plan.name}.yaml" if request.from_config else None)
-        one.output = _output(one.plan, one.overrides, name)
+        one.warnings = (one.warnings + list(one.weights.notes)
+                        + _time_findings(one, settings, smoke, chained=index < len(built) - 1)
+                        + (phase_findings(one.shown, budget_hours or DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
+        one.output = _output(one.plan, one.overrides, _phase_output(output, one, index, len(built), request))
     for one in built:
         emit.write_yaml(one.cfg, one.output, one.meta)
         one.command = torchrun_command(one.output, one.plan.layout.world, one.plan.hardware_spec.gpus_per_node)
     return built
 
 
-def run(one: Built, executor: str = "local", settings: SlurmSettings | None = None, *, smoke: bool = False,
-        smoke_ranks: int = 2, smoke_nodes: int = 1, nproc_per_node: int | None = None, dry_run: bool = False,
-        wait: bool = True, replan: bool = False, after_job: str | None = None, echo: bool = True) -> LaunchResult:
-    """Run one built config: torchrun here (``local``) or a Slurm job (``slurm``, with ``settings``); a later phase
-    waits for ``after_job`` (``afterok``).
+def _phase_output(output, one: Built, index: int, phases: int, request: TrainingRequest) -> str | Path | None:
+    """Where phase ``index`` of ``phases`` goes: ``output`` for one config; ``<stem>-phaseN<suffix>`` of it with
+    phases; ``out/<plan>.yaml`` for a retargeted config; else None (:func:`_output`'s default)."""
+    if output is not None:
+        output = Path(output)
+        return output if phases == 1 else output.with_name(f"{output.stem}-phase{index + 1}{output.suffix or '.yaml'}")
+    return f"out/{one.plan.name}.yaml" if request.from_config else None
+
+
+def run(one: Built, executor: str = "local", settings: SlurmSettings | KubeflowSettings | None = None, *,
+        smoke: bool = False, smoke_ranks: int = 2, smoke_nodes: int = 1, nproc_per_node: int | None = None,
+        dry_run: bool = False, wait: bool = True, replan: bool = False, after_job: str | None = None,
+        echo: bool = True) -> LaunchResult:
+    """Run one built config: torchrun here (``local``), a Slurm job (``slurm``, with its ``settings``; a later phase
+    waits for ``after_job``: ``afterok``), or a Kubeflow Trainer job (``kubeflow``; ``dry_run`` gives its manifest).
 
     Raises:
-        LaunchError: too few GPUs here, or sbatch refused the job.
+        LaunchError: too few GPUs here, or sbatch / Kubernetes refused the job.
     """
     # data and save folders are in the YAML already; the job's exit duration goes on the ranks' command line
     train_args = train_arguments(smoke=smoke, replan=replan, overrides=one.job.overrides if one.job else ())
     if executor == "local":
         return run_local(one.output, one.meta, dict(one.cfg.env_vars or {}), smoke=smoke, smoke_ranks=smoke_ranks,
                          nproc_per_node=nproc_per_node, dry_run=dry_run, train_args=train_args, echo=echo)
+    if executor == "kubeflow":
+        return run_kubeflow(one.output, one.meta, dict(one.cfg.env_vars or {}), settings, smoke=smoke,
+                            smoke_ranks=smoke_ranks, dry_run=dry_run, train_args=train_args,
+                            notes=one.job.notes if one.job else [])[0]
     if after_job:
         settings = dataclasses.replace(settings, sbatch={**settings.sbatch, "dependency": f"afterok:{after_job}"})
     return run_slurm(one.output, one.meta, dict(one.cfg.env_vars or {}), settings, smoke=smoke,
@@ -314,14 +348,16 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
            nproc_per_node: int | None = None, smoke_ranks: int = 2, smoke_nodes: int = 1,
            data_path: list[str] | None = None,
            tokenizer: str | None = None, save_dir: str | None = None, replan: bool = False) -> LaunchResult:
-    """Validate ``cfg`` for its target and run it with torchrun here or as a Slurm job through NeMo-Run.
+    """Validate ``cfg`` for its target and run it with torchrun here, or as a Slurm or Kubeflow Trainer job through
+    NeMo-Run.
 
     Args:
         cfg: a ConfigContainer from lcmoe_recipes (a factory such as ``dsv3_128k_h100()``, ``build_recipe``: it
             remembers its target; a ``copy.deepcopy`` of it does not), any other ConfigContainer (then give
             ``world_size`` and ``hardware``), or the path of a YAML written by ``launch``.
         executor: ``"local"``, ``"slurm"`` (settings from the environment: ``SBATCH_ACCOUNT``), a
-            :class:`~lcmoe_recipes.executors.SlurmSettings`, or a ready ``nemo_run.SlurmExecutor``.
+            :class:`~lcmoe_recipes.executors.SlurmSettings`, a ready ``nemo_run.SlurmExecutor``, or a
+            :class:`~lcmoe_recipes.kubeflow.KubeflowSettings` (a Kubeflow Trainer job; ``dry_run``: its manifest).
         smoke: CPU-only check with ``smoke_ranks`` ranks (gloo all-reduce, no training; no GPU needed); under Slurm
             on ``smoke_nodes`` nodes, each checking that the config's paths exist there.
         dry_run: build the torchrun command / sbatch script and return it without running anything.
@@ -351,21 +387,32 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
         raise LcmoeError(f"unknown executor '{executor}'", f"use one of {', '.join(EXECUTORS)}")
     # Everything that can be refused without building is refused before the YAML is written.
     extra = emit.save_overrides(save_dir) + emit.data_overrides(data_path, tokenizer)  # bad input fails here
+    kube = executor if isinstance(executor, KubeflowSettings) else None
     settings = executor if isinstance(executor, SlurmSettings) else SlurmSettings() if executor == "slurm" else None
     if settings is not None:
         check_settings(settings)
+    if kube is not None:
+        check_kubeflow_settings(kube)
     if isinstance(cfg, (str, os.PathLike)):
         meta = _target(emit.read_meta(cfg), world_size, hardware, f"'{cfg}'")
     else:
         meta = _target(emit.target_of(cfg), world_size, hardware, "this ConfigContainer")
     nodes_for(meta["world_size"], get_hardware(meta["hardware"]).gpus_per_node)
-    image = settings.container_image if settings is not None else getattr(executor, "container_image", None)
-    versions = stack_versions(image)[0]  # the container's versions if listed
+    image = (kube.image if kube is not None else settings.container_image if settings is not None
+             else getattr(executor, "container_image", None))
+    versions = job_versions(image)[0]  # the container's versions if listed (the pinned ones through an overlay)
     if executor == "local":
         yaml, env_vars, _ = _materialize(cfg, meta, output, extra, versions=versions)
         args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer, save_dir=save_dir)
         return run_local(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, nproc_per_node=nproc_per_node,
                          dry_run=dry_run, train_args=args)
+    if kube is not None:
+        yaml, env_vars, job = _materialize(cfg, meta, output, extra, lambda c: JobCheck(*kube_job_overrides(c, kube, smoke)),
+                                           versions)
+        args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer,
+                               save_dir=save_dir, overrides=job.overrides)
+        return run_kubeflow(yaml, meta, env_vars, kube, smoke=smoke, smoke_ranks=smoke_ranks, dry_run=dry_run,
+                            train_args=args, notes=job.notes)[0]
     check = slurm_job_check(settings or _settings_of(executor), meta, smoke, smoke_nodes)
     yaml, env_vars, job = _materialize(cfg, meta, output, extra, check, versions)
     args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer, save_dir=save_dir,
@@ -377,13 +424,13 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
 
 
 def _time_findings(one: Built, settings, smoke: bool, chained: bool) -> list:
-    """A Slurm training job's predicted time against its ``--time`` (:func:`lcmoe_recipes.job_checks.
+    """A Slurm or Kubernetes training job's predicted time against its time limit (:func:`lcmoe_recipes.job_checks.
     training_time_finding`): [] or one warning.
 
     Raises:
         InfeasibleConfig: a phase that would stop early while the next one waits on it (``afterok``).
     """
-    if settings is None or smoke or not one.cfg.train.train_iters:
+    if settings is None or smoke or not one.cfg.train.train_iters or not settings.time:
         return []
     from ..checks import raise_for_errors
     from ..cost import estimate_step

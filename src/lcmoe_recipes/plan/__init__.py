@@ -144,6 +144,10 @@ class Plan:
         num_workers: ``dataset.num_workers``, worker processes per data loader (megatron-bridge 0.6.2 default 2).
         eval_iters: ``validation.eval_iters``; above 0, megatron-bridge builds validation and test data loaders beside
             the training one (32 in megatron-bridge 0.6.2's pre-training template).
+        eval_global_batch_size: ``validation.eval_global_batch_size`` in samples; None: the training GBS
+            (megatron-bridge's default).
+        fs_gbps: aggregate write bandwidth of the filesystem the checkpoints go to, GB/s (1e9 bytes/s), which sets
+            the save cadence (:func:`lcmoe_recipes.cost.wallclock.save_intervals`); None: its stated default.
         pin_cpu_grads: ``optimizer.pin_cpu_grads``: CPU-offloaded optimizer's gradient copies in pinned memory
             (megatron-core 0.19.2 default True).
         reasons: knob name -> :class:`Reason`.
@@ -186,6 +190,8 @@ class Plan:
     create_attention_mask: bool = False
     num_workers: int = 2
     eval_iters: int = 32
+    eval_global_batch_size: int | None = None
+    fs_gbps: float | None = None
     pin_cpu_grads: bool = True
     reasons: dict[str, Reason] = field(default_factory=dict, compare=False)
 

@@ -16,6 +16,15 @@ DEFAULT_SOURCE = ("lcmoe_recipes default where the base model's batch is not pub
                   "step above 100B parameters, ~4.2M (2^22) below (docs/guide.md)")
 
 
+EVAL_ITERS = 32
+"""Evaluation batches per evaluation (``validation.eval_iters``), megatron-bridge 0.6.2's pre-training template's."""
+UPSTREAM_EVAL_TOKENS = EVAL_ITERS * 32 * 4096
+"""Tokens per evaluation in megatron-bridge 0.6.2's pre-training template: eval_iters 32 x GBS 32 x seq_length 4,096
+(``recipes/common.py`` ``_pretrain_common``)."""
+EVAL_SOURCE = ("megatron-bridge 0.6.2 recipes/common.py _pretrain_common (eval_iters 32, GBS 32, seq_length 4096) and "
+               "training/eval.py (eval_global_batch_size independent of the training GBS)")
+
+
 def tokens_per_step(spec: ModelSpec, total_params: float, wish: int | None = None) -> tuple[int, Reason]:
     """Tokens per optimizer step for an extension phase: the request's, else the base model's pre-training batch
     where published (DeepSeek-V3: 15,360 x 4K = 63M, kept in both its extension phases), else our default.
@@ -63,3 +72,19 @@ def choose_batch(seq_length: int, layout: ParallelLayout, mbs: int, tokens: int,
                        f"{tokens / 1e6:.1f}M): {micro} microbatch{'es' if micro != 1 else ''} of MBS {mbs} per DP rank "
                        f"(DP={layout.dp}, PP={layout.pp}{f', VPP={layout.vpp}' if layout.vpp else ''}){note}",
                   SOURCE + (f"; {INTERLEAVED_SOURCE}" if layout.vpp else ""))
+
+
+def choose_eval_batch(seq_length: int, layout: ParallelLayout, mbs: int, eval_iters: int,
+                      train_gbs: int) -> tuple[int, Reason]:
+    """(``validation.eval_global_batch_size``, reason): :data:`UPSTREAM_EVAL_TOKENS` per evaluation over
+    ``eval_iters`` batches, in the fewest sequences that are whole microbatches on every DP rank with every pipeline
+    stage busy (:func:`choose_batch`'s rounding)."""
+    iters = max(1, eval_iters)
+    gbs, _ = choose_batch(seq_length, layout, mbs, max(seq_length, UPSTREAM_EVAL_TOKENS // iters))
+    tokens = gbs * seq_length * iters
+    return gbs, Reason(
+        f"evaluation batch of {gbs} sequences x {iters} batches = {tokens / 1e6:.1f}M tokens per evaluation "
+        f"(megatron-bridge's pre-training template evaluates {UPSTREAM_EVAL_TOKENS / 1e6:.1f}M: 32 x 32 x 4,096; the "
+        f"training batch of {train_gbs} x {seq_length:,} would evaluate {train_gbs * seq_length * iters / 1e9:.1f}B); "
+        "at least MBS x DP x PP sequences so every pipeline stage works", EVAL_SOURCE)
+

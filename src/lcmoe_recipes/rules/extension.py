@@ -12,7 +12,7 @@ from ..layout import ParallelLayout
 from ..plan import Reason, build_pipeline_layout
 from ..request import RunOptions
 from .base import base_layout, choose_base
-from .batch import choose_batch, tokens_per_step
+from .batch import EVAL_ITERS, choose_batch, choose_eval_batch, tokens_per_step
 from .positions import choose_positions
 from .schedule import choose_schedule
 
@@ -42,6 +42,7 @@ def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: Par
     base, why_base, record, (positions, why_positions), (tokens, why_tokens), (schedule, why_schedule) = _run_decisions(
         spec.key, hw.key, seq_length, precision, layout.world, options)
     gbs, why_gbs = choose_batch(seq_length, layout, options.micro_batch_size, tokens, options.global_batch_size)
+    eval_gbs, why_eval = choose_eval_batch(seq_length, layout, options.micro_batch_size, EVAL_ITERS, gbs)
     upstream = base_layout(spec, hw, precision, layout.world, layout.pp, layout.vpp)
     if upstream is not None:
         pipeline = upstream
@@ -55,10 +56,11 @@ def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: Par
             "light)" if pipeline else "PP=1: no pipeline", "lcmoe_recipes.plan.pipeline_stage_layers")
     weights = options.pretrained_checkpoint
     fields = {**base, "positions": positions, "global_batch_size": gbs, "micro_batch_size": options.micro_batch_size,
-              "schedule": schedule, "pipeline_model_parallel_layout": pipeline, "pretrained_checkpoint": weights}
+              "schedule": schedule, "pipeline_model_parallel_layout": pipeline, "pretrained_checkpoint": weights,
+              "eval_iters": EVAL_ITERS, "eval_global_batch_size": eval_gbs}
     reasons = {
         "base_recipe": why_base, "positions": why_positions, "schedule": why_schedule,
-        "pipeline_model_parallel_layout": why_pipeline,
+        "pipeline_model_parallel_layout": why_pipeline, "eval_global_batch_size": why_eval,
         "global_batch_size": Reason(f"{why_gbs.why}; {why_tokens.why}", f"{why_gbs.source}; {why_tokens.source}"),
         "pretrained_checkpoint": Reason(
             f"model weights from {weights} (optimizer state fresh)" if weights else
