@@ -22,8 +22,8 @@ from _generated import generated_main  # noqa: E402
 from published import ALLOCATOR_GAPS, QUALITY, TRACKER  # noqa: E402
 
 from lcmoe_recipes.catalog.kernels import kernel_tables  # noqa: E402
-from lcmoe_recipes.cost.bands import (BORROWED_WIDENING, MEMORY_ERROR_BAND, STEP_ERROR_BAND, TRUSTED,  # noqa: E402
-                                      held_out_ratios)
+from lcmoe_recipes.cost.bands import (BORROWED_WIDENING, MEMORY_ERROR_BAND, MIN_STEP_SECONDS,  # noqa: E402
+                                      STEP_ERROR_BAND, TRUSTED, held_out_ratios)
 from lcmoe_recipes.cost.calibrate import leave_one_out_constants  # noqa: E402
 from lcmoe_recipes.cost.calibrate_step import leave_one_out_tables, predicted_tflops, spread  # noqa: E402
 from lcmoe_recipes.cost.efficiency import BORROWED, FITTED, GPUS, KINDS, constant  # noqa: E402
@@ -195,12 +195,15 @@ def _throughput_section(rows) -> list[str]:
     inside = [k for k, v in held.items() if abs(v - 1) <= GOAL_STEP]
     outside = {k: v for k, v in held.items() if abs(v - 1) > GOAL_STEP}
     other = [k for k, r in rows.items() if not r.fit and r.source.quality not in TRUSTED]
+    short = [k for k, r in rows.items() if not r.fit and r.source.quality in TRUSTED and k not in held]
     lines += ["", f"Held-out rows of trusted sources ({', '.join(TRUSTED)}): {len(inside)} of {len(held)} within "
                   f"±{GOAL_STEP:.0%}; median |ours / published - 1| = {STEP_ERROR_BAND:.1%} (the step error band). "
                   f"Outside ±{GOAL_STEP:.0%}: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in outside.items()) + ". "
                   f"Not in the band ({', '.join(QUALITY[q].split(':')[0] for q in ('disputed', 'functional'))}): "
-                  + ", ".join(other) + ".", "",
+                  + ", ".join(other) + f"; steps under {MIN_STEP_SECONDS:g} s, outside the model's scope: "
+                  + ", ".join(f"{k} {predicted_tflops(rows[k].plan, FITTED) / rows[k].value:.2f}" for k in short)
+                  + ".", "",
               "Why the misses miss, as far as the record shows:", "",
               "* gpt-oss-120b (PS3, PS4, PS10-PS13, PS23-PS25): predicted 1.3-1.8x its published throughput on every "
               "GPU and precision: its attention sinks and 128-token sliding window run outside the cuDNN kernel the "

@@ -172,3 +172,19 @@ def test_memory_check_holds_the_whole_budget():
     over = plan.with_changes(recompute_granularity=None, recompute_modules=())
     errors = [f for f in memory_findings(over) if f.rule == "memory/exceeds-hbm"]
     assert errors and "outside it: dispatcher, CUDA context, NCCL" in errors[0].message
+
+
+def test_explain_lines_show_every_hbm_part_and_each_constants_origin():
+    from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.cost.provenance import budget_lines, constant_lines
+
+    plan = recipe_plan("dsv3_128k_h100")
+    text = "\n".join(budget_lines(plan, 0.05))
+    for part in ("parameters", "activations", "workspace", "allocator peak", "dispatcher", "cuda_context", "nccl",
+                 "fragmentation margin", "free"):
+        assert f"  {part} " in text, part
+    lines = "\n".join(constant_lines(plan))
+    assert "h100 fp8_blockwise" in lines and "fitted on published rows of this GPU" in lines
+    assert "FlashAttention-3 paper" in lines and "error band ±" in lines
+    h200 = "\n".join(constant_lines(plan.with_changes(hardware="h200")))
+    assert "borrowed -- h100 fp8_blockwise stands in: H200 has H100's GH100 tensor cores" in h200
