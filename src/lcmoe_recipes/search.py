@@ -468,12 +468,23 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
     steps: list[float] = []  # sorted step times of the fits
     pruned = 0
     band = ctx.band[0]
+    outcome: dict[tuple[ParallelLayout, int], str] = {}  # per unit: "fit", "pruned" or "rejected"
     for n, i in enumerate(order):
         if not exhaustive:
             cut = _cut(steps, top, band)
             if bounds[i] > cut:  # sorted by this bound: every later candidate is out too
                 pruned += len(order) - n
                 break
+        lay, mbs = units[i]
+        smaller = outcome.get((lay, mbs // 2), "fit") if mbs > 1 else "fit"
+        if smaller != "fit":  # twice the activations of a unit that did not fit (or was slower than the cut)
+            outcome[units[i]] = smaller
+            if smaller == "pruned":
+                pruned += 1
+            else:
+                _reject(rejected, "memory/exceeds-hbm", MEMORY_FIX)
+            continue
+        outcome[units[i]] = "rejected"
         made = _base(ctx, *units[i], rejected)
         if made is None or not _checked(made[0], rejected):
             continue
@@ -482,12 +493,14 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
                 _reject(rejected, "memory/exceeds-hbm", MEMORY_FIX)
                 continue
             if _step_bound(made[0]) > cut:
+                outcome[units[i]] = "pruned"
                 pruned += 1
                 continue
         if not _fits_at_all(ctx, made[0], rejected):
             continue
         candidate = _fit(ctx, *made, rejected)
         if candidate is not None:
+            outcome[units[i]] = "fit"
             fits.append((candidate.step.step_seconds, i, candidate))
             bisect.insort(steps, candidate.step.step_seconds)
     if not fits:

@@ -162,12 +162,12 @@ class MemoryBreakdown:
         """The caching allocator's peak (what ``torch.cuda.max_memory_allocated`` measures), bytes."""
         return sum(getattr(self, n) for n in COMPONENTS)
 
-    @property
+    @cached_property
     def outside(self) -> float:
         """Bytes of HBM outside PyTorch's caching allocator: :data:`OUTSIDE` (dispatcher, CUDA context, NCCL)."""
         return sum(getattr(self, n) for n in OUTSIDE)
 
-    @property
+    @cached_property
     def hbm_total(self) -> float:
         """``total`` plus what lives outside the allocator (:attr:`outside`), bytes."""
         return self.total + self.outside

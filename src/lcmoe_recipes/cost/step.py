@@ -135,6 +135,7 @@ class _RankWork:
     ep_seconds: float
     pp_seconds: float
     bytes_by: tuple[tuple[str, float], ...]
+    attention_seconds: float = 0.0                  # sum of n x attention s over ``attention``
 
 
 def rank_kinds(plan: Plan, pp_rank: int) -> tuple[tuple[tuple[bool, str], int, int], ...]:
@@ -212,7 +213,8 @@ def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
             gemm += (6 * s.embedding + plan.mtp_num_layers * (sum(_layer_flops(s, s.num_layers - 1, plan.seq_length))
                                                               + 6 * (2 * s.h * s.h + s.embedding))) * tokens * share
         out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, exposed_cp, tp, ep,
-                             0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items())))
+                             0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items()),
+                             sum(n * f for (f, _), n in attention.items())))
     return tuple(out)
 
 
@@ -239,8 +241,11 @@ class StepTerms:
         worst = None
         for w, unit in zip(self.ranks, self.gemm_unit):
             gemm = unit / gemm_eff
-            attn = sum(n * a / attn_scale for a, _, n in w.attention) + w.gdn_layers * self.gdn_unit * gdn_step
-            cp = sum(n * max(0.0, c - a / attn_scale) for a, c, n in w.attention) + w.exposed_cp_seconds
+            attn = w.attention_seconds / attn_scale + w.gdn_layers * self.gdn_unit * gdn_step
+            cp = w.exposed_cp_seconds
+            for a, c, n in w.attention:
+                if c * attn_scale > a:  # the ring outlasts the attention it overlaps
+                    cp += n * (c - a / attn_scale)
             ep = w.ep_seconds * self.ep_factor
             t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds
             if worst is None or t_mb > worst[0]:
