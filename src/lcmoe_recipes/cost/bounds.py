@@ -70,6 +70,16 @@ def compute_lower_bound(model_key: str, hw_key: str, precision: str, seq_length:
     recompute, offload and CUDA graphs): the slowest PP rank's compute for one microbatch without recompute and
     without communication, times microbatches plus the pipeline bubble. Needs no Plan, no communication model
     and no checks."""
+    slowest = _slowest_compute(model_key, hw_key, precision, seq_length, mtp_num_layers, micro_batch_size,
+                               layout.tp * layout.cp, layout.pp, layout.vpp or 1)
+    return (num_microbatches + (layout.pp - 1) / (layout.vpp or 1)) * slowest
+
+
+@lru_cache(maxsize=16384)
+def _slowest_compute(model_key: str, hw_key: str, precision: str, seq_length: int, mtp_num_layers: int,
+                     micro_batch_size: int, tp_cp: int, pp: int, vpp: int) -> float:
+    """The slowest PP rank's compute for one microbatch (the bound's per-microbatch term): the same for every
+    layout that differs only in EP, so priced once."""
     hw = get_hardware(hw_key)
     model = get_model(model_key)
     s = shapes(model)
@@ -77,13 +87,10 @@ def compute_lower_bound(model_key: str, hw_key: str, precision: str, seq_length:
     # attention model FLOPs are 3 x forward; the kernels run forward + 2.5 x forward at no more than their best
     best = best_attention_tflops(hw.key, (s.d_qk + s.d_v) / 2)
     attn_rate = 3 * best * 1e12 * constant(hw.key, "attention").value / (1 + BACKWARD_FLOPS)
-    tokens = micro_batch_size * seq_length
-    share = tokens / (layout.tp * layout.cp)
+    share = micro_batch_size * seq_length / tp_cp
     gdn_step = _gdn_seconds(micro_batch_size, seq_length, constant(hw.key, "gdn_step").value)
-    slowest = max(share * (gemm / gemm_rate + attention / attn_rate) + gdn * gdn_step
-                  for gemm, attention, gdn in _rank_flops(model.key, seq_length, layout.pp,
-                                                          layout.vpp or 1, mtp_num_layers))
-    return (num_microbatches + (layout.pp - 1) / (layout.vpp or 1)) * slowest
+    return max(share * (gemm / gemm_rate + attention / attn_rate) + gdn * gdn_step
+               for gemm, attention, gdn in _rank_flops(model.key, seq_length, pp, vpp, mtp_num_layers))
 
 
 def step_lower_bound(plan: Plan) -> float:
