@@ -154,3 +154,11 @@ def test_step_parts_add_up():
     assert est.mfu == pytest.approx(est.tflops_per_gpu / 1978.9)
     assert est.comm_bytes["CP"] > est.comm_bytes["EP"] > 0
     assert est.step_seconds == estimate_step(recipe_plan("dsv3_128k_h100"), dict(FITTED)).step_seconds
+
+
+def test_every_catalogue_gpu_has_an_attention_table():
+    from lcmoe_recipes.catalog import HARDWARE
+    from lcmoe_recipes.catalog.kernels import kernel_source
+
+    for key in HARDWARE:
+        assert attention_tflops(key, True, True, 96, 3000) > 0 and kernel_source(key)

@@ -94,7 +94,7 @@ class PlanResult:
         why: the winner's reason.
         evaluated: layouts whose knobs, checks and memory were worked out (all with ``exhaustive=True``).
         pruned: layouts skipped because a lower bound of their step time is slower than the cut.
-        limit: bytes the predicted peak may reach (HBM less the memory margin).
+        limit: bytes a rank's HBM use may reach (HBM less the memory margin: the fragmentation margin).
         fastest: the fastest fitting candidate (the winner unless its memory headroom said otherwise).
         ties: fitting candidates within the step error band of the fastest, the winner among them.
         band: the step error band the ties were called with (fraction), and ``band_reason`` why.
