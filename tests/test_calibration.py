@@ -130,3 +130,22 @@ def test_calibration_run_keeps_the_per_gpu_shapes():
     # Qwen3-Next keeps a gated-DeltaNet and a full-attention layer
     nxt = calibration_run_plan(recipe_plan("qwen3_next_64k_gb200"))
     assert nxt.model_spec.layer_attention == ("gdn", "full") and nxt.layout.world == 4
+
+
+def test_replan_with_a_profile():
+    """The search ranks and fits with the profile's constants: every candidate's step is estimate_step with them,
+    and the bounds still never cut what the exhaustive search keeps."""
+    from lcmoe_recipes.request import TrainingRequest
+    from lcmoe_recipes.search import plan
+
+    profile = calibrate([(PLAN, read_log(BRIDGE), "qwen3_235b_128k_gb200")])
+    request = TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=128)
+    mine = plan(request, step_table=profile.step_table(), memory_constants=profile.memory_constants())
+    for c in mine.ranked:
+        assert c.step.step_seconds == estimate_step(c.plan, profile.step_table()).step_seconds
+        assert c.memory.total == estimate_memory(c.plan, profile.memory_constants()).total
+    published = plan(request)
+    assert mine.best.step.step_seconds != published.best.step.step_seconds
+    full = plan(request, exhaustive=True, step_table=profile.step_table(),
+                memory_constants=profile.memory_constants())
+    assert [c.plan for c in full.ranked] == [c.plan for c in mine.ranked]

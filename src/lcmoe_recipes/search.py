@@ -47,7 +47,7 @@ from .checks import check_plan
 from .cost import estimate_step, host_findings
 from .cost.bands import MEMORY_ERROR_BAND, band_for
 from .cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
-from .cost.memory import GDN_MEASURED_RATIOS, MemoryBreakdown, rank_memory
+from .cost.memory import GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants, rank_memory
 from .cost.shapes import shapes
 from .cost.step import StepEstimate
 from .errors import InfeasibleConfig
@@ -195,16 +195,24 @@ class _Request:
     cp_guess: tuple[int, Reason]
     tokens: int
     band: tuple[float, str]
+    table: dict | None = None                 # step constants in place of the fitted ones (a calibration profile's)
+    memory_constants: MemoryConstants | None = None
     memo: dict = field(default_factory=dict)  # memory priced for this request: per (plan, PP rank), per split
 
+    @property
+    def table_key(self):
+        """``table`` as sorted (key, value) pairs: hashable, for the cached bounds."""
+        return tuple(sorted(self.table.items())) if self.table else None
 
-def _context(request: TrainingRequest) -> _Request:
+
+def _context(request: TrainingRequest, step_table: dict | None = None,
+             memory_constants: MemoryConstants | None = None) -> _Request:
     model, hw = get_model(request.model), get_hardware(request.hardware)
     precision = choose_precision(model, hw, request.precision)
     return _Request(request, model, hw, memory_limit(model, hw, request.memory_margin), recompute_ladder(model),
                     FRACTIONS if request.allow_cpu_offload else (0.0,), precision, cp_first_guess(request.seq_length),
                     tokens_per_step(model, shapes(model).total_params, request.tokens_per_step)[0],
-                    band_for(hw.key, precision[0], model.gated_delta_net))
+                    band_for(hw.key, precision[0], model.gated_delta_net, step_table), step_table, memory_constants)
 
 
 def _base(ctx: _Request, layout: ParallelLayout, mbs: int, reject: dict) -> tuple[Plan, tuple[Reason, dict]] | None:
@@ -281,7 +289,8 @@ def _rank_peak(ctx: _Request, plan: Plan, pp_rank: int) -> MemoryBreakdown:
     """:func:`~lcmoe_recipes.cost.memory.rank_memory`, priced once per request."""
     memory = ctx.memo.get((plan, pp_rank))
     if memory is None:
-        memory = ctx.memo[(plan, pp_rank)] = rank_memory(plan, pp_rank)
+        memory = ctx.memo[(plan, pp_rank)] = (rank_memory(plan, pp_rank, ctx.memory_constants)
+                                              if ctx.memory_constants else rank_memory(plan, pp_rank))
     return memory
 
 
@@ -311,7 +320,7 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) ->
             if any(f.severity == "error" for f in check_plan(plan) + host_findings(plan)):  # + a node's RAM
                 continue
             plan = with_cp_comm(with_ep_overlap(plan.with_changes(reasons=_reasons(ctx, plan, rules, level, fraction))))
-            return Candidate(plan, _peak(ctx, plan), estimate_step(plan))
+            return Candidate(plan, _peak(ctx, plan), estimate_step(plan, ctx.table))
     _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
     return None
 
@@ -414,18 +423,20 @@ def _why_no_layout(request: TrainingRequest):
         "change the GPU count" + (f", or drop {' / '.join(fixed)}" if fixed else ""))
 
 
-def _step_bound(base: Plan) -> float:
+def _step_bound(base: Plan, table: dict | None = None) -> float:
     """:func:`~lcmoe_recipes.cost.bounds.step_lower_bound` of ``base`` under either CP exchange :func:`_fit` may
     choose (the ring, or hierarchical a2a+p2p where the layout allows it): the smaller of the two."""
-    bound = step_lower_bound(base)
+    bound = step_lower_bound(base, table)
     if base.layout.cp > 1 and base.cp_comm_type == "p2p":
         split = hierarchical_split(base)
         if split is not None:
-            bound = min(bound, step_lower_bound(base.with_changes(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=split)))
+            bound = min(bound, step_lower_bound(base.with_changes(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=split),
+                                                table))
     return bound
 
 
-def plan(request: TrainingRequest, top: int = 5, exhaustive: bool = False) -> PlanResult:
+def plan(request: TrainingRequest, top: int = 5, exhaustive: bool = False, step_table: dict | None = None,
+         memory_constants: MemoryConstants | None = None) -> PlanResult:
     """Search the request's layouts and MBS values; return the winner and the ``top`` fastest fitting candidates
     (see the module doc).
 
@@ -433,11 +444,14 @@ def plan(request: TrainingRequest, top: int = 5, exhaustive: bool = False) -> Pl
         top: candidates in ``ranked`` (the winner first).
         exhaustive: evaluate every candidate instead of skipping those a step-time lower bound rules out (same
             winner and ranking, slower; for tests and the benchmark).
+        step_table, memory_constants: a calibration profile's constants (``CalibrationProfile.step_table()``,
+            ``.memory_constants()``) in place of the published fit: the search ranks and fits with them (the CP
+            exchange rule -- ring or hierarchical -- still compares with the published constants).
 
     Raises:
         InfeasibleConfig: no layout is legal and fits, naming the constraint that rejected most of them.
     """
-    ctx = _context(request)
+    ctx = _context(request, step_table, memory_constants)
     limit_tp = None if request.tp else tp_width_limit(ctx.model)
     result = _search(ctx, enumerate_layouts(request, limit_tp), top, exhaustive)
     if isinstance(result, PlanResult) or limit_tp is None or limit_tp >= 8:
@@ -492,7 +506,7 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
             if _parameters_exceed(ctx, made[0]):
                 _reject(rejected, "memory/exceeds-hbm", MEMORY_FIX)
                 continue
-            if _step_bound(made[0]) > cut:
+            if _step_bound(made[0], ctx.table) > cut:
                 outcome[units[i]] = "pruned"
                 pruned += 1
                 continue
@@ -559,7 +573,7 @@ def _compute_bound(ctx: _Request, layout: ParallelLayout, mbs: int) -> float:
     request = ctx.request
     gbs, _ = choose_batch(request.seq_length, layout, mbs, ctx.tokens, request.global_batch_size)
     return compute_lower_bound(ctx.model.key, ctx.hw.key, ctx.precision[0], request.seq_length,
-                               ctx.model.mtp_num_layers, mbs, layout, max(1, gbs // (mbs * layout.dp)))
+                               ctx.model.mtp_num_layers, mbs, layout, max(1, gbs // (mbs * layout.dp)), ctx.table_key)
 
 
 def _cut(steps: list[float], top: int, band: float) -> float:

@@ -64,12 +64,13 @@ def step_band_for(plan) -> tuple[float, str]:
     return band_for(plan.hardware_spec.key, plan.precision, plan.model_spec.gated_delta_net)
 
 
-def band_for(gpu: str, precision: str, gated_delta_net: bool) -> tuple[float, str]:
+def band_for(gpu: str, precision: str, gated_delta_net: bool,
+             table: dict[tuple[str, str], float] | None = None) -> tuple[float, str]:
     """(step error band, why) of plans on GPU ``gpu`` at ``precision``: :data:`STEP_ERROR_BAND`, plus
     :data:`BORROWED_WIDENING` when a constant such a plan exercises (its GEMM efficiency, its attention scale, the
     gated-DeltaNet scan where the model has one) is borrowed -- the reason names each borrowing."""
     kinds = [precision, "attention"] + (["gdn_step"] if gated_delta_net else [])
-    borrowed = [c for c in (constant(gpu, k) for k in kinds) if not c.anchored]
+    borrowed = [c for c in (constant(gpu, k, table) for k in kinds) if not c.anchored]
     if not borrowed:
         return STEP_ERROR_BAND, (f"±{STEP_ERROR_BAND:.1%}: the median error of the published rows the fit held out, "
                                  f"every constant of {gpu} at {precision} fitted to rows of its own")

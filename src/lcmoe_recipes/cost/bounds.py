@@ -65,42 +65,44 @@ def _rank_flops(model_key: str, seq_length: int, pp: int, vpp: int, mtp: int) ->
 
 
 def compute_lower_bound(model_key: str, hw_key: str, precision: str, seq_length: int, mtp_num_layers: int,
-                        micro_batch_size: int, layout: ParallelLayout, num_microbatches: int) -> float:
+                        micro_batch_size: int, layout: ParallelLayout, num_microbatches: int,
+                        table: tuple[tuple[tuple[str, str], float], ...] | None = None) -> float:
     """Seconds per step, at most ``estimate_step`` of any plan of ``layout`` with these values (whatever its
     recompute, offload and CUDA graphs): the slowest PP rank's compute for one microbatch without recompute and
     without communication, times microbatches plus the pipeline bubble. Needs no Plan, no communication model
-    and no checks."""
+    and no checks. ``table``: constants in place of the fitted ones, as sorted (key, value) pairs (hashable)."""
     slowest = _slowest_compute(model_key, hw_key, precision, seq_length, mtp_num_layers, micro_batch_size,
-                               layout.tp * layout.cp, layout.pp, layout.vpp or 1)
+                               layout.tp * layout.cp, layout.pp, layout.vpp or 1, table)
     return (num_microbatches + (layout.pp - 1) / (layout.vpp or 1)) * slowest
 
 
 @lru_cache(maxsize=16384)
 def _slowest_compute(model_key: str, hw_key: str, precision: str, seq_length: int, mtp_num_layers: int,
-                     micro_batch_size: int, tp_cp: int, pp: int, vpp: int) -> float:
+                     micro_batch_size: int, tp_cp: int, pp: int, vpp: int, table=None) -> float:
     """The slowest PP rank's compute for one microbatch (the bound's per-microbatch term): the same for every
     layout that differs only in EP, so priced once."""
     hw = get_hardware(hw_key)
     model = get_model(model_key)
     s = shapes(model)
-    gemm_rate = hw.peak(precision) * 1e12 * constant(hw.key, precision).value
+    constants = dict(table) if table else None
+    gemm_rate = hw.peak(precision) * 1e12 * constant(hw.key, precision, constants).value
     # attention model FLOPs are 3 x forward; the kernels run forward + 2.5 x forward at no more than their best
     best = best_attention_tflops(hw.key, (s.d_qk + s.d_v) / 2)
-    attn_rate = 3 * best * 1e12 * constant(hw.key, "attention").value / (1 + BACKWARD_FLOPS)
+    attn_rate = 3 * best * 1e12 * constant(hw.key, "attention", constants).value / (1 + BACKWARD_FLOPS)
     share = micro_batch_size * seq_length / tp_cp
-    gdn_step = _gdn_seconds(micro_batch_size, seq_length, constant(hw.key, "gdn_step").value)
+    gdn_step = _gdn_seconds(micro_batch_size, seq_length, constant(hw.key, "gdn_step", constants).value)
     return max(share * (gemm / gemm_rate + attention / attn_rate) + gdn * gdn_step
                for gemm, attention, gdn in _rank_flops(model.key, seq_length, pp, vpp, mtp_num_layers))
 
 
-def step_lower_bound(plan: Plan) -> float:
+def step_lower_bound(plan: Plan, table: dict[tuple[str, str], float] | None = None) -> float:
     """Seconds per step, at most ``estimate_step`` of ``plan`` with any recompute, offload and CUDA graphs: the
     microbatch time of ``plan`` without recompute (compute and exposed TP / CP / EP / PP communication of its
     slowest rank), times microbatches plus the pipeline bubble."""
     bare = plan if plan.recompute_granularity is None else plan.with_changes(
         recompute_granularity=None, recompute_modules=(), recompute_method=None, recompute_num_layers=None)
     lay = plan.layout
-    return (plan.num_microbatches + (lay.pp - 1) / (lay.vpp or 1)) * microbatch_seconds(bare)
+    return (plan.num_microbatches + (lay.pp - 1) / (lay.vpp or 1)) * microbatch_seconds(bare, table)
 
 
 def memory_lower_bound(plan: Plan) -> float:

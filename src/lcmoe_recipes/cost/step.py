@@ -275,10 +275,11 @@ def step_terms(plan: Plan) -> StepTerms:
                      model_flops_per_token(plan) * plan.global_batch_size * plan.seq_length)
 
 
-def microbatch_seconds(plan: Plan) -> float:
+def microbatch_seconds(plan: Plan, table: dict[tuple[str, str], float] | None = None) -> float:
     """Predicted seconds of one microbatch on the slowest pipeline rank (compute and exposed TP / CP / EP / PP
-    communication; what :func:`estimate_step` multiplies by microbatches plus the bubble)."""
-    gemm, attn, gdn = step_constants(plan)
+    communication; what :func:`estimate_step` multiplies by microbatches plus the bubble); ``table``: constants in
+    place of the fitted ones (a calibration profile's)."""
+    gemm, attn, gdn = step_constants(plan, table)
     return step_terms(plan).evaluate(gemm.value, attn.value, gdn.value)[1]
 
 
