@@ -1,4 +1,4 @@
-"""Fit the memory model's two constants to the documented measurements and print them with the leave-one-out check.
+"""Fit the memory model's two constants to the fit subset of the memory rows; print them with the leave-one-out check.
 
     python scripts/calibrate_memory.py
 
@@ -15,7 +15,7 @@ from published import MEMORY_ROWS  # noqa: E402
 
 from lcmoe_recipes.cost.calibrate import fit, leave_one_out, mean_error  # noqa: E402
 
-rows = {k: (plan, pub) for k, (plan, pub, _) in MEMORY_ROWS.items()}
+rows = {k: (r.plan, r.value) for k, r in MEMORY_ROWS.items() if r.fit}
 constants = fit(rows.values())
 print(f"CALIBRATED = {constants}")
 print(f"mean |predicted/published - 1| = {mean_error(rows.values(), constants):.4f}")

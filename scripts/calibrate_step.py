@@ -1,8 +1,9 @@
-"""Fit the step model's efficiencies to the published throughput rows; print them and the leave-one-out check.
+"""Fit the step model's constants to the fit subset of the published throughput rows; print them, the leave-one-out
+check and the error bands.
 
     python scripts/calibrate_step.py
 
-Paste the printed table into src/lcmoe_recipes/cost/step.py (EFFICIENCY) when the model changes;
+Paste the printed table into src/lcmoe_recipes/cost/efficiency.py (FITTED) when the model changes;
 tests/test_comm_step.py fails while they differ. It also prints the error bands the search calls ties with
 (src/lcmoe_recipes/cost/bands.py; tests/test_search.py fails while they differ).
 """
@@ -14,21 +15,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from published import MEMORY_ROWS, THROUGHPUT_ROWS  # noqa: E402
 
-from lcmoe_recipes.cost.bands import memory_band, step_band  # noqa: E402
+from lcmoe_recipes.cost.bands import held_out_ratios, memory_band, step_band  # noqa: E402
 from lcmoe_recipes.cost.calibrate import leave_one_out as memory_leave_one_out  # noqa: E402
-from lcmoe_recipes.cost.calibrate_step import fit, leave_one_out  # noqa: E402
-from lcmoe_recipes.cost.step import estimate_step  # noqa: E402
+from lcmoe_recipes.cost.calibrate_step import fit, leave_one_out, predicted_tflops  # noqa: E402
 
-rows = {k: (plan, pub) for k, (plan, pub, _) in THROUGHPUT_ROWS.items()}
-table = fit(list(rows.values()))
-print("EFFICIENCY = {")
+fit_rows = {k: (r.plan, r.value) for k, r in THROUGHPUT_ROWS.items() if r.fit}
+table = fit(fit_rows.values())
+print("FITTED: dict[tuple[str, str], float] = {")
 for key, value in table.items():
     print(f"    {key!r}: {value!r},")
 print("}")
-loo = leave_one_out(rows)
-for row, (plan, pub) in rows.items():
-    print(f"  {row}: predicted/published {estimate_step(plan, table).tflops_per_gpu / pub:.2f}, "
-          f"leave-one-out {loo[row]:.2f}")
-memory_rows = {k: (plan, pub) for k, (plan, pub, _) in MEMORY_ROWS.items()}
-print(f"STEP_ERROR_BAND = {step_band(loo)}  (median |leave-one-out - 1| of the throughput rows)")
+for row, ratio in leave_one_out(fit_rows).items():
+    print(f"  {row}: fitted {predicted_tflops(fit_rows[row][0], table) / fit_rows[row][1]:.2f}, leave-one-out {ratio:.2f}")
+held = held_out_ratios(THROUGHPUT_ROWS, lambda p: predicted_tflops(p, table))
+print(f"STEP_ERROR_BAND = {step_band(held)}  (median |held-out - 1|, primary and exact secondary rows)")
+memory_rows = {k: (r.plan, r.value) for k, r in MEMORY_ROWS.items()}
 print(f"MEMORY_ERROR_BAND = {memory_band(memory_leave_one_out(memory_rows))}  (worst |leave-one-out - 1| of the memory rows)")

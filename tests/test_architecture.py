@@ -23,11 +23,11 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("request", ("request",)),
     ("rules", ("rules",)),
     ("checks", ("checks", "job_paths", "checkpoint_folders")),
-    ("planner", ("search", "recipes", "retarget", "compare", "report", "explain", "plots")),
+    ("planner", ("search", "recipes", "retarget", "compare", "report", "explain", "plots", "calibration")),
     ("emit", ("emit",)),
     ("resolve", ("resolve", "examine")),
     ("launch", ("launch", "executors", "job_checks", "overlay", "kubeflow")),
-    ("cli", ("cli", "train", "convert", "check", "plan.__main__", "launch.__main__")),
+    ("cli", ("cli", "train", "convert", "check", "calibrate", "plan.__main__", "launch.__main__")),
 ]
 # The package itself is the public facade: it may import anything, and nothing inside the package imports it.
 FACADE = PACKAGE

@@ -60,7 +60,7 @@ def test_bad_input_fails_fast(capsys, tmp_path):
 def test_named_recipe_on_another_target(capsys):
     assert main(["qwen3_235b_128k_gb200", "--hardware", "h100"]) == 1
     out = capsys.readouterr().out
-    assert "error   memory/exceeds-hbm: predicted peak" in out  # 128 x 80 GB is too small for this layout
+    assert "error   memory/exceeds-hbm: predicted HBM use" in out  # 128 x 80 GB is too small for this layout
     assert main(["dsv3_128k_h100", "--gpus", "512"]) == 0
     assert "-> DP2 EDP2 on 512 GPUs" in capsys.readouterr().out
 

@@ -1,4 +1,4 @@
-"""The console scripts pyproject.toml declares (lcmoe-launch, lcmoe-plan, lcmoe-check), as `pip install -e` writes
+"""The console scripts pyproject.toml declares (lcmoe-launch, lcmoe-plan, lcmoe-check, lcmoe-calibrate), as `pip install -e` writes
 them (here into a scratch prefix, so the test does not depend on how this environment was installed), run."""
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ def _run(bin_dir: Path, name: str, *args: str):
 
 def test_console_scripts_run(bin_dir):
     assert sorted(p.name for p in bin_dir.iterdir() if p.name.startswith("lcmoe-")) == [
-        "lcmoe-check", "lcmoe-launch", "lcmoe-plan"]
+        "lcmoe-calibrate", "lcmoe-check", "lcmoe-launch", "lcmoe-plan"]
     plan = _run(bin_dir, "lcmoe-plan", "qwen3_235b", "--seq", "65536", "--gpus", "64", "--hardware", "gb200", "--top", "1")
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout.startswith("qwen3_235b at seq_length 65536 on 64 x gb200: ") and "\nwinner: " in plan.stdout
     check = _run(bin_dir, "lcmoe-check", "out/any.yaml", "--hardware", "a100")
     assert check.returncode == 2  # bad input, refused before anything heavy is imported
     assert check.stderr.splitlines()[0] == "error: unknown hardware 'a100'"
+    calibrate = _run(bin_dir, "lcmoe-calibrate", "missing.log", "--config", "dsv3_128k_h100")
+    assert calibrate.returncode == 2 and calibrate.stderr.startswith("error: cannot read log 'missing.log'")
     listed = _run(bin_dir, "lcmoe-launch", "--list")
     assert listed.returncode == 0 and "dsv3_128k_h100" in listed.stdout

@@ -87,7 +87,12 @@ def test_nothing_cites_the_private_notes():
 # megatron-bridge, torch, NeMo-Run), by their trailing path. Files of dependencies the light environment does not
 # install are named by their package; placeholders in examples are not citations.
 NOT_INSTALLED_HERE = ("transformer_engine/", "pytorch/", "attention/dot_product_attention/", "deep_ep/",
-                      "docs/releases/")  # Transformer Engine, DeepEP (full environment); the NeMo Framework docs site
+                      "docs/releases/",  # Transformer Engine, DeepEP (full environment); the NeMo Framework docs site
+                      # files of the public Megatron-Bridge and Megatron-LM repositories, cited by repository path
+                      # (tests/published.py names the commit): skills cards, verification cards, the performance
+                      # summary; Megatron-LM's MoE guide
+                      "skills/", "examples/model_verification_cards/", "docs/performance-summary",
+                      "megatron/core/transformer/moe/README.md")
 PLACEHOLDERS = ("out/", "my/", "x/", "folder/", "hf_dir/", "iter_NNNNNNN/")
 CITED = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|yaml|json|sh|txt|toml))\b")
 

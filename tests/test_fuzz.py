@@ -44,7 +44,8 @@ LAUNCH_FLAGS = st.lists(st.sampled_from([["--rope", "yarn"], ["--rope", "abf"], 
                                          ["--tokens-per-step", "8388608"], ["--phases", "32768,131072"],
                                          ["--phases", "0,1"], ["--variable-length"], ["--lr", "-1"], ["--json"],
                                          ["--train-iters", "10"], ["--from-hf", "/nonexistent"],
-                                         ["--executor", "slurm"], ["--time", "4"]]), max_size=3).map(
+                                         ["--executor", "slurm"], ["--time", "4"], ["--lr", "-1e-5"],
+                                         ["--gbs", "0"], ["--fs-gbps", "0"]]), max_size=3).map(
     lambda flags: [x for flag in flags for x in flag])
 PLAN_FLAGS = st.lists(st.sampled_from([["--top", "0"], ["--top", "2"], ["--tp", "5"], ["--memory-margin", "2"],
                                        ["--memory-margin", "0.2"], ["--mbs", "0"], ["--json"], ["--gbs", "-1"],
@@ -72,6 +73,13 @@ def _assert_clean(code: int, err: str, written: list[Path]) -> None:
         assert err.strip(), "an error says what was wrong"
 
 
+def _assert_a_fix(code: int, err: str) -> None:
+    """A refused value is answered with a fix for it: "see --help" only where the command line itself is malformed
+    (an unknown flag, a value of the wrong type), never for a value the request's checks refuse."""
+    if code == 2 and "fix: see " in err:
+        assert "error: argument " in err or "unrecognized arguments" in err or "the following arguments" in err, err
+
+
 @pytest.fixture
 def scratch(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -91,6 +99,7 @@ def test_launch_never_tracebacks(scratch, model, seq, gpus, hardware, overrides,
     argv += ["--hardware", hardware] if hardware is not None else []
     code, err = _run(main, argv + extra + overrides)
     _assert_clean(code, err, [out])
+    _assert_a_fix(code, err)
 
 
 @FUZZ
@@ -105,6 +114,7 @@ def test_plan_never_tracebacks(scratch, model, seq, gpus, hardware, extra):
     code, err = _run(main, [model, "--seq", seq, "--gpus", str(gpus), "--hardware", hardware, "--csv",
                             str(csv)] + extra)
     _assert_clean(code, err, [csv])
+    _assert_a_fix(code, err)
 
 
 def _mutations() -> st.SearchStrategy:
@@ -151,3 +161,49 @@ def test_check_on_mangled_yaml_never_tracebacks(scratch, mutation):
     assert "Traceback (most recent call last)" not in err, err
     if kind in ("bytes", "empty", "target", "rename"):
         assert code == 2, (kind, err)  # not UTF-8, not a ConfigContainer, no _target_, an unknown key: refused
+
+
+# Messages a new user met (issue 20, part 4): each names its fix.
+@pytest.mark.parametrize("command,argv,expected", [
+    ("plan", ["dsv3", "--seq", "-4096", "--gpus", "256", "--hardware", "h100"],
+     ("seq_length -4096 must be greater than 0", "fix: use e.g. 131072 (128K)")),
+    ("plan", ["dsv3", "--seq", "131072", "--gpus", "256", "--hardware", "h100", "--tokens-per-step", "0"],
+     ("tokens_per_step 0 must be greater than 0", "fix: use e.g. 8388608 (8M)")),
+    ("plan", ["dsv3", "--seq", "131072", "--gpus", "256", "--hardware", "h100", "--lr", "-1e-5"],
+     ("lr -1e-05 must be greater than 0", "fix: use e.g. 1e-05")),
+    ("check", ["dsv3_128k_h100", "--gpus", "60"],
+     ("60 GPUs do not fill whole h100 nodes of 8 (nor divide one)", "fix: use 56 or 64")),
+])
+def test_messages_name_their_fix(command, argv, expected):
+    from lcmoe_recipes.cli.check import main as check
+    from lcmoe_recipes.cli.plan import main as plan
+
+    code, err = _run({"plan": plan, "check": check}[command], argv)
+    assert code == 2 and all(text in err for text in expected), err
+
+
+def test_a_recompute_fix_offers_only_modules_the_model_has():
+    from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.checks import check_plan
+
+    plan = recipe_plan("qwen3_235b_128k_gb200")
+    found = {f.rule: f for f in check_plan(plan.with_changes(recompute_modules=("core_attn",)))}
+    fix = found["recompute/core-attn-long-context"].fix
+    assert fix == "recompute layernorm / moe_act / moe instead" and "mla_up_proj" not in fix
+    dsv3 = recipe_plan("dsv3_128k_h100")
+    found = {f.rule: f for f in check_plan(dsv3.with_changes(recompute_modules=("core_attn",)))}
+    assert found["recompute/core-attn-long-context"].fix == "recompute layernorm / moe_act / mla_up_proj / moe instead"
+
+
+@pytest.mark.slow
+def test_upstream_notices_print_at_most_once(scratch):
+    """megatron-bridge's gradient_accumulation_fusion notice describes this machine, not the target: it does not
+    print on every build (it printed twice per launch), nor do megatron-core's UserWarnings."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "lcmoe_recipes.launch", "qwen3_next", "--seq", "8192", "--dry-run"],
+                         capture_output=True, text=True, cwd=scratch, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("gradient_accumulation_fusion") <= 1 and "UserWarning" not in out.stderr, out.stderr
+

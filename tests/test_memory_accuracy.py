@@ -1,9 +1,9 @@
 """The memory model against published peak-memory measurements (tests/published.py, each row with its source).
 
 Documented-configuration rows M1-M6 and Q1-Q6 (torch peak allocated, compared with MemoryBreakdown.total, the
-caching allocator's peak): mean |predicted/published - 1| <= 0.08 and every row within 15%, with two constants
-fitted over all rows -- and the same when each row is predicted by constants fitted on the other eleven
-(leave-one-out), so the model is not fitted to each row. Then the physical components, checked by hand.
+caching allocator's peak): two constants fitted on the stated subset (rows marked fit), every held-out row within
+10%, and the fit rows within 10% when predicted by constants fitted on the others (leave-one-out). Then the physical
+components, checked by hand, and the HBM budget outside the allocator.
 """
 
 import pytest
@@ -12,29 +12,25 @@ from published import MEMORY_ROWS, REPORT_ROWS
 from lcmoe_recipes.cost.calibrate import fit, leave_one_out
 from lcmoe_recipes.cost.memory import CALIBRATED, estimate_memory
 
-ROWS = {k: (plan, pub) for k, (plan, pub, _source) in MEMORY_ROWS.items()}
+ROWS = {k: (r.plan, r.value) for k, r in MEMORY_ROWS.items()}
+FIT = {k: v for k, v in ROWS.items() if MEMORY_ROWS[k].fit}
 
 
 def test_calibrated_constants_are_the_fit():
-    assert fit(ROWS.values()) == CALIBRATED  # regenerate with scripts/calibrate_memory.py if this moves
+    assert fit(FIT.values()) == CALIBRATED  # regenerate with scripts/calibrate_memory.py if this moves
 
 
-@pytest.mark.parametrize("row", list(MEMORY_ROWS))
-def test_row_within_15_percent(row):
-    plan, published, source = MEMORY_ROWS[row]
-    ratio = estimate_memory(plan).total / published
-    assert abs(ratio - 1) <= 0.15, f"{row} ({source}): predicted/published = {ratio:.3f}"
-
-
-def test_mean_error_at_most_8_percent():
-    errors = [abs(estimate_memory(p).total / pub - 1) for p, pub in ROWS.values()]
-    assert sum(errors) / len(errors) <= 0.08
+@pytest.mark.parametrize("row", [k for k, r in MEMORY_ROWS.items() if not r.fit])
+def test_held_out_row_within_10_percent(row):
+    r = MEMORY_ROWS[row]
+    ratio = estimate_memory(r.plan).total / r.value
+    assert abs(ratio - 1) <= 0.10, f"{row} ({r.source.file}): predicted/published = {ratio:.3f}"
 
 
 def test_leave_one_out():
-    ratios = leave_one_out(ROWS)
-    assert all(abs(r - 1) <= 0.15 for r in ratios.values()), ratios
-    assert sum(abs(r - 1) for r in ratios.values()) / len(ratios) <= 0.08
+    ratios = leave_one_out(FIT)
+    assert all(abs(r - 1) <= 0.10 for r in ratios.values()), ratios
+    assert sum(abs(r - 1) for r in ratios.values()) / len(ratios) <= 0.05
 
 
 def test_tracks_recompute_and_offload_differences():
@@ -60,8 +56,8 @@ def test_breakdown_of_a_named_recipe():
 
 def test_report_rows_are_computed():
     # unpublished layouts / unknown method: reported in docs/accuracy.md, only sanity-bounded here
-    for row, (plan, published, _) in REPORT_ROWS.items():
-        assert 0.3 < estimate_memory(plan).total / published < 2.0, row
+    for row, r in REPORT_ROWS.items():
+        assert 0.3 < estimate_memory(r.plan).total / r.value < 2.0, row
 
 
 @pytest.mark.slow
@@ -115,7 +111,7 @@ def test_dispatcher_buffers_by_hand_and_outside_the_allocator():
     nvl = 10 * 8 * (288 * 16392 + 11 * 4)
     rdma = 10 * 4 * (128 * 2 * (16392 + 16) + 18 * 2 * 4)
     assert m.dispatcher == nvl + rdma == 545_698_880
-    assert m.hbm_total == m.total + m.dispatcher and "dispatcher" not in m.gib()
+    assert m.hbm_total == m.total + m.dispatcher + m.cuda_context + m.nccl and "dispatcher" not in m.gib()
     # HybridEP, EP32, 8192 tokens per rank (128K / CP4 / TP4): 262144 tokens x (h bf16 + 128 experts fp32 + h/128 fp32)
     assert estimate_memory(recipe_plan("qwen3_235b_128k_gb200")).dispatcher == 262144 * 8832 == 2_315_255_808
 
@@ -134,6 +130,61 @@ def test_gdn_ratios_quoted_are_the_report_rows():
     from lcmoe_recipes.cost.memory import GDN_MEASURED_RATIOS
     from lcmoe_recipes.search import UNCALIBRATED_FACTOR
 
-    ratios = [estimate_memory(REPORT_ROWS[r][0]).total / REPORT_ROWS[r][1] for r in ("N1", "N2", "N3")]
-    assert GDN_MEASURED_RATIOS == (round(min(ratios), 2), round(max(ratios), 2)) == (0.43, 0.74)
+    ratios = [estimate_memory(REPORT_ROWS[r].plan).total / REPORT_ROWS[r].value for r in ("N1", "N2", "N3")]
+    assert GDN_MEASURED_RATIOS == (round(min(ratios), 2), round(max(ratios), 2)) == (0.43, 0.73)
     assert UNCALIBRATED_FACTOR == GDN_MEASURED_RATIOS[1]
+
+
+def test_hbm_budget_outside_the_allocator_by_hand():
+    """DeepSeek-V3 128K on 256 H100 (TP1 CP32 a2a+p2p EP32 PP8, DeepEP): NCCL collectives in DP·CP (32) and the
+    model-parallel group TP·PP·CP (256) -- no TP, EDP 1 -- each 32 channels x (4 MiB Simple + 4,800 KiB LL128 + 512
+    KiB LL); point-to-point with the PP neighbours (2) and the CP ring's neighbours (2), 2 channels x 4 MiB each;
+    DeepEP keeps its own buffers (no NCCL peers for EP). The budget lists every line and what is left free."""
+    from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.cost.memory import CUDA_CONTEXT
+
+    plan = recipe_plan("dsv3_128k_h100")
+    m = estimate_memory(plan)
+    ring = 4 * 2**20 + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16
+    assert m.nccl == 2 * 32 * ring + 4 * 2 * 4 * 2**20 == 650_117_120
+    assert m.cuda_context == CUDA_CONTEXT == 400e6
+    hbm = plan.hardware_spec.hbm_bytes
+    lines = dict(m.budget(hbm, 0.05))
+    assert lines["allocator peak"] == pytest.approx(m.total / 2**30)
+    assert lines["nccl"] == pytest.approx(m.nccl / 2**30) and lines["dispatcher"] == pytest.approx(m.dispatcher / 2**30)
+    assert lines["fragmentation margin"] == pytest.approx(0.05 * hbm / 2**30)
+    assert lines["free"] == pytest.approx((0.95 * hbm - m.hbm_total) / 2**30)
+    # the alltoall dispatcher talks to its 31 EP peers through NCCL
+    nccl = estimate_memory(plan.with_changes(moe_token_dispatcher_type="alltoall", moe_flex_dispatcher_backend=None))
+    assert nccl.nccl - m.nccl == 31 * 2 * 4 * 2**20 and nccl.dispatcher == 0
+
+
+def test_memory_check_holds_the_whole_budget():
+    """memory/exceeds-hbm fires on the allocator's peak plus what lives outside it, against 95% of HBM."""
+    from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.cost import HBM_MARGIN, memory_findings
+
+    plan = recipe_plan("qwen3_235b_128k_gb200")
+    m = estimate_memory(plan)
+    hbm = plan.hardware_spec.hbm_bytes
+    assert m.total <= HBM_MARGIN * hbm
+    assert bool([f for f in memory_findings(plan) if f.rule == "memory/exceeds-hbm"]) == (m.hbm_total > HBM_MARGIN * hbm)
+    over = plan.with_changes(recompute_granularity=None, recompute_modules=())
+    errors = [f for f in memory_findings(over) if f.rule == "memory/exceeds-hbm"]
+    assert errors and "outside it: dispatcher, CUDA context, NCCL" in errors[0].message
+
+
+def test_explain_lines_show_every_hbm_part_and_each_constants_origin():
+    from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.cost.provenance import budget_lines, constant_lines
+
+    plan = recipe_plan("dsv3_128k_h100")
+    text = "\n".join(budget_lines(plan, 0.05))
+    for part in ("parameters", "activations", "workspace", "allocator peak", "dispatcher", "cuda_context", "nccl",
+                 "fragmentation margin", "free"):
+        assert f"  {part} " in text, part
+    lines = "\n".join(constant_lines(plan))
+    assert "h100 fp8_blockwise" in lines and "fitted on published rows of this GPU" in lines
+    assert "FlashAttention-3 paper" in lines and "error band ±" in lines
+    h200 = "\n".join(constant_lines(plan.with_changes(hardware="h200")))
+    assert "borrowed -- h100 fp8_blockwise stands in: H200 has H100's GH100 tensor cores" in h200

@@ -26,7 +26,7 @@ def test_checkpoint_size_and_cadence_for_deepseek_v3():
     assert cadence.non_persistent * step >= cadence.write_seconds  # one write apart
     slow = wc.save_intervals(plan, fs_gbps=0.5, base_interval=2000)  # 3.7 h per write: no closer than one write
     assert slow.non_persistent == -(-slow.write_seconds // step) > cadence.non_persistent
-    assert "no closer than 15 steps, one write apart" in slow.reason.why
+    assert "no closer than 14 steps, one write apart" in slow.reason.why  # 13,421 s per write / 968 s per step
     assert wc.save_intervals(plan, fs_gbps=0.1).persistent * step >= wc.write_seconds(plan, 0.1)
     with pytest.raises(ValueError, match="bandwidth 0 GB/s is not positive"):
         wc.save_intervals(plan, fs_gbps=0)

@@ -72,7 +72,7 @@ def column_record(column: Column) -> dict:
                                "vpp": lay.vpp, "dp": lay.dp, "edp": lay.edp},
             "recompute": "full" if p.recompute_granularity == "full" else ("+".join(p.recompute_modules) or "none"),
             "offload": p.optimizer_offload_fraction, "global_batch_size": p.global_batch_size,
-            "tokens_per_step": p.tokens_per_step, "memory_gib": best.memory.total / 2**30,
+            "tokens_per_step": p.tokens_per_step, "memory_gib": best.memory.hbm_total / 2**30,
             "limit_gib": column.result.limit / 2**30, "step_seconds": step.step_seconds,
             "tokens_per_s_per_gpu": step.tokens_per_s_per_gpu,
             "tokens_per_s": step.tokens_per_s_per_gpu * lay.world, "tflops_per_gpu": step.tflops_per_gpu,

@@ -51,6 +51,10 @@ class OverrideError(LcmoeError):
     """A Hydra override that cannot be applied (bad syntax, unknown key, wrong type)."""
 
 
+class CalibrationError(LcmoeError):
+    """A training log or calibration profile that cannot be used (names the file, the line and the fix)."""
+
+
 class LaunchError(LcmoeError):
     """A valid config that cannot start here (too few GPUs) or whose launch failed (sbatch refused it, the job
     failed). The CLI turns it into exit code 1: the YAML is written, the problem is the cluster or the run."""

@@ -60,6 +60,46 @@ def edits_of_named_recipe(cfg, meta: dict) -> list[tuple[str, object, object]]:
             if str(ours.get(path, missing)) != str(theirs.get(path, missing))]
 
 
+def read_config(config: str, gpus: int | None = None, hardware: str | None = None):
+    """(ConfigContainer, YAML header, Hardware, world size) of a ConfigContainer YAML, for ``gpus`` x ``hardware``
+    or, where not given, the target its header records.
+
+    Raises:
+        LcmoeError: a missing file or a name that is neither a file nor a named recipe (with the closest one), a
+            target the YAML does not record; UnknownName: unknown hardware.
+    """
+    if not Path(config).is_file():
+        if Path(config).suffix in (".yaml", ".yml") or "/" in config:
+            raise LcmoeError(f"config file '{config}' does not exist", "give the path of a ConfigContainer YAML, e.g. "
+                             "the out/<recipe>.yaml that launch --dry-run writes")
+        close = difflib.get_close_matches(config, list(NAMED_RECIPES), n=1)
+        raise LcmoeError(f"'{config}' is neither a file nor a named recipe", (f"did you mean '{close[0]}'? " if close
+                         else "") + f"give a ConfigContainer YAML, or one of: {', '.join(NAMED_RECIPES)}")
+    from . import emit
+
+    meta = emit.read_meta(config)
+    gpus, hw_key = gpus or meta.get("world_size"), hardware or meta.get("hardware")
+    missing = [flag for flag, value in (("--gpus N", gpus), ("--hardware NAME", hw_key)) if not value]
+    if missing:
+        raise LcmoeError(f"'{config}' does not record its target", f"give {' and '.join(missing)}")
+    cfg, _ = emit.read_yaml(config)
+    return cfg, meta, get_hardware(hw_key), gpus
+
+
+def config_plan(config: str, gpus: int | None = None, hardware: str | None = None) -> Plan:
+    """The Plan a named recipe or a ConfigContainer YAML (:func:`read_config`) states.
+
+    Raises:
+        LcmoeError: see :func:`read_config`.
+    """
+    if config in NAMED_RECIPES and not Path(config).exists():
+        return recipe_plan(config)
+    from . import emit
+
+    cfg, meta, hw, gpus = read_config(config, gpus, hardware)
+    return emit.plan_from_config(cfg, hw, gpus, meta.get("recipe") or Path(config).stem)
+
+
 def examine(config: str, gpus: int | None = None, hardware: str | None = None, container_image: str | None = None,
             model_config: str | None = None, overlay: bool = True) -> Examination:
     """Examine ``config`` (a ConfigContainer YAML path or a named recipe) for ``gpus`` x ``hardware`` (default: the
@@ -95,22 +135,9 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
                              f"python -m lcmoe_recipes.check out/{config}.yaml --container-image {container_image}")
         return Examination(plan, all_findings(plan), "plan checks and the cost model (upstream validate() and the "
                            "known upstream bugs run on YAML files and in launch)")
-    if not Path(config).is_file():
-        if Path(config).suffix in (".yaml", ".yml") or "/" in config:
-            raise LcmoeError(f"config file '{config}' does not exist", "give the path of a ConfigContainer YAML, e.g. "
-                             "the out/<recipe>.yaml that launch --dry-run writes")
-        close = difflib.get_close_matches(config, list(NAMED_RECIPES), n=1)
-        raise LcmoeError(f"'{config}' is neither a file nor a named recipe", (f"did you mean '{close[0]}'? " if close
-                         else "") + f"give a ConfigContainer YAML, or one of: {', '.join(NAMED_RECIPES)}")
     from . import emit
 
-    meta = emit.read_meta(config)
-    gpus, hw_key = gpus or meta.get("world_size"), (hw_arg.key if hw_arg else meta.get("hardware"))
-    missing = [flag for flag, value in (("--gpus N", gpus), ("--hardware NAME", hw_key)) if not value]
-    if missing:
-        raise LcmoeError(f"'{config}' does not record its target", f"give {' and '.join(missing)}")
-    hw = get_hardware(hw_key)
-    cfg, _ = emit.read_yaml(config)
+    cfg, meta, hw, gpus = read_config(config, gpus, hw_arg.key if hw_arg else None)
     name = meta.get("recipe") or Path(config).stem
     edited = edits_of_named_recipe(cfg, meta)
     if edited:

@@ -12,9 +12,11 @@ from typing import Any
 from .checks import Finding, check_plan
 from .checks.feasibility import layout_is_legal
 from .cost import HOST_MARGIN, estimate_host_memory, estimate_memory, estimate_step, host_findings, memory_findings
+from .cost.provenance import budget_lines, constant_lines
 from .plan import PRECISIONS, Plan
 from .ranks import placement
 from .report import Citations, schedule_text
+from .request import DEFAULT_MEMORY_MARGIN
 
 
 def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
@@ -88,6 +90,7 @@ def explain_text(plan: Plan, findings: list[Finding] | None = None, citations: C
                   f"{step.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {step.mfu:.1%}); seconds per step:"]
     lines += [f"  {k:<18} {v:8.2f}" for k, v in step.parts.items()]
     lines += ["traffic per GPU per step (GB):"] + [f"  {k:<5} {v / 1e9:10.2f}" for k, v in step.comm_bytes.items()]
+    lines += [""] + budget_lines(plan, DEFAULT_MEMORY_MARGIN) + [""] + constant_lines(plan)
     return "\n".join(lines)
 
 
@@ -110,6 +113,8 @@ def explain_json(plan: Plan, findings: list[Finding] | None = None) -> dict[str,
         "step": {"seconds": step.step_seconds, "tokens_per_s_per_gpu": step.tokens_per_s_per_gpu,
                  "tflops_per_gpu": step.tflops_per_gpu, "mfu": step.mfu, "parts_seconds": step.parts,
                  "comm_bytes": step.comm_bytes},
+        "hbm_budget_gib": dict(mem.budget(hw.hbm_bytes, DEFAULT_MEMORY_MARGIN)),
+        "provenance": constant_lines(plan),
     }
 
 

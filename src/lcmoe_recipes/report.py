@@ -149,34 +149,53 @@ def format_plan(plan: Plan, warnings: list[Finding] = (), overrides: list[str] =
     return "\n".join(lines)
 
 
-TABLE_COLUMNS = ("rank", "TP", "CP", "EP", "PP", "VPP", "DP", "EDP", "recompute", "offload", "memory GiB",
+TABLE_COLUMNS = ("rank", "TP", "CP", "EP", "PP", "VPP", "DP", "EDP", "recompute", "offload", "MBS", "memory GiB",
                  "TP s", "CP s", "EP s", "DP s", "bubble s", "step s", "TFLOP/s", "MFU")
+# with a calibration profile, the step and TFLOP/s columns are the profile's; these are the published fit's beside them
+PUBLISHED_COLUMNS = ("step s (published)", "TFLOP/s (published)")
 
 
-def table_records(result) -> list[dict]:
-    """One record per ranked candidate, numbers unformatted (GiB, seconds per step, TFLOP/s, MFU as a fraction)."""
+def table_records(result, calibrated: bool = False) -> list[dict]:
+    """One record per ranked candidate, numbers unformatted (GiB of HBM use: the allocator's peak plus the buffers
+    outside it; seconds per step; TFLOP/s; MFU as a fraction). ``calibrated``: the search ran with a calibration
+    profile's constants, and the published fit's step and TFLOP/s are added beside them."""
+    from .cost import estimate_step
+
     records = []
     for i, c in enumerate(result.ranked, 1):
         lay, p, parts = c.plan.layout, c.plan, c.step.parts
         rec = "full" if p.recompute_granularity == "full" else ("+".join(p.recompute_modules) or "none")
-        records.append({"rank": i, "TP": lay.tp, "CP": lay.cp, "EP": lay.ep, "PP": lay.pp, "VPP": lay.vpp or 1,
-                        "DP": lay.dp, "EDP": lay.edp, "recompute": rec, "offload": p.optimizer_offload_fraction,
-                        "memory GiB": c.memory.total / 2**30, "TP s": parts["tp_exposed"], "CP s": parts["cp_exposed"],
-                        "EP s": parts["ep_exposed"], "DP s": parts["dp_exposed"], "bubble s": parts["bubble"],
-                        "step s": c.step.step_seconds, "TFLOP/s": c.step.tflops_per_gpu, "MFU": c.step.mfu})
+        record = {"rank": i, "TP": lay.tp, "CP": lay.cp, "EP": lay.ep, "PP": lay.pp, "VPP": lay.vpp or 1,
+                  "DP": lay.dp, "EDP": lay.edp, "recompute": rec, "offload": p.optimizer_offload_fraction,
+                  "MBS": p.micro_batch_size, "memory GiB": c.memory.hbm_total / 2**30, "TP s": parts["tp_exposed"],
+                  "CP s": parts["cp_exposed"], "EP s": parts["ep_exposed"], "DP s": parts["dp_exposed"],
+                  "bubble s": parts["bubble"], "step s": c.step.step_seconds, "TFLOP/s": c.step.tflops_per_gpu,
+                  "MFU": c.step.mfu}
+        if calibrated:
+            published = estimate_step(c.plan)
+            record.update(zip(PUBLISHED_COLUMNS, (published.step_seconds, published.tflops_per_gpu)))
+        records.append(record)
     return records
 
 
-def table_rows(result) -> list[tuple]:
+def table_rows(result, calibrated: bool = False) -> list[tuple]:
     """:func:`table_records` formatted for the text table and the CSV."""
     formats = {"offload": "{:g}", "memory GiB": "{:.1f}", "TP s": "{:.2f}", "CP s": "{:.2f}", "EP s": "{:.2f}",
-               "DP s": "{:.2f}", "bubble s": "{:.2f}", "step s": "{:.2f}", "TFLOP/s": "{:.0f}", "MFU": "{:.1%}"}
-    return [tuple(formats[k].format(v) if k in formats else v for k, v in r.items()) for r in table_records(result)]
+               "DP s": "{:.2f}", "bubble s": "{:.2f}", "step s": "{:.2f}", "TFLOP/s": "{:.0f}", "MFU": "{:.1%}",
+               PUBLISHED_COLUMNS[0]: "{:.2f}", PUBLISHED_COLUMNS[1]: "{:.0f}"}
+    return [tuple(formats[k].format(v) if k in formats else v for k, v in r.items())
+            for r in table_records(result, calibrated)]
 
 
-def format_table(result, markdown: bool = False) -> str:
+def table_columns(calibrated: bool = False) -> tuple[str, ...]:
+    """The decision table's columns (:data:`TABLE_COLUMNS`, and :data:`PUBLISHED_COLUMNS` with a profile)."""
+    return TABLE_COLUMNS + (PUBLISHED_COLUMNS if calibrated else ())
+
+
+def format_table(result, markdown: bool = False, calibrated: bool = False) -> str:
     """The decision table as aligned text (or Markdown)."""
-    rows = [tuple(str(x) for x in TABLE_COLUMNS)] + [tuple(str(x) for x in r) for r in table_rows(result)]
+    rows = [tuple(str(x) for x in table_columns(calibrated))] + [tuple(str(x) for x in r)
+                                                                for r in table_rows(result, calibrated)]
     return aligned(rows, markdown)
 
 
@@ -190,14 +209,14 @@ def aligned(rows: list[tuple[str, ...]], markdown: bool = False, labels: bool = 
                                 for i, (v, w) in enumerate(zip(r, widths))) for r in rows)
 
 
-def format_result(result, citations: Citations | None = None, explain: bool = False) -> str:
+def format_result(result, citations: Citations | None = None, explain: bool = False, calibrated: bool = False) -> str:
     """Decision table, the winner's knobs with their reasons, and what was rejected."""
     best = result.best
     citations = citations if citations is not None else Citations()
     layout = best.plan.reasons.get("layout")
     out = [f"{result.request.model} at seq_length {result.request.seq_length} on {result.request.num_gpus} x "
            f"{result.request.hardware}: {result.considered} layouts considered, {len(result.ranked)} shown "
-           "(exposed seconds per step by collective)", format_table(result), "",
+           "(exposed seconds per step by collective)", format_table(result, calibrated=calibrated), "",
            f"winner: {result.why} {citations.cite(layout.source) if layout else ''}".rstrip(),
            f"  pipeline layout {best.plan.pipeline_model_parallel_layout or 'none'}, MBS {best.plan.micro_batch_size} "
            f"GBS {best.plan.global_batch_size}, {best.plan.precision}, {best.plan.moe_token_dispatcher_type}"
@@ -207,19 +226,27 @@ def format_result(result, citations: Citations | None = None, explain: bool = Fa
     for knob, r in shown.items():
         line = f"  - {knob}: {r.why}"
         out.append(f"{line} {citations.cite(r.source)}" if explain else one_line(line, citations.cite(r.source)))
+    out.append(f"  decided by: {result.rule} (within ±{result.band:.1%} of the fastest, {result.ties} tie(s); "
+               f"{result.band_reason})" if result.band_reason else f"  decided by: {result.rule}")
+    if result.tp_note:
+        out.append(f"  TP: {result.tp_note}")
+    if explain and len(result.tie_break) > 1:
+        out.append("  ties (layout, MBS, step s, HBM headroom GiB, keeps the memory band free, winner):")
+        out += [f"    {lay}, MBS {mbs}: {step:.2f} s, {free / 2**30:.1f} GiB free{', band free' if safe else ''}"
+                f"{'  <- winner' if won else ''}" for lay, mbs, step, free, safe, won in result.tie_break]
     if result.rejected:
         out.append("rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(result.rejected.items(), key=lambda kv: -kv[1])))
     return "\n".join(out)
 
 
-def write_csv(result, path) -> None:
-    """The decision table as CSV (:data:`TABLE_COLUMNS`)."""
+def write_csv(result, path, calibrated: bool = False) -> None:
+    """The decision table as CSV (:func:`table_columns`)."""
     import csv
 
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(TABLE_COLUMNS)
-        writer.writerows(table_rows(result))
+        writer.writerow(table_columns(calibrated))
+        writer.writerows(table_rows(result, calibrated))
 
 
 def format_costs(plan: Plan) -> str:

@@ -88,7 +88,8 @@ class TrainingRequest(BaseModel):
     allow_cpu_offload: bool = True
     variable_length: bool = Field(default=False, description="packed / variable-length batches (no CUDA graphs)")
     memory_margin: float = Field(default=DEFAULT_MEMORY_MARGIN, description="fraction of HBM the plan keeps free "
-                                 "(default 0.05: the predicted peak may reach 95% of HBM)")
+                                 "(default 0.05: the predicted HBM use, allocator peak and buffers outside it, may "
+                                 "reach 95% of HBM)")
     # --- run options ---------------------------------------------------------------------------------------------
     rope: str = Field(default="auto", description="positions: auto, yarn, abf or keep (rules/positions.py)")
     tokens_per_step: int | None = Field(default=None, description="tokens per optimizer step")
@@ -108,6 +109,10 @@ class TrainingRequest(BaseModel):
                                  "logs (each phase in DIR/phaseN_<len>k)")
     data_path: tuple[str, ...] = Field(default=(), description="Megatron dataset prefixes, optionally weighted")
     tokenizer: str | None = Field(default=None, description="Hugging Face tokenizer for real data")
+    calibration: str | None = Field(default=None, description="a calibration profile (lcmoe-calibrate): the search "
+                                    "ranks and fits with its constants in place of the published fit")
+    calibration_run: bool = Field(default=False, description="plan the one-node run that measures what calibration "
+                                  "needs (the target's per-GPU shapes, fewer layers, PP 1) instead of the target")
     fs_gbps: float | None = Field(default=None, description="write bandwidth of the checkpoint filesystem, GB/s: sets "
                                   "the save cadence (default: lcmoe_recipes.cost.wallclock.DEFAULT_FS_GBPS)")
     phase: int | None = Field(default=None, description="1-based phase of a phased run (set by the resolver)")
@@ -119,8 +124,12 @@ class TrainingRequest(BaseModel):
         and, where the validator names one, the fix.
 
         Raises:
-            LcmoeError: the message lists each bad field; ModelConfigError: a bad model_config file.
+            LcmoeError: the message lists each bad field; UnknownName: an unknown model or hardware name (with the
+                closest one), as the catalogue says it; ModelConfigError: a bad model_config file.
         """
+        for key, lookup in (("model", get_model), ("hardware", get_hardware)):
+            if isinstance(fields.get(key), str):
+                lookup(fields[key])
         try:
             return cls(**fields)
         except ValidationError as exc:
@@ -143,8 +152,9 @@ class TrainingRequest(BaseModel):
         return type(self).parse(**{**self.fields(), **changes})
 
     def fields(self) -> dict:
-        """The fields that differ from their defaults, by name (``model_config`` under its alias)."""
-        return self.model_dump(by_alias=True, exclude_defaults=True)
+        """The fields that were given, by name (``model_config`` under its alias): what :meth:`replace` keeps, so a
+        wish given at its default value (``micro_batch_size=1``: MBS fixed, not searched) stays given."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
 
     def run_options(self) -> RunOptions:
         """The per-run options every plan's common decisions take (:mod:`lcmoe_recipes.rules.extension`)."""
@@ -158,12 +168,9 @@ class TrainingRequest(BaseModel):
         return [name for name in LAYOUT_WISHES if getattr(self, name) != defaults[name].default]
 
     def __init__(self, **data) -> None:
-        # names and files first, so that their own errors (UnknownName with the closest name, ModelConfigError with
-        # the bad key) reach the user as they are, not wrapped in pydantic's
         path = data.get("model_config", data.get("model_config_path"))
-        for value, lookup in ((path, get_model), (data.get("model"), get_model), (data.get("hardware"), get_hardware)):
-            if isinstance(value, str):
-                lookup(value)
+        if path is not None:
+            get_model(str(path))  # a bad file raises ModelConfigError itself (exit 2 on the command line), not wrapped
         super().__init__(**data)
 
     # --- validation ----------------------------------------------------------------------------------------------

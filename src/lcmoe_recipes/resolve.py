@@ -139,9 +139,30 @@ def _matching_recipe(request: TrainingRequest) -> NamedRecipe | None:
         return None
 
 
-def _search(request: TrainingRequest) -> Plan:
-    from .search import plan as search
+def profile_of(request: TrainingRequest):
+    """The request's calibration profile (:func:`lcmoe_recipes.calibration.read_profile`), or None.
 
+    Raises:
+        CalibrationError: a profile that cannot be read (names the file and the fix).
+    """
+    if not request.calibration:
+        return None
+    from .calibration import read_profile
+
+    return read_profile(request.calibration)
+
+
+def search(request: TrainingRequest, top: int = 5):
+    """:func:`lcmoe_recipes.search.plan` for ``request``, with its calibration profile's constants where it gives one."""
+    from .search import plan
+
+    profile = profile_of(request)
+    if profile is None:
+        return plan(request, top=top)
+    return plan(request, top=top, step_table=profile.step_table(), memory_constants=profile.memory_constants())
+
+
+def _search(request: TrainingRequest) -> Plan:
     return search(request).best.plan
 
 
@@ -277,6 +298,10 @@ def resolve(request: TrainingRequest) -> Plan:
         plan = plan.with_changes(name=f"{plan.name}-phase{request.phase}")
     if request.fs_gbps is not None:
         plan = plan.with_changes(fs_gbps=request.fs_gbps)
+    if request.calibration_run:
+        from .calibration import calibration_run_plan
+
+        plan = calibration_run_plan(plan)
     return plan
 
 

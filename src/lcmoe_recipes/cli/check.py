@@ -22,7 +22,7 @@ from ..errors import LcmoeError
 from ..examine import examine
 from ..recipes import NAMED_RECIPES
 from ..report import format_findings
-from .common import ArgumentParser
+from .common import ArgumentParser, calibrated_line
 
 
 def list_known_issues(container_image: str | None = None) -> int:
@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                         "recipe's)")
     parser.add_argument("--container-image", metavar="IMAGE", help="judge known upstream bugs for the versions in "
                         "this container (listed NGC NeMo images; default: the installed versions)")
+    parser.add_argument("--calibration", metavar="PROFILE", help="also show the predictions with a calibration "
+                        "profile's constants (lcmoe-calibrate) beside the published fit's")
     parser.add_argument("--no-overlay", action="store_true", help="with --container-image: judge the image's own "
                         "megatron-core / megatron-bridge (default: the pinned ones, which launch puts in an overlay "
                         "where the image's differ)")
@@ -94,4 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                     [(k, f"{v / 1e9:.1f}", f"{step.parts.get(k.lower() + '_exposed', 0.0):.2f}")
                      for k, v in step.comm_bytes.items()], title=f"communication (step {step.step_seconds:.2f} s)")
     print(format_findings(plan, findings))
+    if args.calibration:
+        try:
+            print(calibrated_line(plan, args.calibration))
+        except LcmoeError as exc:
+            return exc.report()
     return 1 if found.errors else 0

@@ -76,14 +76,16 @@ def request_arguments(parser, target: bool = True, several_gpus: bool = False) -
     parser.add_argument("--model-config", metavar="PATH", help="your model's Hugging Face config.json (or a folder "
                         "holding one), instead of a catalogue MODEL: any architecture megatron-bridge can build")
     parser.add_argument("--gbs", type=int, help="global batch size (default: --tokens-per-step / seq_length)")
-    parser.add_argument("--mbs", type=int, default=1, help="micro batch size (default 1)")
+    parser.add_argument("--mbs", type=int, help="micro batch size (default: a named recipe's 1; planned: the search "
+                        "tries 1, 2 and 4 where memory and shapes allow)")
     parser.add_argument("--dispatcher", help="deepep, hybridep or alltoall (default: by hardware)")
     for name in ("tp", "pp", "cp", "ep"):
         parser.add_argument(f"--{name}", type=int, help=f"fix {name.upper()}")
     parser.add_argument("--no-offload", action="store_true", help="never offload optimizer state to the CPU")
     parser.add_argument("--variable-length", action="store_true", help="packed / variable-length batches")
     parser.add_argument("--memory-margin", type=float, metavar="F", help="fraction of HBM the plan keeps free "
-                        "(default 0.05: the predicted peak may reach 95%% of HBM), e.g. 0.1")
+                        "(default 0.05: the predicted HBM use -- allocator peak and the buffers outside it -- may "
+                        "reach 95%% of HBM), e.g. 0.1")
     parser.add_argument("--rope", choices=ROPE_CHOICES, default="auto", help="positions: auto (keep RoPE when "
                         "seq_length fits the trained range, else YaRN), yarn, abf (raise the RoPE base) or keep")
     parser.add_argument("--tokens-per-step", type=int, metavar="N", help="tokens per optimizer step; GBS follows "
@@ -92,6 +94,9 @@ def request_arguments(parser, target: bool = True, several_gpus: bool = False) -
     parser.add_argument("--lr", type=float, help="learning rate of the phase (default: the base model's final LR, "
                         "constant after a short warm-up)")
     parser.add_argument("--train-iters", type=int, metavar="N", help="optimizer steps of the phase (default 1000)")
+    parser.add_argument("--calibration", metavar="PROFILE", help="a calibration profile from your own runs "
+                        "(lcmoe-calibrate): plans are ranked and fitted with its constants, and shown beside the "
+                        "published fit's")
 
 
 # parsed flag -> TrainingRequest field, for the flags whose names differ
@@ -99,7 +104,8 @@ _FIELDS = {"gbs": "global_batch_size", "mbs": "micro_batch_size", "gpus": "num_g
            "seq": "seq_length", "from_config": "from_config"}
 _REQUEST_FLAGS = ("precision", "gbs", "mbs", "dispatcher", "tp", "pp", "cp", "ep", "memory_margin", "rope",
                   "tokens_per_step", "lr", "train_iters", "model_config", "variable_length", "gpus", "hardware", "seq",
-                  "from_hf", "from_checkpoint", "convert_to", "from_config", "save_dir", "tokenizer", "fs_gbps")
+                  "from_hf", "from_checkpoint", "convert_to", "from_config", "save_dir", "tokenizer", "fs_gbps",
+                  "calibration", "calibration_run")
 
 
 def request_from_args(args: argparse.Namespace, named: tuple[str, ...] = (), **fields) -> TrainingRequest:
@@ -182,3 +188,18 @@ def write_plot_files(plans: list, folder, request: TrainingRequest | None = None
     sweep = [(seq, c.memory.total, c.step.tflops_per_gpu, c.plan.layout.cp) for seq, c in seq_sweep(request)]
     limit = memory_limit(first.model_spec, first.hardware_spec, request.memory_margin)
     return write_plots(plans, folder, limit, sweep)
+
+
+def calibrated_line(plan, profile_path: str) -> str:
+    """``plan``'s predictions with a calibration profile's constants beside the published fit's, one line.
+
+    Raises:
+        CalibrationError: a profile that cannot be read.
+    """
+    from ..calibration import read_profile
+
+    p = read_profile(profile_path).predictions(plan)
+    return (f"with {profile_path}: step {p['step_s_calibrated']:.1f} s (published fit {p['step_s_published']:.1f} s), "
+            f"{p['tflops_calibrated']:.0f} TFLOP/s per GPU ({p['tflops_published']:.0f}), HBM use "
+            f"{p['hbm_gib_calibrated']:.1f} GiB ({p['hbm_gib_published']:.1f})")
+

@@ -24,7 +24,8 @@ from ..kubeflow import KubeflowSettings, check_kubeflow_settings
 from ..launch import Built, build, run
 from ..recipes import NAMED_RECIPES
 from ..report import Citations, format_plan
-from .common import ArgumentParser, model_argument, report_error, request_arguments, request_from_args
+from .common import (ArgumentParser, calibrated_line, model_argument, report_error, request_arguments,
+                     request_from_args)
 from ..train import rank_arguments
 
 EPILOG = """\
@@ -107,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
                      "for the job (repeatable; wins over the recipe's env_vars)")
     run.add_argument("--fs-gbps", type=float, metavar="GB/S", help="write bandwidth of the checkpoint filesystem, "
                      "GB/s: sets the save cadence (default 20)")
+    run.add_argument("--calibration-run", action="store_true", help="instead of the target, the one-node run that "
+                     "measures what calibration needs in 30 steps (the target's per-GPU shapes, one layer of each "
+                     "kind, PP1); feed its log to lcmoe-calibrate")
     run.add_argument("--budget-hours", type=float, metavar="H", help="warn about a phase predicted to run longer, "
                      "with the --tokens-per-step that fits (default 48)")
     slurm = parser.add_argument_group("slurm executor")
@@ -286,8 +290,11 @@ def _print_built(one: Built, args: argparse.Namespace, citations: Citations) -> 
             print(f"    [{setting}: {changes[0].reason.why}]")
     print(format_plan(one.shown, one.warnings, one.overrides, citations, explain=args.explain))
     mem, step = estimate_memory(one.shown), estimate_step(one.shown)
-    print(f"  predicted: {mem.total / 2**30:.1f} of {hw.hbm_gib:.0f} GiB per GPU (PP rank {mem.pp_rank}); step "
+    print(f"  predicted: {mem.hbm_total / 2**30:.1f} of {hw.hbm_gib:.0f} GiB HBM use per GPU (PP rank {mem.pp_rank}); "
+          f"step "
           f"{step.step_seconds:.1f} s, {step.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {step.mfu:.0%} (docs/accuracy.md)")
+    if args.calibration:
+        print("  " + calibrated_line(one.shown, args.calibration))
     if one.shown.schedule is not None:
         print(f"  phase: {phase_time(one.shown).text()}")
     if args.explain:

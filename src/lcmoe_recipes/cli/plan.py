@@ -12,8 +12,8 @@ import argparse
 import sys
 
 from ..errors import LcmoeError
-from ..report import TABLE_COLUMNS, Citations, aligned, format_result, table_records, table_rows, write_csv
-from ..search import plan
+from ..report import Citations, aligned, format_result, table_columns, table_records, table_rows, write_csv
+from ..resolve import search
 from .common import ArgumentParser, model_argument, request_arguments, request_from_args, write_plot_files
 
 
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(hardware) * len(args.gpus) > 1:
             return _compare_main(args, hardware)
         request = request_from_args(args, hardware=hardware[0], num_gpus=args.gpus[0])
-        result = plan(request, top=args.top)
+        result = search(request, top=args.top)
+        calibrated = request.calibration is not None
     except LcmoeError as exc:
         return exc.report()
     citations = Citations()
@@ -58,16 +59,18 @@ def main(argv: list[str] | None = None) -> int:
         from ..explain import explain_json
 
         print(json.dumps({"why": result.why, "considered": result.considered, "evaluated": result.evaluated,
-                          "pruned": result.pruned, "rejected": result.rejected, "candidates": table_records(result),
+                          "pruned": result.pruned, "rejected": result.rejected,
+                          "candidates": table_records(result, calibrated), "rule": result.rule, "band": result.band,
+                          "band_reason": result.band_reason, "tie_break": result.tie_break, "tp_note": result.tp_note,
                           "winner": explain_json(result.best.plan)}, indent=2, default=str))
     elif sys.stdout.isatty():
         from ..explain import print_table
 
-        print_table(TABLE_COLUMNS, table_rows(result), title=f"{request.model} at seq_length {request.seq_length} on "
+        print_table(table_columns(calibrated), table_rows(result, calibrated), title=f"{request.model} at seq_length {request.seq_length} on "
                     f"{request.num_gpus} x {request.hardware}: {result.considered} layouts considered")
-        print("\n".join(format_result(result, citations, args.explain).splitlines()[2:]))
+        print("\n".join(format_result(result, citations, args.explain, calibrated).splitlines()[2:]))
     else:
-        print(format_result(result, citations, args.explain))
+        print(format_result(result, citations, args.explain, calibrated))
     if args.explain and not args.json:
         from ..explain import explain_text
 
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json and (sources := citations.listing()):
         print(sources)
     if args.csv:
-        write_csv(result, args.csv)
+        write_csv(result, args.csv, calibrated)
         print(f"\nCSV: {args.csv}", file=sys.stderr if args.json else sys.stdout)
     if args.plot:
         try:

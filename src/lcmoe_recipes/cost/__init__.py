@@ -11,15 +11,16 @@ from .host import HOST_MARGIN, HostMemoryBreakdown, estimate_host_memory, host_f
 from .memory import GDN_MEASURED_RATIOS, MemoryBreakdown, estimate_memory
 from .step import StepEstimate, estimate_step
 
-# Plan the caching allocator's peak to at most 95% of HBM: the rest holds what lives outside it -- the flex
-# dispatcher's buffers (priced: MemoryBreakdown.dispatcher), NCCL's buffers, the CUDA context -- and fragmentation.
+# Plan the whole HBM budget -- the caching allocator's peak plus what lives outside it (the flex dispatcher's buffers,
+# the CUDA context, NCCL's communicator buffers: MemoryBreakdown.outside, each priced) -- to at most 95% of HBM: the
+# remaining 5% is the fragmentation margin (the allocator's reserved-but-unallocated memory; cost/memory.py module doc,
+# docs/accuracy.md "The HBM budget").
 HBM_MARGIN = 0.95
 
 
 def memory_findings(plan: Plan) -> list[Finding]:
-    """An error when the predicted peak on the most loaded rank exceeds HBM_MARGIN of the GPU's HBM; a warning when
-    the dispatcher's buffers (outside the allocator) take over half of the HBM left beside that peak; a warning
-    for models whose memory the model is known to under-predict (gated DeltaNet: Qwen3-Next), and one per model
+    """An error when the predicted HBM use of the most loaded rank -- the allocator's peak plus the buffers outside
+    it (``MemoryBreakdown.hbm_total``) -- exceeds HBM_MARGIN of the GPU's HBM; a warning for models whose memory the model is known to under-predict (gated DeltaNet: Qwen3-Next), and one per model
     feature the cost model does not price (``model/feature-not-modelled``, saying what it assumes instead)."""
     mem = estimate_memory(plan)
     hw = plan.hardware_spec
@@ -35,21 +36,14 @@ def memory_findings(plan: Plan) -> list[Finding]:
                            "Qwen3-Next peaks, whose layouts and measurement method are unpublished (docs/accuracy.md, "
                            "N1-N3)",
                            "keep more headroom than the prediction suggests, or measure a short run first"))
-    if mem.total <= limit:
-        reserve = hw.hbm_bytes - mem.total
-        if mem.dispatcher > reserve / 2:
-            out.append(Finding("warning", "memory/outside-allocator",
-                               f"the {plan.moe_flex_dispatcher_backend} dispatcher's buffers ({mem.dispatcher / 2**30:.1f} "
-                               f"GiB, outside PyTorch's allocator) take over half of the {reserve / 2**30:.1f} GiB of HBM "
-                               f"left beside the predicted {mem.total / 2**30:.1f} GiB peak, for NCCL, the CUDA context "
-                               "and fragmentation", "keep more headroom (raise CP or recompute more), or measure a "
-                               "short run first"))
+    if mem.hbm_total <= limit:
         return out
     gib = mem.gib()
     top = max((k for k in gib if k != "total"), key=gib.get)
     return [Finding("error", "memory/exceeds-hbm",
-                    f"predicted peak {gib['total']:.1f} GiB on PP rank {mem.pp_rank} exceeds {HBM_MARGIN:.0%} of "
-                    f"{hw.display}'s {hw.hbm_gib:.0f} GiB (largest part: {top} {gib[top]:.1f} GiB)",
+                    f"predicted HBM use {mem.hbm_total / 2**30:.1f} GiB on PP rank {mem.pp_rank} (allocator peak "
+                    f"{gib['total']:.1f} + {mem.outside / 2**30:.1f} outside it: dispatcher, CUDA context, NCCL) exceeds "
+                    f"{HBM_MARGIN:.0%} of {hw.display}'s {hw.hbm_gib:.0f} GiB (largest part: {top} {gib[top]:.1f} GiB)",
                     "raise CP or PP, recompute more (selective modules, then full), or offload optimizer state "
                     "(optimizer.optimizer_cpu_offload)")] + out
 

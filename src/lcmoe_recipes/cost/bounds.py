@@ -12,8 +12,9 @@ Why they are bounds, term by term of ``estimate_step`` (cost/step.py)::
   never negative. So (microbatches + bubble) · t_mb of the plan *without recompute* is a bound
   (:func:`step_lower_bound`; it prices the communication exactly).
 * cheaper, for ordering and skipping layouts before their knobs and checks are worked out: the same without any
-  communication (never negative either), from per-rank FLOPs cached per (model, seq_length, PP, VPP)
-  (:func:`compute_lower_bound`).
+  communication (never negative either), from per-rank FLOPs cached per (model, seq_length, PP, VPP), with the
+  attention FLOPs at the kernel's best published throughput (no call runs faster, whatever CP exchange the
+  search picks later) (:func:`compute_lower_bound`).
 
 And one bound of its predicted peak memory (:func:`lcmoe_recipes.cost.estimate_memory`), whatever its knobs, CP
 and batch: the parameters and gradients of the most loaded rank (:func:`memory_lower_bound`).
@@ -28,11 +29,14 @@ from functools import lru_cache
 
 from ..catalog import get_hardware, get_model
 from ..layout import ParallelLayout
+from ..catalog.kernels import best_attention_tflops
 from ..catalog.models import GDN
 from ..plan import Plan, pipeline_stage_layers
+from .attention import BACKWARD_FLOPS
+from .efficiency import constant
 from .memory import rank_memory
 from .shapes import shapes
-from .step import EFFICIENCY, _eff_key, _gdn_seconds, _layer_flops, microbatch_seconds, _rank_kinds
+from .step import _gdn_seconds, _layer_flops, microbatch_seconds, _rank_kinds
 
 
 @lru_cache(maxsize=1024)
@@ -40,7 +44,7 @@ def _rank_flops(model_key: str, seq_length: int, pp: int, vpp: int, mtp: int) ->
     """Per PP rank, without recompute: (FLOPs per token timed at the GEMM rate, FLOPs per token timed at the
     attention rate, gated-DeltaNet layers), split as ``estimate_step`` times them -- decoder layers' linear FLOPs,
     and on the last rank the output layer and the MTP layers (whole), at the GEMM rate; softmax attention at the
-    attention rate; gated DeltaNet by its sequential scan."""
+    attention rate (model FLOPs: 3 x forward); gated DeltaNet by its sequential scan."""
     s = shapes(get_model(model_key))
     stages = tuple(pipeline_stage_layers(s.num_layers, pp * vpp, mtp))  # the search's even split
     out = []
@@ -61,32 +65,44 @@ def _rank_flops(model_key: str, seq_length: int, pp: int, vpp: int, mtp: int) ->
 
 
 def compute_lower_bound(model_key: str, hw_key: str, precision: str, seq_length: int, mtp_num_layers: int,
-                        micro_batch_size: int, layout: ParallelLayout, num_microbatches: int) -> float:
+                        micro_batch_size: int, layout: ParallelLayout, num_microbatches: int,
+                        table: tuple[tuple[tuple[str, str], float], ...] | None = None) -> float:
     """Seconds per step, at most ``estimate_step`` of any plan of ``layout`` with these values (whatever its
     recompute, offload and CUDA graphs): the slowest PP rank's compute for one microbatch without recompute and
     without communication, times microbatches plus the pipeline bubble. Needs no Plan, no communication model
-    and no checks."""
-    hw = get_hardware(hw_key)
-    key = _eff_key(hw.key, precision)
-    gemm_rate = hw.peak(precision) * 1e12 * EFFICIENCY[key]
-    attn_rate = hw.peak_tflops["bf16"] * 1e12 * EFFICIENCY[(key[0], "attention")]
-    tokens = micro_batch_size * seq_length
-    share = tokens / (layout.tp * layout.cp)
-    gdn_step = _gdn_seconds(micro_batch_size, seq_length, EFFICIENCY[(key[0], "gdn_step")])
-    slowest = max(share * (gemm / gemm_rate + attention / attn_rate) + gdn * gdn_step
-                  for gemm, attention, gdn in _rank_flops(get_model(model_key).key, seq_length, layout.pp,
-                                                          layout.vpp or 1, mtp_num_layers))
+    and no checks. ``table``: constants in place of the fitted ones, as sorted (key, value) pairs (hashable)."""
+    slowest = _slowest_compute(model_key, hw_key, precision, seq_length, mtp_num_layers, micro_batch_size,
+                               layout.tp * layout.cp, layout.pp, layout.vpp or 1, table)
     return (num_microbatches + (layout.pp - 1) / (layout.vpp or 1)) * slowest
 
 
-def step_lower_bound(plan: Plan) -> float:
+@lru_cache(maxsize=16384)
+def _slowest_compute(model_key: str, hw_key: str, precision: str, seq_length: int, mtp_num_layers: int,
+                     micro_batch_size: int, tp_cp: int, pp: int, vpp: int, table=None) -> float:
+    """The slowest PP rank's compute for one microbatch (the bound's per-microbatch term): the same for every
+    layout that differs only in EP, so priced once."""
+    hw = get_hardware(hw_key)
+    model = get_model(model_key)
+    s = shapes(model)
+    constants = dict(table) if table else None
+    gemm_rate = hw.peak(precision) * 1e12 * constant(hw.key, precision, constants).value
+    # attention model FLOPs are 3 x forward; the kernels run forward + 2.5 x forward at no more than their best
+    best = best_attention_tflops(hw.key, (s.d_qk + s.d_v) / 2)
+    attn_rate = 3 * best * 1e12 * constant(hw.key, "attention", constants).value / (1 + BACKWARD_FLOPS)
+    share = micro_batch_size * seq_length / tp_cp
+    gdn_step = _gdn_seconds(micro_batch_size, seq_length, constant(hw.key, "gdn_step", constants).value)
+    return max(share * (gemm / gemm_rate + attention / attn_rate) + gdn * gdn_step
+               for gemm, attention, gdn in _rank_flops(model.key, seq_length, pp, vpp, mtp_num_layers))
+
+
+def step_lower_bound(plan: Plan, table: dict[tuple[str, str], float] | None = None) -> float:
     """Seconds per step, at most ``estimate_step`` of ``plan`` with any recompute, offload and CUDA graphs: the
     microbatch time of ``plan`` without recompute (compute and exposed TP / CP / EP / PP communication of its
     slowest rank), times microbatches plus the pipeline bubble."""
     bare = plan if plan.recompute_granularity is None else plan.with_changes(
         recompute_granularity=None, recompute_modules=(), recompute_method=None, recompute_num_layers=None)
     lay = plan.layout
-    return (plan.num_microbatches + (lay.pp - 1) / (lay.vpp or 1)) * microbatch_seconds(bare)
+    return (plan.num_microbatches + (lay.pp - 1) / (lay.vpp or 1)) * microbatch_seconds(bare, table)
 
 
 def memory_lower_bound(plan: Plan) -> float:

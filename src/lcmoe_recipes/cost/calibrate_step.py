@@ -1,55 +1,142 @@
-"""Fit the step model's constants (:data:`lcmoe_recipes.cost.step.EFFICIENCY`) to measured TFLOP/s rows.
+"""Fit the step model's constants (:data:`lcmoe_recipes.cost.efficiency.FITTED`) to measured TFLOP/s rows.
 
-Coordinate descent over a grid per constant, minimising the worst row's |log(predicted/published)| (the
-tolerance is per row); only the constants that some row exercises move. Leave-one-out: refit without a row, predict it.
+Which constants a set of rows fits: each row's GPU x precision GEMM efficiency; its GPU's attention scale when
+softmax attention takes at least :data:`MIN_SHARE` of some row's predicted step on that GPU, and its GPU's
+gated-DeltaNet scan constant likewise -- a constant a row barely exercises is left to its borrowed value rather
+than fitted to noise. A row only fits constants of its own GPU (a B200 row that reads GB200's borrowed attention
+scale does not move it).
+
+The fit: least squares in log(predicted / published) over the rows, by coordinate descent with a golden-section
+search per constant in log space (each constant enters the step time as 1/constant, monotone). Leave-one-out:
+refit without a row (its GPU's constants), predict it; the spread of each constant over those refits is its
+uncertainty. The same functions fit a user's own runs (:mod:`lcmoe_recipes.cost.user_calibration`).
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from ..plan import Plan
-from .step import EFFICIENCY, _eff_key, estimate_step
+from .efficiency import FITTED, constant
+from .step import step_constants, step_terms
 
-GRIDS = {"fp8": [i / 100 for i in range(10, 81)], "bf16": [i / 100 for i in range(10, 81)],
-         "attention": [i / 100 for i in range(10, 81)], "gdn_step": [i * 1e-6 for i in range(0, 41)]}
+MIN_SHARE = 0.3
+BOUNDS = {"attention": (0.1, 3.0), "gdn_step": (1e-7, 1e-3)}  # GEMM efficiencies: (0.02, 1.0)
+ROUNDS, ITERATIONS = 6, 40
+SIGNIFICANT = 3  # digits kept in the fitted table
 
 
-def used_constants(rows) -> set[tuple[str, str]]:
-    """The EFFICIENCY keys some row exercises (its GPU family and precision, attention, gated-DeltaNet scan)."""
+def _bounds(kind: str) -> tuple[float, float]:
+    return BOUNDS.get(kind, (0.02, 1.0))
+
+
+@lru_cache(maxsize=4096)
+def _terms(plan: Plan):
+    return step_terms(plan)
+
+
+def predicted_tflops(plan: Plan, table: dict[tuple[str, str], float]) -> float:
+    """Predicted TFLOP/s per GPU of ``plan`` with the constants of ``table`` (borrowing where it has none)."""
+    gemm, attn, gdn = step_constants(plan, table)
+    terms = _terms(plan)
+    step = terms.evaluate(gemm.value, attn.value, gdn.value)[0]
+    return terms.flops / step / plan.layout.world / 1e12
+
+
+def _shares(plan: Plan) -> tuple[float, float]:
+    """(attention share, gated-DeltaNet share) of the predicted step at the fitted constants."""
+    gemm, attn, gdn = step_constants(plan)
+    terms = _terms(plan)
+    step, t_mb, w, *_ = terms.evaluate(gemm.value, attn.value, gdn.value)
+    softmax = sum(n * a / attn.value for a, _, n in w.attention) * (terms.micro + terms.bubble)
+    scan = w.gdn_layers * terms.gdn_unit * gdn.value * (terms.micro + terms.bubble)
+    return softmax / step, scan / step
+
+
+def fitted_keys(rows) -> list[tuple[str, str]]:
+    """The constants ``rows`` (``(plan, published TFLOP/s)``) fit (module doc), sorted."""
     keys = set()
     for plan, _ in rows:
-        gemm = _eff_key(plan.hardware, plan.precision)
-        keys |= {gemm, (gemm[0], "attention")}
-        if plan.model_spec.gated_delta_net:
-            keys.add((gemm[0], "gdn_step"))
-    return keys
+        gpu = plan.hardware_spec.key
+        keys.add((gpu, plan.precision))
+        softmax, scan = _shares(plan)
+        if softmax >= MIN_SHARE:
+            keys.add((gpu, "attention"))
+        if scan >= MIN_SHARE:
+            keys.add((gpu, "gdn_step"))
+    return sorted(keys)
 
 
-def error(rows, table) -> float:
-    """Worst row's |log(predicted/published)|, plus a hundredth of the mean to break ties (minimax fit)."""
-    errs = [abs(math.log(estimate_step(p, table).tflops_per_gpu / pub)) for p, pub in rows]
-    return max(errs) + 0.01 * sum(errs) / len(errs)
+def _error(rows, table) -> float:
+    return sum(math.log(predicted_tflops(p, table) / pub) ** 2 for p, pub in rows)
 
 
-def fit(rows: list[tuple[Plan, float]], rounds: int = 4) -> dict[tuple[str, str], float]:
-    """A copy of EFFICIENCY with the constants used by ``rows`` fitted."""
+def _golden(f, lo: float, hi: float) -> float:
+    """The minimum of a unimodal ``f`` on [lo, hi] (log space)."""
+    a, b = math.log(lo), math.log(hi)
+    g = (math.sqrt(5) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(math.exp(c)), f(math.exp(d))
+    for _ in range(ITERATIONS):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(math.exp(c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(math.exp(d))
+    return math.exp((a + b) / 2)
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT}g}")
+
+
+def fit(rows, start: dict[tuple[str, str], float] | None = None) -> dict[tuple[str, str], float]:
+    """The constants ``rows`` (``(plan, published TFLOP/s)``) fit (:func:`fitted_keys`), fitted: a table holding
+    exactly those keys (``start``'s others -- default :data:`FITTED` -- are only read while fitting, where a row
+    borrows them)."""
     rows = list(rows)
-    table = dict(EFFICIENCY)
-    keys = sorted(used_constants(rows))
-    for _ in range(rounds):
+    keys = fitted_keys(rows)
+    table = dict(FITTED if start is None else start)
+    for key in keys:  # a key fitted for the first time starts from what the rows read today
+        table.setdefault(key, constant(*key, table).value)
+    for _ in range(ROUNDS):
+        before = dict(table)
         for key in keys:
-            best = min(GRIDS[key[1]], key=lambda v: error(rows, {**table, key: v}))
-            table[key] = best
-    return table
+            mine = [(p, pub) for p, pub in rows if p.hardware_spec.key == key[0]]
+            table[key] = _golden(lambda v: _error(mine, {**table, key: v}), *_bounds(key[1]))
+        if all(abs(math.log(table[k] / before[k])) < 1e-4 for k in keys):
+            break
+    return {k: _round(table[k]) for k in keys}
 
 
 def leave_one_out_tables(rows: dict[str, tuple[Plan, float]]) -> dict[str, dict[tuple[str, str], float]]:
-    """For each row: the efficiencies fitted on all the *other* rows (their spread is the constants' uncertainty)."""
-    return {held: fit([v for k, v in rows.items() if k != held], rounds=2) for held in rows}
+    """For each row: the constants fitted on all the *other* rows (only its GPU's are refitted; the rest keep the
+    full fit). A constant no remaining row fits is absent (the row then reads its borrowed value)."""
+    full = fit(rows.values())
+    out = {}
+    for held, (plan, _) in rows.items():
+        gpu = plan.hardware_spec.key
+        others = [v for k, v in rows.items() if k != held]
+        mine = fit([v for v in others if v[0].hardware_spec.key == gpu], start=full)
+        out[held] = {**{k: v for k, v in full.items() if k[0] != gpu}, **mine}
+    return out
 
 
 def leave_one_out(rows: dict[str, tuple[Plan, float]]) -> dict[str, float]:
-    """For each row: predicted/published TFLOP/s with efficiencies fitted on all the *other* rows."""
-    return {held: estimate_step(rows[held][0], table).tflops_per_gpu / rows[held][1]
+    """For each row: predicted / published TFLOP/s with the constants fitted on all the *other* rows."""
+    return {held: predicted_tflops(rows[held][0], table) / rows[held][1]
             for held, table in leave_one_out_tables(rows).items()}
+
+
+def spread(tables: dict[str, dict[tuple[str, str], float]]) -> dict[tuple[str, str], tuple[float, float]]:
+    """(min, max) of each constant over leave-one-out refits (constants absent from a refit are skipped)."""
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for table in tables.values():
+        for k, v in table.items():
+            lo, hi = out.get(k, (v, v))
+            out[k] = (min(lo, v), max(hi, v))
+    return out

@@ -18,7 +18,12 @@ Per layer and microbatch, forward + backward:
   reduce-scattered backward, 2·(CP-1)·kv. Gated DeltaNet layers always use all-to-all: q,k,v,gate in and the output
   back, forward and backward.
 * **EP**: dispatch and combine each move the n/TP local tokens' k copies, n/TP·k·h·2 bytes, of which (EP-1)/EP
-  leave the GPU (uniform routing), forward and backward: 4 transfers.
+  leave the GPU (uniform routing), forward and backward: 4 transfers. With the alltoall dispatcher (NCCL) every copy
+  bound for another NVLink block crosses the scale-out network. The flex dispatcher's backends send a token once
+  per destination block and fan it out to that block's experts over NVLink (DeepEP's internode kernels: "RDMA
+  then NVLink forwarding", ``deep_ep/buffer.py`` ``internode_dispatch``; HybridEP likewise per NVLink domain):
+  over scale-out go E[remote blocks a token's k experts fall in] copies, uniform routing over the experts --
+  (B - 1)·(1 - C(E - E_b, k) / C(E, k)) for B blocks of E_b experts -- and the other copies over NVLink.
 * **PP**: each model chunk sends its output activation (n/TP·h·2 with SP) forward and receives a gradient of the
   same size backward: 2 per chunk per microbatch.
 
@@ -75,6 +80,7 @@ class Links:
     cp_nvlink: bool
     cp_ring_rate: float   # bytes/s of a CP ring step that crosses blocks (PXN over the node's NICs)
     ep_far: float         # share of a rank's EP peers outside its NVLink block
+    ep_inside: int        # EP ranks inside one NVLink block (of the rank's own group)
     pp_nvlink: bool
     dp_nvlink: bool
     edp_nvlink: bool
@@ -90,7 +96,8 @@ def links(layout: ParallelLayout, hw_key: str) -> Links:
     return Links(
         tp_nvlink=_on_nvlink(layout, "dense", "tp", block), cp_nvlink=_on_nvlink(layout, "dense", "cp", block),
         cp_ring_rate=min(hw.nvlink_gbps, hw.scaleout_gbps * hw.gpus_per_node / max(senders, 1)) * 1e9,
-        ep_far=(layout.ep - inside) / max(layout.ep - 1, 1), pp_nvlink=_on_nvlink(layout, "dense", "pp", block),
+        ep_far=(layout.ep - inside) / max(layout.ep - 1, 1), ep_inside=inside,
+        pp_nvlink=_on_nvlink(layout, "dense", "pp", block),
         dp_nvlink=_on_nvlink(layout, "dense", "dp-cp", block),
         edp_nvlink=_on_nvlink(layout, "expert", "dp", block))
 
@@ -147,10 +154,24 @@ def layer_transfers(plan: Plan, layer: int) -> list[Transfer]:
             out.append(_transfer("CP", hw, total, where.cp_nvlink))
     if ep > 1 and s.is_moe(layer):
         local = n / tp if plan.sequence_parallel or tp == 1 else n
-        total = 4 * local * s.topk * s.h * BF16 * (ep - 1) / ep
-        nv, so = total * (1 - where.ep_far), total * where.ep_far
+        copies = s.topk * (ep - 1) / ep  # copies per token leaving the GPU
+        far = copies * where.ep_far
+        if plan.moe_token_dispatcher_type == "flex" and where.ep_far > 0:
+            far = remote_blocks(s.num_experts, s.topk, ep // max(where.ep_inside, 1))
+        nv, so = 4 * local * s.h * BF16 * (copies - far), 4 * local * s.h * BF16 * far
         out.append(Transfer("EP", nv, so, _link_time(hw, nv, so)))
     return out
+
+
+@lru_cache(maxsize=1024)
+def remote_blocks(experts: int, topk: int, blocks: int) -> float:
+    """Expected number of other NVLink blocks a token's ``topk`` experts fall in, routing uniform over ``experts``
+    spread evenly over ``blocks`` blocks: (B - 1)·(1 - C(E - E/B, k) / C(E, k))."""
+    if blocks <= 1:
+        return 0.0
+    from math import comb
+
+    return (blocks - 1) * (1 - comb(experts - experts // blocks, topk) / comb(experts, topk))
 
 
 def pipeline_transfer(plan: Plan) -> Transfer:

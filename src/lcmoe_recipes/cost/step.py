@@ -10,10 +10,12 @@ FLOPs (model FLOPs, Megatron's convention: recompute not counted; forward + back
 * gated DeltaNet (chunked, chunk 64): 3 x 2·nv·(2·dk·dv + 64·(dk + dv)) per token per layer (linear in seq_length);
   its *time* is the longer of those FLOPs and the sequential chunk scan (:func:`_gdn_seconds`).
 
-Each GPU does 1/(TP·CP) of its pipeline stage's work for a microbatch. GEMM time = GEMM FLOPs / (peak at the
-recipe's precision x efficiency), attention time = attention FLOPs / (BF16 peak x attention efficiency): the
-efficiencies are the calibrated constants, one per GPU type and precision (:data:`EFFICIENCY`), fitted to the
-published throughputs (Megatron-Bridge skill nemo-mbridge-perf-moe-long-context, card.yaml; tests/published.py) by ``scripts/calibrate_step.py``. Recompute adds the forward FLOPs of the
+Each GPU does 1/(TP·CP) of its pipeline stage's work for a microbatch. GEMM time = GEMM FLOPs / (the GPU's dense
+peak at the recipe's precision x that GPU x precision's GEMM efficiency). Softmax attention time comes from the
+kernel calls megatron-core makes and the kernel's published throughput at their shapes (:mod:`lcmoe_recipes.cost.
+attention`), times the GPU's fitted attention scale; gated DeltaNet by its sequential scan. The constants, one per
+GPU x precision (GEMM) and per GPU (attention, scan), and where each comes from -- fitted to published rows, or
+borrowed from a stated sibling -- are :mod:`lcmoe_recipes.cost.efficiency`. Recompute adds the forward work of the
 recomputed modules to the time.
 
 Overlap, stated as assumptions (Megatron features the recipes turn on or off):
@@ -37,32 +39,21 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..plan import Plan, stage_decoder_layers
+from .attention import layer_attention_seconds
 from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
+from .efficiency import Constant, constant
 from .shapes import GDN, LayerShapes, shapes
 
-# (gpu, precision) -> fraction of dense peak reached by GEMMs; (gpu, "attention") -> by attention kernels (BF16);
-# (gpu, "gdn_step") -> seconds per sequential chunk step of the gated-DeltaNet scan (see _gdn_seconds).
-# Fitted 2026-11-30 by `python scripts/calibrate_step.py` to the 11 long-context throughput rows (minimax over
-# rows). Entries no measured row exercises -- H100 BF16 and gated DeltaNet on H100, GB200 FP8 -- are set equal to
-# their measured sibling (H100 FP8, GB200 GDN, GB200 BF16) and marked as such in docs/accuracy.md.
-EFFICIENCY: dict[tuple[str, str], float] = {
-    ("h100", "fp8"): 0.54, ("h100", "bf16"): 0.54, ("h100", "attention"): 0.33, ("h100", "gdn_step"): 17e-6,
-    ("gb200", "bf16"): 0.30, ("gb200", "fp8"): 0.30, ("gb200", "attention"): 0.42, ("gb200", "gdn_step"): 17e-6,
-}
 OFFLOAD_STEP_SECONDS = 0.15
 GDN_CHUNK = 64
 BACKWARD_SHARE = 2 / 3  # backward = 2x forward FLOPs: 2/3 of a microbatch's forward + backward (no recompute)
 
 
-def _eff_key(hw_key: str, precision: str) -> tuple[str, str]:
-    family = {"h200": "h100", "b200": "gb200", "gb300": "gb200"}.get(hw_key, hw_key)
-    return family, "bf16" if precision == "bf16" else "fp8"
-
-
-def efficiency(hw_key: str, precision: str) -> tuple[float, float]:
-    """(GEMM efficiency at ``precision``, attention efficiency) for a GPU; H200 uses H100's, B200/GB300 GB200's."""
-    gemm = _eff_key(hw_key, precision)
-    return EFFICIENCY[gemm], EFFICIENCY[(gemm[0], "attention")]
+def step_constants(plan: Plan, table: dict[tuple[str, str], float] | None = None) -> tuple[Constant, Constant, Constant]:
+    """(GEMM efficiency at the plan's precision, attention scale, gated-DeltaNet chunk seconds) for its GPU, each with
+    where it comes from (:func:`lcmoe_recipes.cost.efficiency.constant`; ``table`` default: the fitted one)."""
+    hw = plan.hardware_spec.key
+    return constant(hw, plan.precision, table), constant(hw, "attention", table), constant(hw, "gdn_step", table)
 
 
 def _layer_flops(s: LayerShapes, layer: int, seq: int) -> tuple[float, float]:
@@ -134,17 +125,18 @@ class StepEstimate:
 
 @dataclass(frozen=True)
 class _RankWork:
-    """What one pipeline rank does per microbatch, independent of the calibrated constants."""
+    """What one pipeline rank does per microbatch, independent of the fitted constants."""
 
     rank: int
     gemm_flops: float                               # this GPU, recompute included
-    attention: tuple[tuple[float, float, int], ...]  # (attention FLOPs on this GPU, CP ring seconds, layers like it)
+    attention: tuple[tuple[float, float, int], ...]  # (attention s at the published kernel rate, CP ring s, layers)
     gdn_layers: int
     exposed_cp_seconds: float
     tp_seconds: float
     ep_seconds: float
     pp_seconds: float
     bytes_by: tuple[tuple[str, float], ...]
+    attention_seconds: float = 0.0                  # sum of n x attention s over ``attention``
 
 
 def rank_kinds(plan: Plan, pp_rank: int) -> tuple[tuple[tuple[bool, str], int, int], ...]:
@@ -176,7 +168,7 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
 
 @lru_cache(maxsize=4096)
 def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
-    s, lay = shapes(plan.model_spec), plan.layout
+    s, lay, hw = shapes(plan.model_spec), plan.layout, plan.hardware_spec.key
     tokens = plan.micro_batch_size * plan.seq_length
     share = 1.0 / (lay.tp * lay.cp)
     pp_t = pipeline_transfer(plan)
@@ -191,9 +183,10 @@ def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
             if kind not in per_kind:  # layers of one kind cost the same
                 per_kind[kind] = (_layer_flops(s, i, plan.seq_length), _recompute_flops(s, i, plan),
                                   layer_transfers(plan, i))
-            (linear, attn), (recompute, recompute_attn), transfers = per_kind[kind]
+            (linear, _), (recompute, recompute_attn), transfers = per_kind[kind]
             gemm += count * (linear + recompute) * tokens * share
-            attn = attn + recompute_attn  # full recompute and core_attn re-run the attention forward
+            attn = layer_attention_seconds(s, i, hw, plan.seq_length, plan.micro_batch_size, lay.tp, lay.cp,
+                                           plan.cp_comm_type, plan.hierarchical_cp_sizes, recompute_attn > 0)
             cp = a2a = 0.0
             for t in transfers:
                 kind_ = "CP" if t.kind == "CP-a2a" else t.kind
@@ -208,71 +201,104 @@ def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
                     cp = t.seconds
             exposed_cp += count * a2a
             if kind[1] != GDN and plan.cp_comm_type not in (None, "p2p", "a2a+p2p"):
-                key = (attn * tokens * share, 0.0)  # a2a / all_gather: the exchange is not overlapped: exposed
+                key = (attn, 0.0)  # a2a / all_gather: the exchange is not overlapped: exposed
                 attention[key] = attention.get(key, 0) + count
                 exposed_cp += count * cp
             elif kind[1] != GDN:
-                key = (attn * tokens * share, cp)
+                key = (attn, cp)
                 attention[key] = attention.get(key, 0) + count
-            else:
+            else:  # gated DeltaNet: timed by its scan (_gdn_seconds)
                 gdn += count
                 exposed_cp += count * cp
-                key = (attn * tokens * share, 0.0)
-                attention[key] = attention.get(key, 0)  # GDN FLOPs are timed by _gdn_seconds
         if r == lay.pp - 1:  # output layer and MTP on the last stage
             gemm += (6 * s.embedding + plan.mtp_num_layers * (sum(_layer_flops(s, s.num_layers - 1, plan.seq_length))
                                                               + 6 * (2 * s.h * s.h + s.embedding))) * tokens * share
         out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, exposed_cp, tp, ep,
-                             0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items())))
+                             0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items()),
+                             sum(n * f for (f, _), n in attention.items())))
     return tuple(out)
 
 
-def _slowest_rank(plan: Plan, table: dict[tuple[str, str], float]) -> tuple[float, _RankWork, float, float, float, float]:
-    """(microbatch seconds, work, GEMM s, attention s, exposed CP s, exposed EP s) of the slowest pipeline rank."""
-    hw = plan.hardware_spec
-    key = _eff_key(hw.key, plan.precision)
-    gemm_rate = hw.peak(plan.precision) * 1e12 * table[key]
-    attn_rate = hw.peak_tflops["bf16"] * 1e12 * table[(key[0], "attention")]
-    gdn_step = _gdn_seconds(plan.micro_batch_size, plan.seq_length, table[(key[0], "gdn_step")])
-    worst = None
-    for w in _work(plan):
-        gemm = w.gemm_flops / gemm_rate
-        attn = sum(n * f / attn_rate for f, _, n in w.attention) + w.gdn_layers * gdn_step
-        cp = sum(n * max(0.0, c - f / attn_rate) for f, c, n in w.attention) + w.exposed_cp_seconds
-        ep = w.ep_seconds * (0.5 if plan.moe_ep_overlap else 1.0)
-        t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds
-        if worst is None or t_mb > worst[0]:
-            worst = (t_mb, w, gemm, attn, cp, ep)
-    return worst
+@dataclass(frozen=True)
+class StepTerms:
+    """Everything :func:`estimate_step` needs but the fitted constants: per PP rank its work
+    (:class:`_RankWork`, attention at the published kernel rate) and its GEMM seconds at efficiency 1; the batch's
+    microbatches and bubble; the offload time and the model FLOPs. :meth:`evaluate` prices it for any constants in
+    microseconds (the fit evaluates every published row many times)."""
+
+    plan: Plan
+    ranks: tuple[_RankWork, ...]
+    gemm_unit: tuple[float, ...]  # per rank: GEMM FLOPs / the dense peak at the plan's precision (s)
+    gdn_unit: float               # seconds per gated-DeltaNet layer per microbatch at 1 s per chunk step
+    ep_factor: float              # share of EP dispatch / combine left exposed
+    micro: int
+    bubble: float
+    offload: float
+    flops: float                  # model FLOPs of one step, all GPUs
+
+    def evaluate(self, gemm_eff: float, attn_scale: float, gdn_step: float):
+        """(step s, slowest rank's work, its microbatch s, GEMM s, attention s, exposed CP s, exposed EP s, exposed
+        DP s) for the given constants."""
+        worst = None
+        for w, unit in zip(self.ranks, self.gemm_unit):
+            gemm = unit / gemm_eff
+            attn = w.attention_seconds / attn_scale + w.gdn_layers * self.gdn_unit * gdn_step
+            cp = w.exposed_cp_seconds
+            for a, c, n in w.attention:
+                if c * attn_scale > a:  # the ring outlasts the attention it overlaps
+                    cp += n * (c - a / attn_scale)
+            ep = w.ep_seconds * self.ep_factor
+            t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds
+            if worst is None or t_mb > worst[0]:
+                worst = (t_mb, w, gemm, attn, cp, ep)
+        t_mb, w = worst[0], worst[1]
+        exposed_dp = max(0.0, sum(t.seconds for t in _dp_transfers(self.plan, w.rank)) - t_mb)
+        return ((self.micro + self.bubble) * t_mb + exposed_dp + self.offload, *worst, exposed_dp)
 
 
-def microbatch_seconds(plan: Plan) -> float:
+@lru_cache(maxsize=8192)
+def _dp_transfers(plan: Plan, rank: int):
+    from .memory import rank_memory  # parameter counts of that rank
+
+    detail = rank_memory(plan, rank).detail
+    return tuple(data_parallel_transfers(plan, detail["dense_params"], detail["expert_params"]))
+
+
+def step_terms(plan: Plan) -> StepTerms:
+    """The :class:`StepTerms` of ``plan``."""
+    lay = plan.layout
+    peak = plan.hardware_spec.peak(plan.precision) * 1e12
+    work = _work(plan)
+    return StepTerms(plan, work, tuple(w.gemm_flops / peak for w in work),
+                     _gdn_seconds(plan.micro_batch_size, plan.seq_length, 1.0), 0.5 if plan.moe_ep_overlap else 1.0,
+                     plan.num_microbatches, (lay.pp - 1) / (lay.vpp or 1),
+                     OFFLOAD_STEP_SECONDS * plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0,
+                     model_flops_per_token(plan) * plan.global_batch_size * plan.seq_length)
+
+
+def microbatch_seconds(plan: Plan, table: dict[tuple[str, str], float] | None = None) -> float:
     """Predicted seconds of one microbatch on the slowest pipeline rank (compute and exposed TP / CP / EP / PP
-    communication; what :func:`estimate_step` multiplies by microbatches plus the bubble)."""
-    return _slowest_rank(plan, EFFICIENCY)[0]
+    communication; what :func:`estimate_step` multiplies by microbatches plus the bubble); ``table``: constants in
+    place of the fitted ones (a calibration profile's)."""
+    gemm, attn, gdn = step_constants(plan, table)
+    return step_terms(plan).evaluate(gemm.value, attn.value, gdn.value)[1]
 
 
 def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None = None) -> StepEstimate:
-    """Predicted step of ``plan`` (see the module doc for every assumption)."""
+    """Predicted step of ``plan`` (see the module doc for every assumption); ``efficiencies`` replaces the fitted
+    constants (:data:`lcmoe_recipes.cost.efficiency.FITTED`: the fit and a user's calibration profile)."""
     lay, hw = plan.layout, plan.hardware_spec
-    t_mb, w, gemm, attn, cp, ep = _slowest_rank(plan, efficiencies or EFFICIENCY)
-    micro = plan.num_microbatches
-    bubble = (lay.pp - 1) / (lay.vpp or 1)
-    from .memory import rank_memory  # parameter counts of that rank
-
-    detail = rank_memory(plan, w.rank).detail
-    dp_transfers = data_parallel_transfers(plan, detail["dense_params"], detail["expert_params"])
-    exposed_dp = max(0.0, sum(t.seconds for t in dp_transfers) - t_mb)
-    offload = OFFLOAD_STEP_SECONDS * plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0
-    step = (micro + bubble) * t_mb + exposed_dp + offload
-    flops = model_flops_per_token(plan) * plan.global_batch_size * plan.seq_length
-    tflops = flops / step / lay.world / 1e12
+    terms = step_terms(plan)
+    gemm_c, attn_c, gdn_c = step_constants(plan, efficiencies)
+    step, t_mb, w, gemm, attn, cp, ep, exposed_dp = terms.evaluate(gemm_c.value, attn_c.value, gdn_c.value)
+    micro, bubble = terms.micro, terms.bubble
+    tflops = terms.flops / step / lay.world / 1e12
     parts = {"gemm": micro * gemm, "attention": micro * attn, "tp_exposed": micro * w.tp_seconds,
              "cp_exposed": micro * cp, "ep_exposed": micro * ep, "pp_exposed": micro * w.pp_seconds,
              "bubble": bubble * t_mb, "dp_exposed": exposed_dp,
-             "optimizer_offload": offload}
+             "optimizer_offload": terms.offload}
     comm = {k: v * micro for k, v in w.bytes_by}
-    for t in dp_transfers:
+    for t in _dp_transfers(plan, w.rank):
         comm[t.kind] = t.nvlink_bytes + t.scaleout_bytes
     return StepEstimate(step, plan.global_batch_size * plan.seq_length / step / lay.world, tflops,
                         tflops / hw.peak(plan.precision), t_mb, parts, comm)
@@ -309,13 +335,11 @@ class Waits:
 def longest_waits(plan: Plan) -> Waits:
     """The :class:`Waits` of ``plan`` (same model and constants as :func:`estimate_step`)."""
     lay = plan.layout
-    t_mb, w = _slowest_rank(plan, EFFICIENCY)[:2]
+    gemm, attn, gdn = step_constants(plan)
+    t_mb, w = step_terms(plan).evaluate(gemm.value, attn.value, gdn.value)[1:3]  # the slowest rank's microbatch
     transfers = [t for r in range(lay.pp) for _, i, _ in rank_kinds(plan, r) for t in layer_transfers(plan, i)]
     transfers.append(pipeline_transfer(plan))
-    from .memory import rank_memory  # parameter counts of the slowest rank
-
-    detail = rank_memory(plan, w.rank).detail
-    transfers += data_parallel_transfers(plan, detail["dense_params"], detail["expert_params"])
+    transfers += _dp_transfers(plan, w.rank)
     longest = max(transfers, key=lambda t: t.seconds)
     ep = [t.seconds / 4 for t in transfers if t.kind == "EP"]
     backend = plan.moe_flex_dispatcher_backend or plan.moe_token_dispatcher_type

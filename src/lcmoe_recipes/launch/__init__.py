@@ -33,6 +33,10 @@ from ..request import TrainingRequest
 from ..resolve import Weights, named_options, phase_requests, resolve, retarget_source, weights_of
 
 
+# a calibration run logs every step's time, TFLOP/s and memory (what lcmoe_recipes.calibration reads)
+CALIBRATION_RUN_OVERRIDES = ["logger.log_interval=1", "logger.log_throughput=true"]
+
+
 @dataclasses.dataclass
 class Built:
     """One config of a request: the plan asked for, the plan the config states (after overrides), the config, the
@@ -135,8 +139,8 @@ def configure_phases(request: TrainingRequest, container_image: str | None = Non
             before_build(plan)
         save_dir = (f"{request.save_dir.rstrip('/')}/phase{index + 1}_{phase.seq_length // 1024}k"
                     if request.save_dir and phased else request.save_dir)
-        overrides = (emit.save_overrides(save_dir) + list(request.overrides)
-                     + emit.data_overrides(list(request.data_path) or None, request.tokenizer))
+        overrides = (emit.save_overrides(save_dir) + (CALIBRATION_RUN_OVERRIDES if request.calibration_run else [])
+                     + list(request.overrides) + emit.data_overrides(list(request.data_path) or None, request.tokenizer))
         one = configure(plan, phase, overrides, container_image, overlay)
         one.meta = _header(one, phase)
         out.append(one)
