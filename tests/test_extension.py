@@ -216,7 +216,7 @@ def test_build_phases_from_python():
 @pytest.mark.slow
 @pytest.mark.parametrize("function,model,gpus,hardware,expect", [
     ("megatron.bridge.perf_recipes.deepseek.h100.deepseek_v3:deepseek_v3_pretrain_1024gpu_h100_fp8sc_config", "dsv3",
-     256, "h100", {"model.context_parallel_size": (1, 8), "model.seq_length": (4096, 131072)}),
+     256, "h100", {"model.context_parallel_size": (1, 16), "model.seq_length": (4096, 131072)}),  # the planner's CP
     ("megatron.bridge.perf_recipes.qwen.gb200.qwen3_moe:qwen3_235b_a22b_pretrain_64gpu_gb200_bf16_config",
      "qwen3_235b", 128, "gb200", {"model.seq_length": (4096, 131072), "model.position_embedding_type": ("rope", "yarn")}),
 ])

@@ -124,6 +124,12 @@ def _dispatcher(cfg, plan: Plan) -> None:
     m.moe_flex_dispatcher_backend = plan.moe_flex_dispatcher_backend
     if plan.moe_token_dispatcher_type == "flex":
         m.moe_shared_expert_overlap = False  # megatron-core: shared-expert overlap is incompatible with flex
+    if not (plan.moe_token_dispatcher_type == "flex" and plan.moe_flex_dispatcher_backend in ("hybridep", "ncclep")):
+        # a base recipe's per-rank expert capacity (and the paged stash built on it) is HybridEP's / NCCL-EP's only:
+        # megatron-core 0.19.2 TransformerConfig refuses it with any other dispatcher
+        if getattr(m, "moe_expert_rank_capacity_factor", None) is not None:
+            m.moe_expert_rank_capacity_factor = None
+            m.moe_paged_stash = False
     env = dict(cfg.env_vars or {})
     if plan.moe_flex_dispatcher_backend == "hybridep" and plan.moe_token_dispatcher_type == "flex":
         env["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] = plan.layout.ep * plan.layout.etp
