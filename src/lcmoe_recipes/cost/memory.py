@@ -4,7 +4,10 @@ Every component but one is derived from the model, the layout and megatron-core 
 function named per component); what is left is one fitted constant, :data:`CALIBRATED` (docs/accuracy.md).
 
 * **parameters** -- bf16 (2 bytes). Dense parts (attention, norms, router, shared / dense MLP, embedding on the
-  first stage, output layer on the last, MTP layers on the last) are split by TP; routed experts by EP·ETP.
+  first stage, output layer, MTP layers and a second embedding on the last) are split by TP, except what every TP
+  rank holds whole (norms, router, MLA down projections: :mod:`lcmoe_recipes.cost.shapes`); routed experts by EP·ETP.
+  Equal, byte for byte, to what megatron-core builds for every stage of the named recipes and the CI's planner
+  outputs (:mod:`lcmoe_recipes.emit.build`, ``tests/test_build.py``).
   Layers per rank come from the pipeline split (:func:`lcmoe_recipes.plan.stage_decoder_layers`: the layout
   string's, else an even split).
 * **weight_cache** -- FP8 copies of the GEMM weights that Transformer Engine caches across the microbatches of a
@@ -421,7 +424,8 @@ class _RankStatic:
     """What a pipeline rank holds, independent of TP/EP and the knobs: parameter counts (before the TP and EP
     splits), its layers by kind per model chunk, and whether it has the first / last stage."""
 
-    dense: float
+    dense: float          # split by TP
+    replicated: float     # whole on every TP rank (norms, router, MLA down projections, ...: shapes.py)
     experts: float
     embed: float          # embedding / output-layer params among ``dense`` (lookups and a bf16 GEMM: not FP8-cached)
     chunk_kinds: tuple[tuple[tuple[tuple[bool, str], int], ...], ...]
@@ -432,6 +436,18 @@ class _RankStatic:
 
 @lru_cache(maxsize=4096)
 def _rank_static(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp: int, pp_rank: int) -> _RankStatic:
+    """Parameters of pipeline rank ``pp_rank``, as megatron-core 0.19.2 places them (``models/gpt/gpt_model.py``,
+    ``transformer/transformer_block.py``, ``transformer/multi_token_prediction.py``):
+
+    * the word embedding on the first stage, and again on the MTP stage (``GPTModel`` builds it when
+      ``pre_process or mtp_process``: the MTP layers embed the shifted tokens themselves);
+    * the output layer on the last stage (tied to the embedding, the last stage still holds its own copy when it is
+      not also the first: ``LanguageModule.setup_embeddings_and_output_layer``);
+    * the decoder's final norm on the stage that runs the last decoder layer when the model has MTP layers
+      (``TransformerBlock.has_final_layernorm_in_this_stage``), else on the last stage;
+    * per MTP layer (last stage): a transformer layer of the last decoder layer's kind, the 2h x h projection
+      ``eh_proj`` (TP-split) and three norms (``enorm``, ``hnorm``, ``final_layernorm``).
+    """
     from ..catalog import get_model
 
     s = shapes(get_model(model_key))
@@ -439,19 +455,26 @@ def _rank_static(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp
     chunks = [pp_rank + v * pp for v in range(vpp)]
     layers = [list(range(starts[c], starts[c] + stages[c])) for c in chunks]
     first, last = 0 in chunks, (pp * vpp - 1) in chunks
-    dense = float(sum(s.layer_dense_params(i) for ch in layers for i in ch))
-    experts = float(sum(s.layer_expert_params(i) for ch in layers for i in ch))
+    every = [i for ch in layers for i in ch]
+    replicated = float(sum(s.layer_replicated_params(i) for i in every))
+    dense = float(sum(s.layer_dense_params(i) for i in every)) - replicated
+    experts = float(sum(s.layer_expert_params(i) for i in every))
     embed = 0.0
     if first:
         dense += s.embedding
         embed += s.embedding
+    final_norm_stage = max(i for i, n in enumerate(stages) if n) if mtp else len(stages) - 1
+    if final_norm_stage in chunks:
+        replicated += s.h
     if last:
-        mtp_layer = s.num_layers - 1  # an MTP layer is a full MoE transformer layer plus a 2h x h projection
-        # the output layer; tied to the embedding, the last stage still holds its own copy when it is not also the
-        # first (megatron-core LanguageModule.setup_embeddings_and_output_layer)
         out = s.embedding if (not s.tied or not first) else 0
-        dense += out + s.h + mtp * (s.layer_dense_params(mtp_layer) + 2 * s.h * s.h)
-        embed += out
+        mtp_embedding = s.embedding if mtp and not first else 0
+        mtp_layer = s.num_layers - 1
+        mtp_replicated = s.layer_replicated_params(mtp_layer) + 3 * s.h
+        dense += out + mtp_embedding + mtp * (s.layer_dense_params(mtp_layer) + 2 * s.h * s.h + 3 * s.h
+                                              - mtp_replicated)
+        replicated += mtp * mtp_replicated
+        embed += out + mtp_embedding
         experts += mtp * s.layer_expert_params(mtp_layer)
     kinds, reps = [], {}
     for ch in layers:
@@ -463,7 +486,7 @@ def _rank_static(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp
         kinds.append(tuple(counts.items()))
     if last and mtp:
         reps.setdefault((s.is_moe(s.num_layers - 1), s.kind(s.num_layers - 1)), s.num_layers - 1)
-    return _RankStatic(dense, experts, embed, tuple(kinds), tuple(reps.values()), first, last)
+    return _RankStatic(dense, replicated, experts, embed, tuple(kinds), tuple(reps.values()), first, last)
 
 
 @lru_cache(maxsize=65536)
@@ -516,7 +539,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     lay = plan.layout
     static = _rank_static(spec.key, stage_decoder_layers(plan), lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
     last = static.last
-    dense = static.dense / lay.tp
+    dense = static.dense / lay.tp + static.replicated
     experts = static.experts / (lay.ep * lay.etp)
     params = dense + experts
     grad_bytes = FP32 if plan.grad_dtype == "fp32" else BF16
@@ -534,7 +557,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     scale = constants.activation_scale
     activations = scale * listed + logits
     transient = max(LOGIT_COPIES * logits, scale * largest_layer)
-    gemm_weights = (static.dense - static.embed) / lay.tp + experts
+    gemm_weights = dense - static.embed / lay.tp + experts
     return MemoryBreakdown(
         pp_rank=pp_rank, parameters=params * BF16, gradients=params * grad_bytes,
         optimizer=shard * state_bytes * on_gpu, activations=activations, transient=transient,
