@@ -7,8 +7,8 @@ each pipeline rank, builds the model the run builds -- every virtual-pipeline ch
 provider (``provide_distributed_model``: megatron-bridge's ``get_model`` with ``use_cpu_initialization=True,
 init_model_with_meta_device=True``), wrapped in megatron-core's ``DistributedDataParallel`` with the config's DDP
 settings, as ``training/setup.py`` (``_build_distributed_model``) wraps it. Weights and DDP buffers live on the meta
-device: no GPU and no real memory. What it counts, per stage: dense and expert parameter bytes (expert = what DDP
-puts in its expert-parallel buffers, ``param.allreduce == False``), gradient-buffer bytes (and the buckets' padding),
+device: no GPU and no real memory. What it counts, per stage: dense and expert parameter bytes (expert = the
+parameters of every ``MoELayer.experts``, the routed experts), gradient-buffer bytes (and the buckets' padding),
 decoder and MTP layers per chunk -- beside our memory model's numbers for the same stage
 (:func:`lcmoe_recipes.cost.memory.rank_memory`).
 
@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
+import re
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ from pathlib import Path
 from ..catalog import Hardware, get_hardware
 from ..checks import Finding
 from ..errors import LcmoeError
+from ..cost.shapes import shapes
 from ..plan import stage_decoder_layers
 from . import build_substitutions as subs
 from .local_impl import switch_to_local
@@ -83,12 +86,19 @@ class StageBuild:
         coordinates: that rank's megatron-core ranks (tp, cp, ep, etp, dp, edp).
         chunks: its virtual-pipeline chunks.
         grad_buffer_bytes: DDP's gradient buffers (dense and expert), padding included.
-        grad_padding_bytes: the part of ``grad_buffer_bytes`` that pads buckets (distributed optimizer shards).
+        grad_padding_bytes: the part of ``grad_buffer_bytes`` between and after the parameters: with the distributed
+            optimizer each parameter starts at a multiple of 64 elements and each bucket ends at a multiple of
+            lcm(DP, 128) (megatron-core 0.19.2 ``optimizer/param_layout.py:26`` / ``:33``); the parameter buffer
+            has the same layout.
         param_buffer_bytes: DDP's parameter buffers (the distributed optimizer's; the parameters are views of them).
         predicted_dense_bytes, predicted_expert_bytes, predicted_gradient_bytes: our memory model, same stage.
         predicted_decoder_layers, predicted_mtp_layers: our pipeline split, per chunk.
+        explained: (component, reason, bytes) for each known difference between what was built here and what the
+            run builds, included in ``residuals``' raw difference and taken out of it.
         coordinate_classes: 1 when the far-corner rank of the stage built the same shapes, else 2.
         seconds: build time of this stage (both ranks).
+        built_as: None when built; else the pipeline rank with the same modules it is reported from
+            (``build_ranks(distinct_only=True)``).
     """
 
     pp_rank: int
@@ -103,8 +113,10 @@ class StageBuild:
     predicted_gradient_bytes: float
     predicted_decoder_layers: tuple[int, ...]
     predicted_mtp_layers: int
+    explained: tuple[tuple[str, str, float], ...] = ()
     coordinate_classes: int = 1
     seconds: float = 0.0
+    built_as: int | None = None
 
     @property
     def dense_bytes(self) -> int:
@@ -124,10 +136,13 @@ class StageBuild:
 
     @property
     def residuals(self) -> dict[str, float]:
-        """Built minus predicted, bytes: dense and expert parameters, and gradients (bucket padding excluded)."""
-        return {"dense": self.dense_bytes - self.predicted_dense_bytes,
-                "expert": self.expert_bytes - self.predicted_expert_bytes,
-                "gradients": self.grad_buffer_bytes - self.grad_padding_bytes - self.predicted_gradient_bytes}
+        """Built minus predicted, bytes, less the :attr:`explained` differences: dense and expert parameters, and
+        gradients (bucket padding excluded)."""
+        known = {key: sum(b for k, _, b in self.explained if k == key) for key in ("dense", "expert", "gradients")}
+        return {"dense": self.dense_bytes - self.predicted_dense_bytes - known["dense"],
+                "expert": self.expert_bytes - self.predicted_expert_bytes - known["expert"],
+                "gradients": self.grad_buffer_bytes - self.grad_padding_bytes - self.predicted_gradient_bytes
+                - known["gradients"]}
 
 
 @dataclass(frozen=True)
@@ -180,10 +195,18 @@ class BuildReport:
                     f"  {s.pp_rank:>2} {s.global_rank:>5}  {layers + same:<20} {s.mtp_layers:>4}  "
                     f"{_gib(s.dense_bytes)} ({_gib(s.predicted_dense_bytes)})  "
                     f"{_gib(s.expert_bytes)} ({_gib(s.predicted_expert_bytes)})  "
-                    f"{_gib(s.grad_buffer_bytes)} ({_gib(s.predicted_gradient_bytes)})  {s.coordinate_classes:>3}")
+                    f"{_gib(s.grad_buffer_bytes)} ({_gib(s.predicted_gradient_bytes)})  {s.coordinate_classes:>3}"
+                    + (f"  (the modules of PP {s.built_as}: not built again)" if s.built_as is not None else ""))
             worst = max((abs(v) for s in self.stages for v in s.residuals.values()), default=0)
             lines.append("  parameters and gradients (less bucket padding) equal our memory model's, byte for byte"
-                         if worst == 0 else f"  largest difference from our memory model: {worst:,.0f} bytes")
+                         + (" once the differences below are taken out" if any(s.explained for s in self.stages) else "")
+                         if worst == 0 else f"  largest unexplained difference from our memory model: {worst:,.0f} "
+                         "bytes")
+            for reason in sorted({r for s in self.stages for _, r, _ in s.explained}):
+                total = {k: sum(b for s in self.stages for k2, r, b in s.explained if r == reason and k2 == k)
+                         for k in ("dense", "gradients")}
+                lines.append(f"  known difference ({reason}): {total['dense']:+,.0f} parameter bytes, "
+                             f"{total['gradients']:+,.0f} gradient bytes over the stages built")
         if self.changes:
             lines.append("  the build's copy differs from the config in:")
             lines += [f"    {c}" for c in self.changes]
@@ -213,6 +236,9 @@ def _changes_before_validation(trial) -> list[BuildChange]:
 def _changes_after_validation(model, local: bool) -> list[BuildChange]:
     """Fields of the validated provider that pick a kernel or library the CPU build cannot load (no weight)."""
     out = []
+    if model.perform_initialization:
+        out.append(BuildChange("model.perform_initialization", True, False, "the build counts shapes and dtypes: no "
+                               "weight is drawn (on the meta device there are no values to draw)"))
     if model.moe_token_dispatcher_type == "flex" and not _flex_backend_installed(model.moe_flex_dispatcher_backend):
         out.append(BuildChange("model.moe_token_dispatcher_type", "flex", "alltoall",
                                f"the flex dispatcher needs {model.moe_flex_dispatcher_backend or 'DeepEP'} installed "
@@ -288,6 +314,7 @@ def _coordinates() -> dict[str, int]:
 
 def _build_one(trial, world_size: int, rank: int, substitutions: list):
     """(coordinates, chunks, DDP buffer bytes, parameter signature) of global rank ``rank``."""
+    from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.core.utils import unwrap_model
 
     model_cfg = copy.deepcopy(trial.model)
@@ -303,40 +330,66 @@ def _build_one(trial, world_size: int, rank: int, substitutions: list):
                 data_parallel_random_init=trial.rng.data_parallel_random_init, pg_collection=pgc,
                 use_cpu_initialization=True, init_model_with_meta_device=True)
         chunks, signature = [], []
-        grad = padding = param = 0
+        grad = padding = param = mla_down = 0
         for vp, chunk in enumerate(model):
+            inner = unwrap_model(chunk)
+            routed = {id(p) for m in inner.modules() if isinstance(m, MoELayer) for p in m.experts.parameters()}
             dense = expert = 0
             for name, p in chunk.named_parameters():
                 size = p.numel() * p.element_size()
-                if getattr(p, "allreduce", True):
-                    dense += size
-                else:
+                if id(p) in routed:
                     expert += size
+                else:
+                    dense += size
                 signature.append((vp, name, tuple(p.shape), str(p.dtype)))
-            inner = unwrap_model(chunk)
+                if ".linear_q_down_proj." in name or ".linear_kv_down_proj." in name:
+                    mla_down += size
             decoder = len(inner.decoder.layers) if getattr(inner, "decoder", None) is not None else 0
             mtp = len(inner.mtp.layers) if getattr(inner, "mtp", None) is not None else 0
             chunks.append(ChunkBuild(vp, decoder, mtp, dense, expert))
             for buffer in list(getattr(chunk, "buffers", ())) + list(getattr(chunk, "expert_parallel_buffers", ())):
                 element = buffer.grad_data.element_size()
                 grad += buffer.grad_data.numel() * element
-                padding += (buffer.numel - buffer.numel_unpadded) * element
+                padding += (buffer.numel - sum(p.numel() for p in buffer.params)) * element
                 if getattr(buffer, "param_data", None) is not None:
                     param += buffer.param_data.numel() * buffer.param_data.element_size()
+        grad_element = model[0].buffers[0].grad_data.element_size() if getattr(model[0], "buffers", None) else 0
         del model
-    return coords, tuple(chunks), (grad, padding, param), tuple(signature)
+    return coords, tuple(chunks), (grad, padding, param), tuple(signature), (mla_down, grad_element)
 
 
 def _upstream_line(exc: BaseException) -> str:
-    """The deepest frame of ``exc`` inside megatron (relative path:line), else the deepest frame."""
+    """The deepest frame of ``exc`` inside megatron (relative path:line (function)), and the frame that called it when
+    that one is a generic helper (``megatron/core/utils.py``: ``ensure_divisibility`` and the like)."""
     frames = traceback.extract_tb(exc.__traceback__)
     upstream = [f for f in frames if "/megatron/" in f.filename] or frames
     if not upstream:
         return "unknown location"
-    frame = upstream[-1]
-    path = frame.filename
-    cut = path.rfind("/megatron/")
-    return f"{path[cut + 1:] if cut >= 0 else Path(path).name}:{frame.lineno} ({frame.name})"
+
+    def where(frame) -> str:
+        cut = frame.filename.rfind("/megatron/")
+        return f"{frame.filename[cut + 1:] if cut >= 0 else Path(frame.filename).name}:{frame.lineno} ({frame.name})"
+
+    text = where(upstream[-1])
+    callers = [f for f in upstream if not f.filename.endswith("megatron/core/utils.py")]
+    if upstream[-1].filename.endswith("megatron/core/utils.py") and callers:
+        text += f", called from {where(callers[-1])}"
+    return text
+
+
+def _te_frame(exc: BaseException) -> str | None:
+    """Where ``exc`` shows that the model needs Transformer Engine: the first frame asking for a TE module (a TE
+    layer-spec function, or TE's extension module), or the upstream line of a message that says TE is required, as
+    'path:line (function)'; None otherwise."""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if "transformer_engine" in frame.name or frame.filename.endswith("extensions/transformer_engine.py"):
+            cut = frame.filename.rfind("/megatron/")
+            return f"{frame.filename[cut + 1:] if cut >= 0 else frame.filename}:{frame.lineno} ({frame.name})"
+    # (a "fused norm+linear" is TE's LayerNormLinear: megatron-core has no local one)
+    if re.search(r"requires? TransformerEngine|requires? Transformer Engine|install TE|use a fused norm\+linear",
+                 str(exc)):
+        return f"{_upstream_line(exc)}: {str(exc).strip().splitlines()[0]}"
+    return None
 
 
 def _failure_text(exc: BaseException) -> str:
@@ -344,17 +397,42 @@ def _failure_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message} [at {_upstream_line(exc)}]"
 
 
+# What to change for a construction failure, by upstream message (data; first match wins, else BUILD_FIX).
+BUILD_FIXES = (
+    (r"(\d+) is not divisible by (\d+)", "a dimension ({0}) must split evenly over a parallel group of {1} ranks (the "
+     "frame named says which): change that model dimension -- for the vocabulary, pad model.vocab_size to a multiple "
+     "of {1} (megatron-bridge pads it to make_vocab_size_divisible_by x TP when should_pad_vocab is true) -- or the "
+     "parallel size"),
+)
+BUILD_FIX = ("megatron-core fails the same way when the job starts: change the setting the message names (python -m "
+             "lcmoe_recipes.check CONFIG lists the config's other findings)")
+
+
 def _stage_failures(failures: dict[str, list[tuple[int, int]]]) -> list[Finding]:
-    """One error finding per distinct failure: the stages (and global ranks) it stopped, upstream file:line."""
+    """One error finding per distinct failure: the stages (and global ranks) it stopped, upstream file:line, fix."""
     out = []
     for text, where in failures.items():
         stages = ", ".join(f"{pp} (global rank {rank})" for pp, rank in where)
+        fix = next((fix.format(*m.groups()) for pattern, fix in BUILD_FIXES if (m := re.search(pattern, text))),
+                   BUILD_FIX)
         out.append(Finding("error", BUILD_RULE, f"pipeline stage{'s' if len(where) > 1 else ''} {stages} "
-                           f"do{'' if len(where) > 1 else 'es'} not build: {text}",
-                           "megatron-core would fail the same way when the job starts: change the setting the message "
-                           "names (python -m lcmoe_recipes.check CONFIG lists the config's other findings), or report "
-                           "it with this line if the config is valid"))
+                           f"do{'' if len(where) > 1 else 'es'} not build: {text}", fix))
     return out
+
+
+LOCAL_MLA_DOWN = ("megatron-core's local MLA spec splits the q/kv down projections over TP (ColumnParallelLinear); "
+                  "Transformer Engine's, which the run builds, keeps them whole (TELinear 'duplicated': "
+                  "multi_latent_attention.py:525, :572)")
+
+
+def _local_mla_down(built_bytes: int, grad_element: int, tp: int) -> tuple[tuple[str, str, float], ...]:
+    """The local build's MLA down projections (``built_bytes``, bf16) hold 1/TP of the run's: (TP - 1) times as many
+    bytes are missing, and their gradients (``grad_element`` bytes each)."""
+    if not built_bytes or tp == 1:
+        return ()
+    missing = built_bytes * (tp - 1)
+    return (("dense", LOCAL_MLA_DOWN, -float(missing)),
+            ("gradients", LOCAL_MLA_DOWN, -float(missing // 2 * grad_element)))
 
 
 def _predicted(plan, pp_rank: int) -> dict:
@@ -372,8 +450,69 @@ def _predicted(plan, pp_rank: int) -> dict:
             "predicted_mtp_layers": plan.mtp_num_layers if last else 0}
 
 
+def _needs_te(report: dict, cfg, name: str, why: str, notes, needed, start: float) -> BuildReport:
+    """The report of a model only Transformer Engine builds, where TE is absent: not built, with the reason."""
+    spec = cfg.model.transformer_layer_spec
+    spec_name = f"{getattr(spec, '__module__', '')}.{getattr(spec, '__qualname__', type(spec).__name__)}"
+    return BuildReport(**report, changes=tuple(notes), substitutions=tuple(needed), not_built=(
+        f"needs Transformer Engine: {why}"), findings=(Finding(
+            "warning", "build/needs-te", f"{name} was not built here: {why} (layer spec {spec_name})",
+            "run the build where Transformer Engine is installed (scripts/setup.sh --with-te, or the cluster "
+            "container)"),), seconds=time.monotonic() - start)
+
+
+def _stage_key(plan, pp_rank: int) -> tuple:
+    """What decides the modules of pipeline rank ``pp_rank``: per chunk, its layers' kinds (MoE or dense, attention
+    kind) and whether it holds the embedding, the final norm, the MTP layers and the loss."""
+    s = shapes(plan.model_spec)
+    stages = stage_decoder_layers(plan)
+    starts = [sum(stages[:i]) for i in range(len(stages))]
+    final = max(i for i, n in enumerate(stages) if n) if plan.mtp_num_layers else len(stages) - 1
+    chunks = [pp_rank + v * plan.layout.pp for v in range(plan.layout.vpp or 1)]
+    return tuple((tuple((s.is_moe(i), s.kind(i)) for i in range(starts[c], starts[c] + stages[c])), c == 0,
+                  c == len(stages) - 1, c == final) for c in chunks)
+
+
+def _build_stages(trial, plan, world_size: int, needed: list, local: bool, pp_ranks, distinct_only: bool):
+    """(stages, failures by message, the TE frame when the layer spec needs Transformer Engine) of the build."""
+    lay = plan.layout
+    per_stage = world_size // lay.pp
+    stages, failures, built = [], {}, {}
+    with quiet_upstream():
+        for pp_rank in (pp_ranks if pp_ranks is not None else range(lay.pp)):
+            key = _stage_key(plan, pp_rank)
+            if distinct_only and key in built:
+                twin = built[key]
+                stages.append(dataclasses.replace(twin, pp_rank=pp_rank, global_rank=pp_rank * per_stage,
+                                                  coordinates={**twin.coordinates, "pp": pp_rank}, built_as=twin.pp_rank,
+                                                  seconds=0.0, **_predicted(plan, pp_rank)))
+                continue
+            t0 = time.monotonic()
+            first, corner = pp_rank * per_stage, (pp_rank + 1) * per_stage - 1
+            try:
+                coords, chunks, (grad, padding, param), signature, (mla_down, grad_element) = _build_one(
+                    trial, world_size, first, needed)
+                classes = 1
+                if corner != first and _build_one(trial, world_size, corner, needed)[3] != signature:
+                    classes = 2
+            except LcmoeError:
+                raise
+            except Exception as exc:  # noqa: BLE001 -- every upstream failure becomes a finding
+                if local and (frame := _te_frame(exc)):
+                    return [], {}, frame
+                failures.setdefault(_failure_text(exc), []).append((pp_rank, first))
+                continue
+            explained = _local_mla_down(mla_down, grad_element, lay.tp) if local else ()
+            built[key] = StageBuild(pp_rank=pp_rank, global_rank=first, coordinates=coords, chunks=chunks,
+                                    grad_buffer_bytes=grad, grad_padding_bytes=padding, param_buffer_bytes=param,
+                                    explained=explained, coordinate_classes=classes, seconds=time.monotonic() - t0,
+                                    **_predicted(plan, pp_rank))
+            stages.append(built[key])
+    return stages, failures, None
+
+
 def build_ranks(cfg, hardware: str | Hardware, world_size: int, name: str = "config",
-                pp_ranks: list[int] | None = None) -> BuildReport:
+                pp_ranks: list[int] | None = None, distinct_only: bool = False) -> BuildReport:
     """Build every pipeline stage of ``cfg`` at ``world_size`` ranks of ``hardware`` (see the module doc).
 
     Args:
@@ -381,6 +520,8 @@ def build_ranks(cfg, hardware: str | Hardware, world_size: int, name: str = "con
         hardware, world_size: the target the config was planned and validated for.
         name: shown in the report.
         pp_ranks: the pipeline ranks to build (default: every one).
+        distinct_only: build one pipeline rank per distinct set of modules (its chunks' layer kinds, embedding,
+            final norm, MTP, loss) and report the others from it (``StageBuild.built_as``); the tests use it.
 
     Returns:
         :class:`BuildReport`. A stage that does not build, a config that does not validate, or a stand-in that no
@@ -400,13 +541,9 @@ def build_ranks(cfg, hardware: str | Hardware, world_size: int, name: str = "con
     impl = "local" if local else "transformer_engine"
     report = dict(name=name, hardware=hw.key, world_size=world_size, implementation=impl)
     if local and getattr(cfg.model, "experimental_attention_variant", None):
-        return BuildReport(**report, not_built=(
-            f"needs Transformer Engine: megatron-core 0.19.2 builds '{cfg.model.experimental_attention_variant}' "
-            "layers only with TE (experimental_attention_variant_module_specs._get_backend_spec_provider)"),
-            findings=(Finding("warning", "build/needs-te", f"{name} was not built: its "
-                              f"{cfg.model.experimental_attention_variant} layers need Transformer Engine",
-                              "run the build where TE is installed (scripts/setup.sh --with-te, or the cluster "
-                              "container)"),), seconds=time.monotonic() - start)
+        return _needs_te(report, cfg, name, f"megatron-core 0.19.2 builds its '{cfg.model.experimental_attention_variant}'"
+                         " layers only with TE (experimental_attention_variant_module_specs._get_backend_spec_provider)",
+                         (), (), start)
 
     from megatron.bridge.training.config import runtime_config_update
 
@@ -437,28 +574,10 @@ def build_ranks(cfg, hardware: str | Hardware, world_size: int, name: str = "con
                     "or update lcmoe_recipes.emit.build_substitutions") for p in problems),
             seconds=time.monotonic() - start)
 
-    lay = plan.layout
-    per_stage = world_size // lay.pp
-    stages, failures = [], {}
-    with quiet_upstream():
-        for pp_rank in (pp_ranks if pp_ranks is not None else range(lay.pp)):
-            t0 = time.monotonic()
-            first, corner = pp_rank * per_stage, (pp_rank + 1) * per_stage - 1
-            try:
-                coords, chunks, (grad, padding, param), signature = _build_one(trial, world_size, first, needed)
-                classes = 1
-                if corner != first:
-                    if _build_one(trial, world_size, corner, needed)[3] != signature:
-                        classes = 2
-            except LcmoeError:
-                raise
-            except Exception as exc:  # noqa: BLE001 -- every upstream failure becomes a finding
-                failures.setdefault(_failure_text(exc), []).append((pp_rank, first))
-                continue
-            stages.append(StageBuild(pp_rank=pp_rank, global_rank=first, coordinates=coords, chunks=chunks,
-                                     grad_buffer_bytes=grad, grad_padding_bytes=padding, param_buffer_bytes=param,
-                                     coordinate_classes=classes, seconds=time.monotonic() - t0,
-                                     **_predicted(plan, pp_rank)))
+    stages, failures, te = _build_stages(trial, plan, world_size, needed, local, pp_ranks, distinct_only)
+    if te:
+        return _needs_te(report, cfg, name, f"its layer spec asks for Transformer Engine modules at {te}", notes,
+                         needed, start)
     findings = _stage_failures(failures)
     for s in stages:
         if s.coordinate_classes > 1:

@@ -191,7 +191,10 @@ _DDP_BUFFERS = (
     UpstreamSite("megatron/core/distributed/param_and_grad_buffer.py", 1180, "device=torch.cuda.current_device(),"),
     UpstreamSite("megatron/core/distributed/param_and_grad_buffer.py", 1186, "device=torch.cuda.current_device(),"),
 )
-_META_SITES = _YARN_DEVICE + _ROUTER_BUFFERS + _DDP_BUFFERS
+_ATTENTION_SINKS = (  # the local core attention's learnable softmax offsets (attention sinks): a parameter
+    UpstreamSite("megatron/core/transformer/dot_product_attention.py", 132, "device=torch.cuda.current_device(),"),
+)
+_META_SITES = _YARN_DEVICE + _ROUTER_BUFFERS + _ATTENTION_SINKS + _DDP_BUFFERS
 _CP_POS_EMB = (
     UpstreamSite("megatron/core/models/common/embeddings/rope_utils.py", 64, ").cuda(non_blocking=True)"),
     UpstreamSite("megatron/core/models/common/embeddings/yarn_rotary_pos_embedding.py", 186,
@@ -355,7 +358,8 @@ SUBSTITUTIONS: tuple[Substitution, ...] = (
         "on it", _DDP_STREAM, lambda m: True, _install_ddp_stream),
     Substitution(
         "meta-device", "torch.cuda.current_device() answers the meta device at these lines only: the RoPE / YaRN "
-        "frequency and cos/sin caches, the router's per-expert buffers, DDP's parameter and gradient buffers",
+        "frequency and cos/sin caches, the router's per-expert buffers, the local core attention's softmax offsets "
+        "(attention sinks), DDP's parameter and gradient buffers",
         "the same shapes and dtypes are allocated on the meta device (no memory), as get_model("
         "init_model_with_meta_device=True) does for the weights", _META_SITES, lambda m: True, _install_meta_device),
     Substitution(
