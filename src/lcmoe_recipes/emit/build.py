@@ -46,6 +46,7 @@ from ..errors import LcmoeError
 from ..cost.shapes import shapes
 from ..plan import stage_decoder_layers
 from . import build_substitutions as subs
+from .fake_world import fake_world
 from .local_impl import switch_to_local
 from .stack import load_bridge, quiet_upstream, te_installed
 from .target import target_environment
@@ -272,26 +273,6 @@ def _apply(target, changes: list[BuildChange]) -> None:
         setattr(owner, leaf, change.new)
 
 
-@contextlib.contextmanager
-def _fake_world(world_size: int, rank: int):
-    """torch.distributed's fake backend as rank ``rank`` of ``world_size``; torn down (megatron-core's process groups
-    too) on exit."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise LcmoeError("torch.distributed is already initialised in this process, so the build cannot stand up "
-                         "its own fake world", "run the build in a process of its own (python -m lcmoe_recipes.check "
-                         "CONFIG --build)")
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-    try:
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-
-
 def _process_groups(trial):
     """megatron-core's process groups for the current (fake) rank, by megatron-bridge's own initialisation."""
     from megatron.bridge.training import initialize
@@ -319,7 +300,7 @@ def _build_one(trial, world_size: int, rank: int, substitutions: list):
 
     model_cfg = copy.deepcopy(trial.model)
     ddp_cfg = copy.deepcopy(trial.ddp)
-    with _fake_world(world_size, rank), contextlib.redirect_stdout(io.StringIO()):
+    with fake_world(world_size, rank), contextlib.redirect_stdout(io.StringIO()):
         pgc = _process_groups(trial)
         coords = _coordinates()
         with subs.installed(substitutions):
