@@ -197,19 +197,32 @@ def _softmax_attention(s: LayerShapes, n: float, tp: int, out: dict) -> None:
     GQA (megatron-core ``transformer/attention.py``, ``SelfAttention``; TE ``DotProductAttention``): the fused
     linear_qkv output (nq + 2·nkv heads; its v is a view the attention saves), one more q and k after the q/k norm
     and RoPE, the attention output (saved by linear_proj) and the fp32 log-sum-exp -- never the s x s scores (flash /
-    fused attention). The same with a sliding window (TE keeps the same tensors; only the FLOPs shrink), and with
-    context parallelism: the p2p ring saves the last received K/V buffer in place of this rank's own, a2a swaps
-    sequence and heads at the same size (TE ``context_parallel.py``, ``AttnFuncWithCPAndKVP2P`` /
+    fused attention). With q/k norms: the q the norm saves is a copy when a TP rank holds more than one query group
+    (``get_query_key_value_tensors`` reshapes a non-contiguous split of the fused output), and each norm keeps an
+    fp32 statistic per token and head. The same with a sliding window (TE keeps the same tensors; only the FLOPs
+    shrink), and with context parallelism: the p2p ring saves the last received K/V buffer in place of this rank's
+    own, a2a swaps sequence and heads at the same size (TE ``context_parallel.py``, ``AttnFuncWithCPAndKVP2P`` /
     ``AttnFuncWithCPAndQKVOA2A``). ``core_attn`` recompute frees only the log-sum-exp.
+
+    MLA (``transformer/multi_latent_attention.py``, ``MLASelfAttention``, with megatron-core's fused YaRN RoPE
+    ``fusions/fused_mla_yarn_rope_apply.py``): the down projections' outputs and their norms' outputs (the kv norm
+    covers the kv_lora part) with an fp32 statistic per token each, and the roped q (in place over the q up
+    projection's output), the new key and value the attention saves -- the kv up projection's output is not kept.
+    ``mla_up_proj`` recompute drops q, k and v. Measured against megatron-core's own layer by
+    :mod:`lcmoe_recipes.emit.activations` (tests/test_activations.py).
     """
     if s.mla:  # megatron-core transformer/multi_latent_attention.py, MLASelfAttention
         if s.q_lora:
             out["q_down_out"] = (n * s.q_lora * BF16 * 2, ())
-        out["kv_down_out"] = (n * (s.kv_lora + s.d_rope) * BF16 * 2, ())
-        out["mla_up_proj_out"] = (n * s.nq * (s.d_qk + s.d_qk + s.d_v) * BF16 / tp, ("mla_up_proj",))
+        out["kv_down_out"] = (n * (s.kv_lora + s.d_rope + s.kv_lora) * BF16, ())
+        out["latent_norm_stats"] = (n * (2 if s.q_lora else 1) * FP32, ())
         out["qkv_rope"] = (n * s.nq * (2 * s.d_qk + s.d_v) * BF16 / tp, ("mla_up_proj",))
     else:
         out["qkv"] = (n * (2 * s.nq + 3 * s.nkv) * s.d_qk * BF16 / tp, ())
+        if s.qk_norm:
+            if s.nkv > tp:  # more than one query group per TP rank: the q the norm saves is a reshaped copy
+                out["q_norm_input"] = (n * s.nq * s.d_qk * BF16 / tp, ())
+            out["qk_norm_stats"] = (n * (s.nq + s.nkv) * FP32 / tp, ())
         if s.out_gate:  # Qwen3-Next full attention: sigmoid output gate
             out["attn_gate"] = (n * s.nq * s.d_v * BF16 / tp, ())
     out["attn_out"] = (n * s.nq * s.d_v * BF16 / tp, ())
@@ -261,14 +274,23 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
                           plan.sequence_parallel)
 
 
+def layer_activations_kept(s: LayerShapes, layer: int, tokens: float, tp: int, etp: int, sequence_parallel: bool,
+                           granularity: str | None, modules: tuple[str, ...]) -> float:
+    """Bytes layer ``layer`` keeps for backward for ``tokens`` per CP rank (MBS·seq_length/CP) under the recompute
+    setting: the table of :func:`layer_activations`, unscaled. ``lcmoe_recipes.emit.activations`` measures the same."""
+    return _kept_bytes(_layer_tensors(s, layer, tokens, tp, etp, sequence_parallel), granularity, modules)
+
+
 def _layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequence_parallel: bool
                    ) -> dict[str, tuple[float, tuple[str, ...]]]:
     """:func:`layer_activations` for ``n`` tokens on this rank (MBS·seq_length/CP)."""
     nsp = n / tp if sequence_parallel else n                      # tokens in sequence-sharded regions
     h = s.h
+    input_norm = ("layernorm",) if s.mla else ()
     out: dict[str, tuple[float, tuple[str, ...]]] = {
         "layer_input": (nsp * h * BF16, ()),
-        "input_norm_out": (nsp * h * BF16, ("layernorm",) if s.mla else ()),
+        "input_norm_out": (nsp * h * BF16, input_norm),
+        "input_norm_stats": (nsp * FP32, input_norm),  # RMSNorm's fp32 1/rms per token (TE keeps it)
     }
     if s.is_softmax(layer):
         _softmax_attention(s, n, tp, out)
@@ -276,6 +298,7 @@ def _layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequ
         _gated_delta_net(s, n, tp, out)
     out["pre_mlp_input"] = (nsp * h * BF16, ())
     out["pre_mlp_norm_out"] = (nsp * h * BF16, ("layernorm",))
+    out["pre_mlp_norm_stats"] = (nsp * FP32, ("layernorm",))
     if s.is_moe(layer):
         routed = nsp * s.topk                                   # token copies this rank's experts process
         moe = ("moe",)

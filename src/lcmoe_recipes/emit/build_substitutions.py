@@ -106,7 +106,7 @@ class SubstitutionMismatch(Exception):
     """An upstream line a stand-in names no longer reads as expected (another megatron version)."""
 
 
-def _patch(stack: contextlib.ExitStack, owner, attr: str, value) -> None:
+def patch_until(stack: contextlib.ExitStack, owner, attr: str, value) -> None:
     """Set ``owner.attr = value`` until ``stack`` closes (then the previous value, or no attribute, again)."""
     missing = object()
     previous = owner.__dict__.get(attr, missing) if isinstance(owner, type) else getattr(owner, attr, missing)
@@ -229,23 +229,23 @@ def _install_dispatcher_stream(stack: contextlib.ExitStack) -> None:
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
     if MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is None:
-        _patch(stack, MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", _BuildStream())
+        patch_until(stack, MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", _BuildStream())
 
 
 def _install_ddp_stream(stack: contextlib.ExitStack) -> None:
     import torch
 
     stream, current, context, after = _DDP_STREAM
-    _patch(stack, torch.cuda, "Stream", _at_sites(torch.cuda.Stream, (stream,), _BuildStream))
-    _patch(stack, torch.cuda, "current_stream",
+    patch_until(stack, torch.cuda, "Stream", _at_sites(torch.cuda.Stream, (stream,), _BuildStream))
+    patch_until(stack, torch.cuda, "current_stream",
            _at_sites(torch.cuda.current_stream, (current, after), lambda *a, **k: _BuildStream()))
-    _patch(stack, torch.cuda, "stream", _at_sites(torch.cuda.stream, (context,), lambda *a, **k: contextlib.nullcontext()))
+    patch_until(stack, torch.cuda, "stream", _at_sites(torch.cuda.stream, (context,), lambda *a, **k: contextlib.nullcontext()))
 
 
 def _install_meta_device(stack: contextlib.ExitStack) -> None:
     import torch
 
-    _patch(stack, torch.cuda, "current_device",
+    patch_until(stack, torch.cuda, "current_device",
            _at_sites(torch.cuda.current_device, _META_SITES, _meta_device))
 
 
@@ -267,7 +267,7 @@ def _pos_emb_on_this_cp_rank(pos_emb, seq_dim: int, cp_group):
 def _install_cp_pos_emb(stack: contextlib.ExitStack) -> None:
     import megatron.core.models.common.embeddings.yarn_rotary_pos_embedding as yarn
 
-    _patch(stack, yarn, "get_pos_emb_on_this_cp_rank", _pos_emb_on_this_cp_rank)
+    patch_until(stack, yarn, "get_pos_emb_on_this_cp_rank", _pos_emb_on_this_cp_rank)
 
 
 def _install_norm_sp(stack: contextlib.ExitStack) -> None:
@@ -283,7 +283,7 @@ def _install_norm_sp(stack: contextlib.ExitStack) -> None:
             param.sequence_parallel = True
         return norm
 
-    _patch(stack, WrappedTorchNorm, "__new__", staticmethod(__new__))
+    patch_until(stack, WrappedTorchNorm, "__new__", staticmethod(__new__))
 
 
 def _install_attention_cp(stack: contextlib.ExitStack) -> None:
@@ -296,7 +296,7 @@ def _install_attention_cp(stack: contextlib.ExitStack) -> None:
             config = _replaced(config, context_parallel_size=1)
         real(self, config, *args, **kwargs)
 
-    _patch(stack, DotProductAttention, "__init__", __init__)
+    patch_until(stack, DotProductAttention, "__init__", __init__)
 
 
 def _install_attention_kv_channels(stack: contextlib.ExitStack) -> None:
@@ -307,7 +307,7 @@ def _install_attention_kv_channels(stack: contextlib.ExitStack) -> None:
     def __init__(self, config, *args, k_channels=None, v_channels=None, **kwargs):
         real(self, config, *args, **kwargs)
 
-    _patch(stack, DotProductAttention, "__init__", __init__)
+    patch_until(stack, DotProductAttention, "__init__", __init__)
 
 
 def _install_mtp_spec(stack: contextlib.ExitStack) -> None:
@@ -323,8 +323,8 @@ def _install_mtp_spec(stack: contextlib.ExitStack) -> None:
         local = getattr(config, "transformer_impl", None) == "local"
         return real_layers(config, False if local else use_transformer_engine, *args, **kwargs)
 
-    _patch(stack, specs, "get_gpt_mtp_block_spec", get_gpt_mtp_block_spec)
-    _patch(stack, specs, "get_gpt_decoder_layer_specs", get_gpt_decoder_layer_specs)
+    patch_until(stack, specs, "get_gpt_mtp_block_spec", get_gpt_mtp_block_spec)
+    patch_until(stack, specs, "get_gpt_decoder_layer_specs", get_gpt_decoder_layer_specs)
 
 
 def _replaced(config, **fields):
