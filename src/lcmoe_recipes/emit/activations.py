@@ -40,8 +40,9 @@ from .build_substitutions import patch_until
 STAND_INS = {
     "te-fused-attention": "core attention keeps q, k, v, out and fp32 softmax statistics (TE dot_product_attention/"
                           "backends.py FusedAttnFunc)",
-    "te-rmsnorm": "RMSNorm keeps its input and fp32 1/rms per token (TE ops/basic/rmsnorm.py)",
-    "te-fused-rope": "fused RoPE keeps the frequencies only (TE attention/rope.py FusedRoPEFunc)",
+    "te-rmsnorm": "RMSNorm keeps its input and fp32 1/rms per token (transformer_engine/pytorch/ops/basic/rmsnorm.py)",
+    "te-fused-rope": "fused RoPE keeps the frequencies only (transformer_engine/pytorch/attention/rope.py "
+                     "FusedRoPEFunc)",
     "mla-fused-rope-cpu": "megatron-core's Triton MLA YaRN RoPE (fusions/fused_mla_yarn_rope_apply.py), same "
                           "arithmetic and saved set (cos, sin) on the CPU",
     "cuda-on-cpu": "CUDA device, streams and RNG state answered on the CPU",

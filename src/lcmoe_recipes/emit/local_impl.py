@@ -132,7 +132,8 @@ def switch_to_local(model) -> list[str]:
                                                          **{**spec.keywords, "use_transformer_engine": False})
         changes.append(f"transformer_layer_spec: {spec.func.__name__}(use_transformer_engine=False)")
     elif spec in (default_layer_spec, transformer_engine_layer_spec):
-        change("transformer_layer_spec", local_layer_spec)
+        model.transformer_layer_spec = local_layer_spec
+        changes.append(f"transformer_layer_spec: {spec.__name__} -> local_layer_spec")
     change("transformer_impl", "local")
     for field in _TE_KERNELS:
         if hasattr(model, field):
