@@ -258,3 +258,44 @@ def test_cp_index_stand_in_selects_what_upstream_selects():
     for rank in range(4):
         got = _pos_emb_on_this_cp_rank(emb, 0, Group(rank, 4)).flatten().tolist()
         assert got == [2 * rank, 2 * rank + 1, 2 * (7 - rank), 2 * (7 - rank) + 1]
+
+
+# --- the commands and the Python entry ------------------------------------------------------------------------------
+
+def test_check_build_prints_the_table_and_exits_0(capsys):
+    from lcmoe_recipes.cli.check import main
+
+    assert main(["qwen3_235b_128k_gb200", "--build"]) == 0
+    out = capsys.readouterr().out
+    assert "build: qwen3_235b_128k_gb200 at its full world size (128 ranks, gb200)" in out
+    assert "equal our memory model's, byte for byte" in out and "local-norm-sp:" in out
+
+
+def test_check_build_refuses_a_config_that_does_not_build(configs, tmp_path, capsys):
+    import copy
+
+    from lcmoe_recipes.cli.check import main
+    from lcmoe_recipes.emit import target_meta, write_yaml
+
+    plan, cfg = configs["qwen3_235b_128k_gb200"]
+    bad = copy.deepcopy(cfg)
+    bad.model.vocab_size += 1
+    path = write_yaml(bad, tmp_path / "odd.yaml", {**target_meta(plan), "recipe": "odd"})
+    assert main([str(path), "--build"]) == 1
+    out = capsys.readouterr().out
+    # the embedding (stage 0) and the output layer (stage 3) split the vocabulary over TP
+    assert ("error build/stage: pipeline stage 0 (global rank 0) does not build: AssertionError: 151937 is not "
+            "divisible by 4") in out and "error build/stage: pipeline stage 3 (global rank 96) does not build" in out
+    assert "equal our memory model's on the 2 stage(s) built, byte for byte" in out
+    assert "pad model.vocab_size to a multiple of 4" in out and "Traceback" not in out
+
+
+def test_launch_dry_run_build_and_the_python_entry(tmp_path, monkeypatch, capsys):
+    import lcmoe_recipes
+    from lcmoe_recipes.cli.launch import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["qwen3_30b", "--seq", "32768", "--gpus", "8", "--hardware", "h100", "--dry-run", "--build"]) == 0
+    assert "build: qwen3_30b_32k_8xh100 at its full world size (8 ranks, h100)" in capsys.readouterr().out
+    report = lcmoe_recipes.build_ranks("qwen3_235b_128k_gb200")
+    assert report.ok and [s.pp_rank for s in report.stages] == [0, 1, 2, 3] and report.world_size == 128

@@ -199,10 +199,12 @@ class BuildReport:
                     f"{_gib(s.grad_buffer_bytes)} ({_gib(s.predicted_gradient_bytes)})  {s.coordinate_classes:>3}"
                     + (f"  (the modules of PP {s.built_as}: not built again)" if s.built_as is not None else ""))
             worst = max((abs(v) for s in self.stages for v in s.residuals.values()), default=0)
-            lines.append("  parameters and gradients (less bucket padding) equal our memory model's, byte for byte"
-                         + (" once the differences below are taken out" if any(s.explained for s in self.stages) else "")
-                         if worst == 0 else f"  largest unexplained difference from our memory model: {worst:,.0f} "
-                         "bytes")
+            where = "" if self.ok else f" on the {len(self.stages)} stage(s) built"
+            lines.append(f"  parameters and gradients (less bucket padding) equal our memory model's{where}, byte for "
+                         "byte" + (" once the differences below are taken out" if any(s.explained for s in self.stages)
+                                   else "")
+                         if worst == 0 else f"  largest unexplained difference from our memory model{where}: "
+                         f"{worst:,.0f} bytes")
             for reason in sorted({r for s in self.stages for _, r, _ in s.explained}):
                 total = {k: sum(b for s in self.stages for k2, r, b in s.explained if r == reason and k2 == k)
                          for k in ("dense", "gradients")}
