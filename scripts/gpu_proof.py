@@ -138,6 +138,7 @@ def proof_config(model: str, yaml_path: Path, pretrained: Path | None, steps: in
     cfg.scheduler.lr_decay_iters = steps
     cfg.logger.log_interval = 1
     cfg.checkpoint.save = None
+    cfg.checkpoint.async_save = False  # nothing is saved (megatron-bridge refuses async_save without a save path)
     cfg.checkpoint.pretrained_checkpoint = str(pretrained) if pretrained else None
     cfg.validation.eval_interval = None
     cfg.validation.eval_iters = 0

@@ -128,6 +128,7 @@ def prepare(cfg, meta: dict, rank: int, steps: int) -> RankRun:
     change("scheduler.lr_warmup_iters", min(run.scheduler.lr_warmup_iters or 0, max(steps - 1, 0)), "within the run")
     change("scheduler.lr_decay_iters", steps, "within the run")
     change("checkpoint.save", None, "nothing saved")
+    change("checkpoint.async_save", False, "nothing saved (megatron-bridge refuses async_save without a save path)")
     change("checkpoint.load", None, "nothing loaded")
     change("checkpoint.pretrained_checkpoint", None, "random weights: memory does not depend on their values")
     change("validation.eval_interval", None, "no evaluation")
