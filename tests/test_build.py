@@ -37,18 +37,16 @@ PLANNED = (
     ("qwen3_next_80b_a3b", 32, "gb200", 32768), ("minimax_m2", 64, "gb200", 131072), ("moonlight", 16, "h100", 32768),
 )
 NEEDS_TE = {"qwen3_next_80b_a3b", "minimax_m2", "moonlight"}
-RETARGET = ("megatron.bridge.perf_recipes.qwen.b200.qwen3_moe:qwen3_30b_a3b_pretrain_64gpu_b200_bf16_config",
-            "qwen3_30b_a3b", "b200", 64, 131072)
+RETARGET = ("qwen3_30b_a3b_pretrain_64gpu_b200_bf16_config", "b200", 64, 131072)  # an upstream 4K recipe -> 128K
 
 
 @pytest.fixture(scope="module")
 def built(configs):
     """name -> (BuildReport, seconds, Plan) for every named recipe, the retarget and every planner output."""
+    from lcmoe_recipes import build_recipe, resolve
     from lcmoe_recipes.emit import build_config
     from lcmoe_recipes.emit.build import build_ranks
-    from lcmoe_recipes.emit.upstream import upstream_config
     from lcmoe_recipes.request import TrainingRequest
-    from lcmoe_recipes.retarget import retarget
     from lcmoe_recipes.search import plan as search
 
     out = {}
@@ -60,9 +58,9 @@ def built(configs):
 
     for name, (plan, cfg) in configs.items():
         build(name, plan, cfg, plan.hardware, plan.layout.world)
-    function, model, hardware, gpus, seq = RETARGET
-    cfg, plan, _ = retarget(upstream_config(function, get_model(model)), hardware, gpus, seq, name="retargeted")
-    build("retargeted", plan, cfg, hardware, gpus)
+    source, hardware, gpus, seq = RETARGET  # launch --from SOURCE --seq N --gpus G --hardware H
+    request = TrainingRequest.parse(from_config=source, seq_length=seq, hardware=hardware, num_gpus=gpus)
+    build("retargeted", resolve(request), build_recipe(request), hardware, gpus)
     for model, gpus, hardware, seq in PLANNED:
         plan = search(TrainingRequest(model=model, seq_length=seq, hardware=hardware, num_gpus=gpus)).best.plan
         build(_name(model, gpus, hardware, seq), plan, build_config(plan, validate=False, quiet=True), hardware, gpus)
