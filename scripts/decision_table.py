@@ -133,7 +133,7 @@ def build_agreement() -> str:
               "published runs chose CP32, which the model predicts a few % slower -- inside its own error "
               "(docs/accuracy.md).",
               "- **Qwen3-Next: much lower CP than published.** Our memory model predicts Qwen3-Next's published peaks "
-              "at 0.43-0.73 of the measured 134-157 GB (the N rows of docs/accuracy.md, layouts unpublished); it "
+              "at 0.45-0.78 of the measured 134-157 GB (the N rows of docs/accuracy.md, layouts unpublished); it "
               "therefore believes lower CP fits. Treat its Qwen3-Next picks above 8K as optimistic until a measured "
               "layout pins the gated-DeltaNet activation memory.",
               "- **Ties.** Where the published layout and the pick are within the step model's error band, the "

@@ -15,6 +15,10 @@ job's steps would be):
   (``lcmoe_recipes.cost.estimate_memory`` / ``estimate_step``) beside it as JSON.
 * ``all WORK OUT``: everything above for each proxy, then ``python -m lcmoe_recipes.train --metrics`` under torchrun,
   and the table in ``OUT`` (JSON).
+* ``ranks WORK OUT``: the most loaded rank of each named recipe at its full world size, alone on this GPU
+  (``python -m lcmoe_recipes.train --recipe NAME --as-rank R``, :mod:`lcmoe_recipes.emit.rank_run`): torch's peak
+  allocated / reserved beside our prediction for that rank, as JSON in ``OUT``; a rank predicted larger than this
+  GPU, or one that needs Transformer Engine where it is absent, is recorded as skipped with the reason.
 """
 
 from __future__ import annotations
@@ -134,6 +138,7 @@ def proof_config(model: str, yaml_path: Path, pretrained: Path | None, steps: in
     cfg.scheduler.lr_decay_iters = steps
     cfg.logger.log_interval = 1
     cfg.checkpoint.save = None
+    cfg.checkpoint.async_save = False  # nothing is saved (megatron-bridge refuses async_save without a save path)
     cfg.checkpoint.pretrained_checkpoint = str(pretrained) if pretrained else None
     cfg.validation.eval_interval = None
     cfg.validation.eval_iters = 0
@@ -178,9 +183,12 @@ def run_all(work: Path, out: Path, steps: int, seq_length: int, global_batch_siz
     for model in models:
         spec, row = get_model(model), {}
         report["models"][model] = row
-        if spec.gated_delta_net and not te:
-            row["skipped"] = ("gated DeltaNet layers are built only with Transformer Engine (megatron-core 0.19.2 "
-                              "experimental_attention_variant_module_specs); none on this machine")
+        if not te and (spec.gated_delta_net or spec.multi_latent_attention):
+            row["skipped"] = (("gated DeltaNet layers are built only with Transformer Engine (megatron-core 0.19.2 "
+                               "experimental_attention_variant_module_specs)" if spec.gated_delta_net else
+                               "multi-latent attention runs only with Transformer Engine (megatron-core 0.19.2 "
+                               "multi_latent_attention.py passes k_channels to a core attention only TE's takes)")
+                              + "; none on this machine")
             continue
         drop_mtp = bool(spec.mtp_num_layers) and not te
         if drop_mtp:
@@ -232,6 +240,67 @@ def run_all(work: Path, out: Path, steps: int, seq_length: int, global_batch_siz
     return report
 
 
+AS_RANK_STEPS = 3
+AS_RANK_HEADROOM = 0.95  # run a rank only when our prediction is under this share of the GPU's memory
+
+
+def rank_jobs(recipes: list[str], gpu_bytes: int, te: bool) -> list[dict]:
+    """Per named recipe: its most loaded rank, our prediction for it, and either the command that measures it on this
+    GPU or why it is skipped (predicted larger than ``AS_RANK_HEADROOM`` of ``gpu_bytes``, or a part that needs
+    Transformer Engine where ``te`` is False)."""
+    from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.cost import estimate_memory
+    from lcmoe_recipes.emit.rank_run import most_loaded_rank
+
+    jobs = []
+    for name in recipes:
+        plan = recipe_plan(name)
+        spec, rank, predicted = plan.model_spec, most_loaded_rank(plan), estimate_memory(plan).total
+        job = {"recipe": name, "rank": rank, "predicted_gib": predicted / 2**30}
+        if predicted > AS_RANK_HEADROOM * gpu_bytes:
+            job["skipped"] = (f"predicted {predicted / 2**30:.0f} GiB for rank {rank}, more than "
+                              f"{AS_RANK_HEADROOM:.0%} of this GPU's {gpu_bytes / 2**30:.0f} GiB")
+        elif not te and (plan.precision != "bf16" or spec.gated_delta_net or spec.multi_latent_attention
+                         or plan.mtp_num_layers):
+            job["skipped"] = "needs Transformer Engine (FP8, MLA, MTP or gated DeltaNet); none on this machine"
+        else:
+            job["command"] = [sys.executable, "-m", "lcmoe_recipes.train", "--recipe", name, "--as-rank", str(rank),
+                              "--steps", str(AS_RANK_STEPS)]
+        jobs.append(job)
+    return jobs
+
+
+def run_ranks(work: Path, out: Path, recipes: list[str]) -> dict:
+    """The most loaded rank of each named recipe, alone on this GPU (module doc, ``ranks``)."""
+    import torch
+
+    from lcmoe_recipes.emit.stack import te_installed
+
+    if not torch.cuda.is_available():
+        raise SystemExit("ranks: no CUDA GPU visible")
+    work.mkdir(parents=True, exist_ok=True)
+    te = te_installed()
+    report = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "transformer_engine": te, "steps": AS_RANK_STEPS, "recipes": {}}
+    for job in rank_jobs(recipes, torch.cuda.get_device_properties(0).total_memory, te):
+        row = report["recipes"][job.pop("recipe")] = job
+        if "command" not in row:
+            continue
+        folder = work / f"rank_{job['rank']}_{len(report['recipes'])}"
+        folder.mkdir(exist_ok=True)
+        start = time.monotonic()
+        rc = _run(row.pop("command") + ["--out", str(folder)], folder / "run.log", 1800)
+        row.update(rc=rc, seconds=round(time.monotonic() - start, 1))
+        if (folder / "as_rank.json").exists():
+            row["result"] = json.loads((folder / "as_rank.json").read_text())
+        elif rc:
+            row["log_tail"] = _tail(folder / "run.log")
+        out.write_text(json.dumps(report, indent=1))
+    out.write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -245,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model")
     p.add_argument("hf", type=Path)
     p.add_argument("megatron", type=Path)
+    p = sub.add_parser("ranks")
+    p.add_argument("work", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--recipes", nargs="+", default=None, help="named recipes (default: all)")
     for name in ("config", "all"):
         p = sub.add_parser(name)
         if name == "config":
@@ -269,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "config":
         prediction = proof_config(args.model, args.yaml, args.pretrained, args.steps, args.seq, args.gbs, args.drop_mtp)
         Path(f"{args.yaml}.prediction.json").write_text(json.dumps(prediction, indent=1))
+    elif args.command == "ranks":
+        from lcmoe_recipes import NAMED_RECIPES
+
+        run_ranks(args.work, args.out, args.recipes or list(NAMED_RECIPES))
     else:
         run_all(args.work, args.out, args.steps, args.seq, args.gbs, args.models)
     return 0

@@ -38,10 +38,10 @@ def test_proxy_config_validates_for_one_h200_and_reads_back(model, tmp_path):
 
     pretrained = tmp_path / "converted"
     pretrained.mkdir()
-    spec_next = model == "proxy_qwen3_next"
-    if spec_next and not te_installed():
-        with pytest.raises(NeedsTransformerEngine, match="gated_delta_net"):
-            gpu_proof.proof_config(model, tmp_path / "c.yaml", pretrained, 5, 4096, 8, drop_mtp=False)
+    needs_te = {"proxy_qwen3_next": "gated_delta_net", "proxy_dsv3": "multi-latent attention runs only with"}
+    if model in needs_te and not te_installed():  # local_impl refuses them (their local modules do not run)
+        with pytest.raises(NeedsTransformerEngine, match=needs_te[model]):
+            gpu_proof.proof_config(model, tmp_path / "c.yaml", pretrained, 5, 4096, 8, drop_mtp=True)
         return
     prediction = gpu_proof.proof_config(model, tmp_path / "c.yaml", pretrained, 5, 4096, 8,
                                         drop_mtp=not te_installed())
@@ -52,6 +52,20 @@ def test_proxy_config_validates_for_one_h200_and_reads_back(model, tmp_path):
     if not te_installed():
         assert cfg.model.transformer_impl == "local" and cfg.model.mtp_num_layers is None
     emit.validate_config(cfg, "h200", 1, model)  # the entry script's check before pretrain()
+
+
+def test_rank_measurements_planned_for_one_h200():
+    """scripts/gpu_proof.sh's ranks step on a 141 GB H200: DeepSeek-V3's most loaded H100 rank fits and is measured
+    (with TE); Qwen3-235B's GB200 rank does not fit; without TE only BF16 models without MLA, MTP or gated DeltaNet
+    run."""
+    h200 = 141 * 10**9
+    with_te = {job["recipe"]: job for job in gpu_proof.rank_jobs(["dsv3_128k_h100", "qwen3_235b_128k_gb200",
+                                                                  "qwen3_next_8k_gb200"], h200, te=True)}
+    assert with_te["dsv3_128k_h100"]["rank"] == 224 and "--as-rank" in with_te["dsv3_128k_h100"]["command"]
+    assert with_te["qwen3_235b_128k_gb200"]["skipped"].startswith("predicted 157 GiB for rank 96, more than 95%")
+    assert "command" in with_te["qwen3_next_8k_gb200"]
+    without = gpu_proof.rank_jobs(["dsv3_128k_h100", "qwen3_next_8k_gb200"], h200, te=False)
+    assert all(job["skipped"].startswith("needs Transformer Engine") for job in without)
 
 
 @pytest.mark.slow

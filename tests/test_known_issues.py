@@ -442,8 +442,11 @@ def test_real_config_mutations_trigger(fresh_config):
 def test_check_yaml_with_container_image(fresh_config, tmp_path, capsys):
     from lcmoe_recipes.emit import write_yaml
 
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
     _, cfg = fresh_config("qwen3_235b_128k_gb200")  # VPP12, EP32, TE graphs on attn/moe_router/moe_preprocess
-    cfg.mixed_precision = "bf16_with_mxfp8_mixed"
+    cfg.mixed_precision = get_mixed_precision_config("bf16_with_mxfp8_mixed")
+    cfg.mixed_precision.grad_reduce_in_fp32 = False  # the recipe's bf16 gradients: fp32 ones would not fit in HBM
     path = write_yaml(cfg, tmp_path / "q.yaml", {"recipe": "q", "world_size": 128, "hardware": "gb200"})
     # the image's own megatron (--no-overlay): its megatron-bridge 0.3.0 has the bug
     assert check_main([str(path), "--container-image", "nvcr.io/nvidia/nemo:26.02", "--no-overlay"]) == 1

@@ -98,6 +98,19 @@ def check(config: str, gpus: int | None = None, hardware: str | None = None, con
     return examine(config, gpus, hardware, container_image)
 
 
+def build_ranks(config, gpus: int | None = None, hardware: str | None = None):
+    """Build every pipeline stage of a config at its full world size on the CPU (megatron-core's own model, fake
+    process groups, meta device) and compare its parameter and gradient bytes with our memory model, stage by stage
+    (docs/build.md). ``config``: a ConfigContainer, a ConfigContainer YAML or a named recipe.
+
+    Returns:
+        :class:`lcmoe_recipes.emit.build.BuildReport` (``.table()``, ``.stages``, ``.findings``, ``.ok``).
+    """
+    from .examine import build
+
+    return build(config, gpus, hardware)
+
+
 def _named_factory(name: str):
     recipe = NAMED_RECIPES[name]
 
@@ -137,6 +150,6 @@ __all__ = [
     "dsv3_128k_h100", "dsv3_256k_h100", "qwen3_235b_128k_gb200",
     "qwen3_next_8k_gb200", "qwen3_next_32k_gb200", "qwen3_next_64k_gb200",
     "TrainingRequest", "resolve", "phase_requests", "NAMED_RECIPES", "recipe_plan", "build_config", "build_recipe",
-    "build_phases", "check", "check_plan", "Plan", "Finding",
+    "build_phases", "build_ranks", "check", "check_plan", "Plan", "Finding",
     "LcmoeError", "InfeasibleConfig", "ModelConfigError", "OverrideError", "UnknownName",
 ]

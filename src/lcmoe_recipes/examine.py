@@ -160,3 +160,35 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
             f"rewrite it for this target: python -m lcmoe_recipes.launch ... --gpus {gpus} --hardware {hw.key} --dry-run"))
     return Examination(plan, findings, f"our checks, the cost model, megatron-bridge validate() for the target and the "
                        f"known upstream bugs for {versions.describe()}")
+
+
+def build(config, gpus: int | None = None, hardware: str | None = None, name: str | None = None):
+    """The real-model build of every pipeline stage (:func:`lcmoe_recipes.emit.build.build_ranks`, docs/build.md) of
+    ``config``: a ConfigContainer (its target the one :func:`lcmoe_recipes.build_config` recorded, else ``gpus`` x
+    ``hardware``), a ConfigContainer YAML (its header's target) or a named recipe.
+
+    Returns:
+        :class:`lcmoe_recipes.emit.build.BuildReport`.
+
+    Raises:
+        LcmoeError: a missing file, an unknown recipe, or a target neither recorded nor given.
+    """
+    from . import emit
+    from .emit.build import build_ranks
+
+    if isinstance(config, str):
+        if config in NAMED_RECIPES and not Path(config).exists():
+            plan = recipe_plan(config)
+            cfg, meta = emit.build_config(plan, validate=False, quiet=True), emit.target_meta(plan)
+        elif Path(config).is_file():
+            cfg, meta = emit.read_yaml(config)
+        else:
+            raise LcmoeError(f"'{config}' is neither a file nor a named recipe",
+                             f"give a ConfigContainer YAML, or one of: {', '.join(NAMED_RECIPES)}")
+        name = name or meta.get("recipe") or Path(config).stem
+    else:
+        cfg, meta = config, emit.target_of(config)
+    world, hw = gpus or meta.get("world_size"), hardware or meta.get("hardware")
+    if not world or not hw:
+        raise LcmoeError("the config does not record the target it was planned for", "give the GPU count and type")
+    return build_ranks(cfg, get_hardware(hw), world, name or meta.get("recipe") or "config")

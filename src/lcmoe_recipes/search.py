@@ -327,7 +327,7 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) ->
 
 MEMORY_FIX = "use more GPUs, a shorter seq_length, or a GPU with more HBM"
 # gated DeltaNet (Qwen3-Next): with gated DeltaNet priced from megatron-core's implementation the memory model predicts
-# 0.43-0.74 of the published peaks (docs/accuracy.md N1-N3, layouts and method unpublished); plan such models as if the
+# 0.45-0.78 of the published peaks (docs/accuracy.md N1-N3, layouts and method unpublished); plan such models as if the
 # prediction were at its most optimistic measured ratio.
 UNCALIBRATED_FACTOR = GDN_MEASURED_RATIOS[1]
 

@@ -8,6 +8,10 @@ work), when the world size or GPU type it finds differs from what the config was
 again for what it finds instead), or when a path the config reads is missing on this node; validates, and calls
 megatron-bridge's ``pretrain`` with its GPT forward step. Mock data unless a dataset is given.
 
+``--as-rank R`` runs global rank R of the full-size job alone on this machine's GPU, the other ranks answered by fake
+collectives, for a few steps (``--steps``), and prints torch's peak allocated / reserved memory beside our prediction
+for that rank, with a memory snapshot (:mod:`lcmoe_recipes.emit.rank_run`; docs/build.md).
+
 ``--smoke`` is the CPU-only proof used by the tests and before queueing a big job: every rank rebuilds and validates
 the config for its planned target, joins torch.distributed with the gloo backend through the same rendezvous
 variables the GPU run uses (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE`` from torchrun), checks with one
@@ -47,6 +51,11 @@ size is compared with the YAML's plan; under Slurm SLURM_NTASKS is used when WOR
 
 --smoke: every rank validates the config for its planned target, joins a gloo process group, runs one all-reduce
 and one all-gather (of a digest of its config and of the paths missing on its node), and exits 0 -- no GPU needed.
+--as-rank R (no torchrun): rank R of the job alone on this GPU, fake collectives, a few steps; peak memory beside
+our prediction, and a memory snapshot, under --out:
+
+  python -m lcmoe_recipes.train --config recipes/dsv3_128k_h100.yaml --as-rank 224 --steps 3 --out out/rank224
+
 Exit codes: 0 done; 2 refused (versions, world size, GPU, config, input, paths missing on a node); 1 a smoke
 collective gave a wrong answer.
 """
@@ -250,6 +259,11 @@ def _parser() -> argparse.ArgumentParser:
     rank_arguments(parser)
     parser.add_argument("--metrics", metavar="FILE", help="write each step's loss, wall time and peak allocated "
                         "memory to FILE as JSON (rank 0; lcmoe_recipes.metrics)")
+    parser.add_argument("--as-rank", type=int, metavar="R", help="run global rank R of the full-size job alone on "
+                        "this GPU (fake collectives, no torchrun) and report its peak memory beside our prediction")
+    parser.add_argument("--steps", type=int, default=3, metavar="N", help="--as-rank: training steps (default 3)")
+    parser.add_argument("--out", metavar="DIR", default="out/as_rank", help="--as-rank: where as_rank.json and "
+                        "memory_snapshot.pickle go (default out/as_rank)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied before validation")
     return parser
 
@@ -319,9 +333,40 @@ def prepare_weights(weights: dict, model: str, rank0: bool) -> None:
         time.sleep(CONVERT_POLL_SECONDS)
 
 
+def as_rank(args) -> int:
+    """``--as-rank R``: rank R of the job alone on this GPU (:mod:`lcmoe_recipes.emit.rank_run`)."""
+    from . import emit
+    from .emit import rank_run
+
+    if args.steps < 1:
+        raise LcmoeError(f"--steps {args.steps} is not a positive number of steps", "e.g. --steps 3")
+    if args.config:
+        meta = emit.read_meta(args.config)
+        if note := check_versions(meta, installed_stack()):
+            _line(note)
+        cfg, meta = emit.read_yaml(args.config)
+    else:
+        from .recipes import recipe_plan
+
+        plan = recipe_plan(args.recipe)
+        meta = emit.target_meta(plan)
+        cfg = emit.build_config(plan, validate=False, quiet=True)
+    emit.apply_overrides(cfg, emit.data_overrides(args.data_path, args.tokenizer) + list(args.overrides))
+    run = rank_run.prepare(cfg, meta, args.as_rank, args.steps)
+    for line in run.changes:
+        _line(f"as-rank: {line}")
+    _line(rank_run.table(rank_run.measure(run, Path(args.out))))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point on every rank; returns the exit code."""
     args = _parser().parse_intermixed_args(argv)
+    if args.as_rank is not None:
+        try:
+            return as_rank(args)
+        except LcmoeError as exc:
+            return exc.report()
     rank0 = os.environ.get("RANK", "0") == "0"
     try:
         if (folder := activate_overlay()) and rank0:  # the pinned wheels first on the import path, before any import

@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                                      epilog="examples:\n  python -m lcmoe_recipes.check out/dsv3_128k_h100.yaml\n"
                                             "  python -m lcmoe_recipes.check my.yaml --gpus 256 --hardware h100\n"
                                             "  python -m lcmoe_recipes.check qwen3_235b_128k_gb200\n"
+                                            "  python -m lcmoe_recipes.check dsv3_128k_h100 --build\n"
                                             "  python -m lcmoe_recipes.check out/dsv3_128k_h100.yaml --container-image "
                                             "nvcr.io/nvidia/nemo:26.06\n"
                                             "  python -m lcmoe_recipes.check --known-issues")
@@ -67,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                         "source) and exit")
     parser.add_argument("--model-config", metavar="PATH", help="the config.json of the YAML's model when it is not "
                         "in the catalogue and the YAML has no lcmoe_recipes header carrying it")
+    parser.add_argument("--build", action="store_true", help="also build megatron-core's real model of every "
+                        "pipeline stage at the full world size on this CPU and compare its parameter and gradient "
+                        "bytes with our memory model, stage by stage (docs/build.md; ~10-40 s)")
     args = parser.parse_args(argv)
     if args.known_issues:
         return list_known_issues(args.container_image)
@@ -101,4 +105,13 @@ def main(argv: list[str] | None = None) -> int:
             print(calibrated_line(plan, args.calibration))
         except LcmoeError as exc:
             return exc.report()
-    return 1 if found.errors else 0
+    built_ok = True
+    if args.build and found.errors:
+        print("\nbuild: not attempted -- fix the errors above first")
+    elif args.build:
+        from ..examine import build
+
+        report = build(args.config, plan.layout.world, plan.hardware_spec.key)
+        print("\n" + report.table())
+        built_ok = report.ok
+    return 1 if found.errors or not built_ok else 0

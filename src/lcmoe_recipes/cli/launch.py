@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq", type=int, metavar="N", help="sequence length in tokens (seq_length), e.g. 131072")
     parser.add_argument("--dry-run", action="store_true", help="print the summary, write the YAML and print the "
                         "torchrun command; do not launch")
+    parser.add_argument("--build", action="store_true", help="before launching (or with --dry-run): build "
+                        "megatron-core's real model of every pipeline stage at the full world size on this CPU and "
+                        "compare its parameter and gradient bytes with our memory model (docs/build.md); a stage that "
+                        "does not build stops the launch (exit 1)")
     parser.add_argument("--output", metavar="FILE", help="where to write the ConfigContainer YAML "
                         "(default: out/<recipe>.yaml; with overrides out/<recipe>+<hash of the overrides>.yaml)")
     parser.add_argument("--list", action="store_true", help="list the named recipes and exit")
@@ -219,6 +223,14 @@ def main(argv: list[str] | None = None) -> int:
             return report_error(exc, args.json)
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
 
+    if args.build:
+        from ..examine import build as build_model
+
+        for one in built:
+            report = build_model(one.cfg, one.plan.layout.world, one.plan.hardware_spec.key, one.plan.name)
+            print(report.table(), file=sys.stderr if args.json else sys.stdout)
+            if not report.ok:
+                return 1
     results = []
     if not (args.dry_run and args.executor == "local" and not args.smoke):
         dependency = None

@@ -34,7 +34,7 @@ FITTED: dict[tuple[str, str], float] = {
     ('gb200', 'gdn_step'): 1.6e-05,
     ('gb200', 'mxfp8'): 0.317,
     ('gb300', 'bf16'): 0.455,
-    ('gb300', 'mxfp8'): 0.449,
+    ('gb300', 'mxfp8'): 0.45,
     ('h100', 'attention'): 0.72,
     ('h100', 'bf16'): 0.333,
     ('h100', 'fp8_blockwise'): 0.308,

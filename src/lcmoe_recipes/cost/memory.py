@@ -4,7 +4,10 @@ Every component but one is derived from the model, the layout and megatron-core 
 function named per component); what is left is one fitted constant, :data:`CALIBRATED` (docs/accuracy.md).
 
 * **parameters** -- bf16 (2 bytes). Dense parts (attention, norms, router, shared / dense MLP, embedding on the
-  first stage, output layer on the last, MTP layers on the last) are split by TP; routed experts by EP·ETP.
+  first stage, output layer, MTP layers and a second embedding on the last) are split by TP, except what every TP
+  rank holds whole (norms, router, MLA down projections: :mod:`lcmoe_recipes.cost.shapes`); routed experts by EP·ETP.
+  Equal, byte for byte, to what megatron-core builds for every stage of the named recipes and the CI's planner
+  outputs (:mod:`lcmoe_recipes.emit.build`, ``tests/test_build.py``).
   Layers per rank come from the pipeline split (:func:`lcmoe_recipes.plan.stage_decoder_layers`: the layout
   string's, else an even split).
 * **weight_cache** -- FP8 copies of the GEMM weights that Transformer Engine caches across the microbatches of a
@@ -122,14 +125,14 @@ class MemoryConstants:
 
 # Fitted by `python scripts/calibrate_memory.py` (least mean |predicted/published - 1| over the fit subset of the
 # memory rows in tests/published.py: M1, M3, M5, Q1, Q3, Q5; the others are held out, docs/accuracy.md).
-CALIBRATED = MemoryConstants(overhead_bytes=3.8e9, activation_scale=0.76)
+CALIBRATED = MemoryConstants(overhead_bytes=3.8e9, activation_scale=0.84)
 
 # Predicted / published peak of the three Qwen3-Next rows (docs/accuracy.md, N1-N3: layout unpublished, measurement
 # method unknown) with gated DeltaNet priced from megatron-core's implementation: the range the memory/uncalibrated
 # warning quotes and the planner's safety factor (lcmoe_recipes.search.UNCALIBRATED_FACTOR). A test recomputes it.
 # (0.50-0.82 while the named Qwen3-Next recipes kept fp32 gradients and an even pipeline split; upstream's base recipe
 # reduces gradients in bf16 and lightens the MTP/loss stage, which our peaks now include.)
-GDN_MEASURED_RATIOS = (0.43, 0.73)
+GDN_MEASURED_RATIOS = (0.45, 0.78)
 
 # What the caching allocator holds at the peak (sums to ``total``); OUTSIDE lives in HBM outside it.
 COMPONENTS = ("parameters", "weight_cache", "gradients", "optimizer", "activations", "transient", "cuda_graphs",
@@ -194,19 +197,32 @@ def _softmax_attention(s: LayerShapes, n: float, tp: int, out: dict) -> None:
     GQA (megatron-core ``transformer/attention.py``, ``SelfAttention``; TE ``DotProductAttention``): the fused
     linear_qkv output (nq + 2·nkv heads; its v is a view the attention saves), one more q and k after the q/k norm
     and RoPE, the attention output (saved by linear_proj) and the fp32 log-sum-exp -- never the s x s scores (flash /
-    fused attention). The same with a sliding window (TE keeps the same tensors; only the FLOPs shrink), and with
-    context parallelism: the p2p ring saves the last received K/V buffer in place of this rank's own, a2a swaps
-    sequence and heads at the same size (TE ``context_parallel.py``, ``AttnFuncWithCPAndKVP2P`` /
+    fused attention). With q/k norms: the q the norm saves is a copy when a TP rank holds more than one query group
+    (``get_query_key_value_tensors`` reshapes a non-contiguous split of the fused output), and each norm keeps an
+    fp32 statistic per token and head. The same with a sliding window (TE keeps the same tensors; only the FLOPs
+    shrink), and with context parallelism: the p2p ring saves the last received K/V buffer in place of this rank's
+    own, a2a swaps sequence and heads at the same size (TE ``context_parallel.py``, ``AttnFuncWithCPAndKVP2P`` /
     ``AttnFuncWithCPAndQKVOA2A``). ``core_attn`` recompute frees only the log-sum-exp.
+
+    MLA (``transformer/multi_latent_attention.py``, ``MLASelfAttention``, with megatron-core's fused YaRN RoPE
+    ``fusions/fused_mla_yarn_rope_apply.py``): the down projections' outputs and their norms' outputs (the kv norm
+    covers the kv_lora part) with an fp32 statistic per token each, and the roped q (in place over the q up
+    projection's output), the new key and value the attention saves -- the kv up projection's output is not kept.
+    ``mla_up_proj`` recompute drops q, k and v. Measured against megatron-core's own layer by
+    :mod:`lcmoe_recipes.emit.activations` (tests/test_activations.py).
     """
     if s.mla:  # megatron-core transformer/multi_latent_attention.py, MLASelfAttention
         if s.q_lora:
             out["q_down_out"] = (n * s.q_lora * BF16 * 2, ())
-        out["kv_down_out"] = (n * (s.kv_lora + s.d_rope) * BF16 * 2, ())
-        out["mla_up_proj_out"] = (n * s.nq * (s.d_qk + s.d_qk + s.d_v) * BF16 / tp, ("mla_up_proj",))
+        out["kv_down_out"] = (n * (s.kv_lora + s.d_rope + s.kv_lora) * BF16, ())
+        out["latent_norm_stats"] = (n * (2 if s.q_lora else 1) * FP32, ())
         out["qkv_rope"] = (n * s.nq * (2 * s.d_qk + s.d_v) * BF16 / tp, ("mla_up_proj",))
     else:
         out["qkv"] = (n * (2 * s.nq + 3 * s.nkv) * s.d_qk * BF16 / tp, ())
+        if s.qk_norm:
+            if s.nkv > tp:  # more than one query group per TP rank: the q the norm saves is a reshaped copy
+                out["q_norm_input"] = (n * s.nq * s.d_qk * BF16 / tp, ())
+            out["qk_norm_stats"] = (n * (s.nq + s.nkv) * FP32 / tp, ())
         if s.out_gate:  # Qwen3-Next full attention: sigmoid output gate
             out["attn_gate"] = (n * s.nq * s.d_v * BF16 / tp, ())
     out["attn_out"] = (n * s.nq * s.d_v * BF16 / tp, ())
@@ -258,14 +274,23 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
                           plan.sequence_parallel)
 
 
+def layer_activations_kept(s: LayerShapes, layer: int, tokens: float, tp: int, etp: int, sequence_parallel: bool,
+                           granularity: str | None, modules: tuple[str, ...]) -> float:
+    """Bytes layer ``layer`` keeps for backward for ``tokens`` per CP rank (MBS·seq_length/CP) under the recompute
+    setting: the table of :func:`layer_activations`, unscaled. ``lcmoe_recipes.emit.activations`` measures the same."""
+    return _kept_bytes(_layer_tensors(s, layer, tokens, tp, etp, sequence_parallel), granularity, modules)
+
+
 def _layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequence_parallel: bool
                    ) -> dict[str, tuple[float, tuple[str, ...]]]:
     """:func:`layer_activations` for ``n`` tokens on this rank (MBS·seq_length/CP)."""
     nsp = n / tp if sequence_parallel else n                      # tokens in sequence-sharded regions
     h = s.h
+    input_norm = ("layernorm",) if s.mla else ()
     out: dict[str, tuple[float, tuple[str, ...]]] = {
         "layer_input": (nsp * h * BF16, ()),
-        "input_norm_out": (nsp * h * BF16, ("layernorm",) if s.mla else ()),
+        "input_norm_out": (nsp * h * BF16, input_norm),
+        "input_norm_stats": (nsp * FP32, input_norm),  # RMSNorm's fp32 1/rms per token (TE keeps it)
     }
     if s.is_softmax(layer):
         _softmax_attention(s, n, tp, out)
@@ -273,6 +298,7 @@ def _layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequ
         _gated_delta_net(s, n, tp, out)
     out["pre_mlp_input"] = (nsp * h * BF16, ())
     out["pre_mlp_norm_out"] = (nsp * h * BF16, ("layernorm",))
+    out["pre_mlp_norm_stats"] = (nsp * FP32, ("layernorm",))
     if s.is_moe(layer):
         routed = nsp * s.topk                                   # token copies this rank's experts process
         moe = ("moe",)
@@ -421,7 +447,8 @@ class _RankStatic:
     """What a pipeline rank holds, independent of TP/EP and the knobs: parameter counts (before the TP and EP
     splits), its layers by kind per model chunk, and whether it has the first / last stage."""
 
-    dense: float
+    dense: float          # split by TP
+    replicated: float     # whole on every TP rank (norms, router, MLA down projections, ...: shapes.py)
     experts: float
     embed: float          # embedding / output-layer params among ``dense`` (lookups and a bf16 GEMM: not FP8-cached)
     chunk_kinds: tuple[tuple[tuple[tuple[bool, str], int], ...], ...]
@@ -432,6 +459,18 @@ class _RankStatic:
 
 @lru_cache(maxsize=4096)
 def _rank_static(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp: int, pp_rank: int) -> _RankStatic:
+    """Parameters of pipeline rank ``pp_rank``, as megatron-core 0.19.2 places them (``models/gpt/gpt_model.py``,
+    ``transformer/transformer_block.py``, ``transformer/multi_token_prediction.py``):
+
+    * the word embedding on the first stage, and again on the MTP stage (``GPTModel`` builds it when
+      ``pre_process or mtp_process``: the MTP layers embed the shifted tokens themselves);
+    * the output layer on the last stage (tied to the embedding, the last stage still holds its own copy when it is
+      not also the first: ``LanguageModule.setup_embeddings_and_output_layer``);
+    * the decoder's final norm on the stage that runs the last decoder layer when the model has MTP layers
+      (``TransformerBlock.has_final_layernorm_in_this_stage``), else on the last stage;
+    * per MTP layer (last stage): a transformer layer of the last decoder layer's kind, the 2h x h projection
+      ``eh_proj`` (TP-split) and three norms (``enorm``, ``hnorm``, ``final_layernorm``).
+    """
     from ..catalog import get_model
 
     s = shapes(get_model(model_key))
@@ -439,19 +478,26 @@ def _rank_static(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp
     chunks = [pp_rank + v * pp for v in range(vpp)]
     layers = [list(range(starts[c], starts[c] + stages[c])) for c in chunks]
     first, last = 0 in chunks, (pp * vpp - 1) in chunks
-    dense = float(sum(s.layer_dense_params(i) for ch in layers for i in ch))
-    experts = float(sum(s.layer_expert_params(i) for ch in layers for i in ch))
+    every = [i for ch in layers for i in ch]
+    replicated = float(sum(s.layer_replicated_params(i) for i in every))
+    dense = float(sum(s.layer_dense_params(i) for i in every)) - replicated
+    experts = float(sum(s.layer_expert_params(i) for i in every))
     embed = 0.0
     if first:
         dense += s.embedding
         embed += s.embedding
+    final_norm_stage = max(i for i, n in enumerate(stages) if n) if mtp else len(stages) - 1
+    if final_norm_stage in chunks:
+        replicated += s.h
     if last:
-        mtp_layer = s.num_layers - 1  # an MTP layer is a full MoE transformer layer plus a 2h x h projection
-        # the output layer; tied to the embedding, the last stage still holds its own copy when it is not also the
-        # first (megatron-core LanguageModule.setup_embeddings_and_output_layer)
         out = s.embedding if (not s.tied or not first) else 0
-        dense += out + s.h + mtp * (s.layer_dense_params(mtp_layer) + 2 * s.h * s.h)
-        embed += out
+        mtp_embedding = s.embedding if mtp and not first else 0
+        mtp_layer = s.num_layers - 1
+        mtp_replicated = s.layer_replicated_params(mtp_layer) + 3 * s.h
+        dense += out + mtp_embedding + mtp * (s.layer_dense_params(mtp_layer) + 2 * s.h * s.h + 3 * s.h
+                                              - mtp_replicated)
+        replicated += mtp * mtp_replicated
+        embed += out + mtp_embedding
         experts += mtp * s.layer_expert_params(mtp_layer)
     kinds, reps = [], {}
     for ch in layers:
@@ -463,7 +509,7 @@ def _rank_static(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp
         kinds.append(tuple(counts.items()))
     if last and mtp:
         reps.setdefault((s.is_moe(s.num_layers - 1), s.kind(s.num_layers - 1)), s.num_layers - 1)
-    return _RankStatic(dense, experts, embed, tuple(kinds), tuple(reps.values()), first, last)
+    return _RankStatic(dense, replicated, experts, embed, tuple(kinds), tuple(reps.values()), first, last)
 
 
 @lru_cache(maxsize=65536)
@@ -516,7 +562,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     lay = plan.layout
     static = _rank_static(spec.key, stage_decoder_layers(plan), lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
     last = static.last
-    dense = static.dense / lay.tp
+    dense = static.dense / lay.tp + static.replicated
     experts = static.experts / (lay.ep * lay.etp)
     params = dense + experts
     grad_bytes = FP32 if plan.grad_dtype == "fp32" else BF16
@@ -534,7 +580,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     scale = constants.activation_scale
     activations = scale * listed + logits
     transient = max(LOGIT_COPIES * logits, scale * largest_layer)
-    gemm_weights = (static.dense - static.embed) / lay.tp + experts
+    gemm_weights = dense - static.embed / lay.tp + experts
     return MemoryBreakdown(
         pp_rank=pp_rank, parameters=params * BF16, gradients=params * grad_bytes,
         optimizer=shard * state_bytes * on_gpu, activations=activations, transient=transient,

@@ -15,6 +15,12 @@ brackets):
   ``linear_bias``. Routed experts use the expert width, shared experts the shared width (plus an h-wide gate with
   ``shared_expert_gate``), dense layers the dense width; the router is h x experts.
 * embedding V x h; output layer V x h unless ``tie_word_embeddings``.
+
+Tensor parallelism splits most of these, not all: every norm weight, the router (and its bias), the shared-expert
+gate, the biases of the row-parallel output projections, and MLA's down projections (q_down, kv_down: Transformer
+Engine's ``TELinear`` with ``parallel_mode="duplicated"``, megatron-core 0.19.2 ``multi_latent_attention.py:525`` /
+``:572``) are whole on every TP rank (:meth:`LayerShapes.layer_replicated_params`). The build
+(:mod:`lcmoe_recipes.emit.build`) counts them on the built model.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class LayerShapes:
     vocab: int
     tied: bool              # embedding and output layer share one matrix
     attn_softmax: int       # params of one softmax-attention block (MLA or GQA, projections + norms + biases)
+    attn_replicated: int    # ... of which whole on every TP rank (q/k or MLA latent norms, MLA down projections,
+                            # the output projection's bias)
     attn_linear: int        # params of one gated-DeltaNet block (0 if none)
     kinds: tuple[str, ...]  # attention kind per layer: "mla", "full", "sliding", "gdn"
     moe: tuple[bool, ...]   # MoE MLP per layer
@@ -43,6 +51,8 @@ class LayerShapes:
     num_experts: int
     topk: int
     shared: int             # params of the shared expert(s) of one MoE layer (gate included)
+    shared_replicated: int  # ... of which whole on every TP rank (the gate, the down projection's bias)
+    dense_replicated: int   # params of a dense MLP whole on every TP rank (the down projection's bias)
     router: int
     num_layers: int
     f_expert: int           # routed expert intermediate size
@@ -101,6 +111,14 @@ class LayerShapes:
         mlp = (self.shared + self.router) if self.moe[layer] else self.dense_mlp
         return attn + mlp + 2 * self.h
 
+    def layer_replicated_params(self, layer: int) -> int:
+        """The part of :meth:`layer_dense_params` that tensor parallelism does not split: the two layer norms, the
+        attention's norms / MLA down projections / output bias, the router, the shared-expert gate, the MLP output
+        biases."""
+        attn = 0 if self.kinds[layer] == GDN else self.attn_replicated
+        mlp = (self.shared_replicated + self.router) if self.moe[layer] else self.dense_replicated
+        return attn + mlp + 2 * self.h
+
     def layer_expert_params(self, layer: int) -> int:
         """Routed-expert params of layer ``layer`` (split over EP·ETP, replicated over EDP)."""
         return self.expert * self.num_experts if self.moe[layer] else 0
@@ -135,6 +153,8 @@ def shapes(spec: ModelSpec) -> LayerShapes:
         kv_lora = int(c["kv_lora_rank"])
         q = (h * q_lora + q_lora * nq * (dn + dr) + q_lora) if q_lora else h * nq * (dn + dr)
         attn = q + h * (kv_lora + dr) + kv_lora + kv_lora * nq * (dn + dv) + nq * dv * h
+        # whole on every TP rank: the q and kv latent norms and the two down projections
+        attn_replicated = ((h * q_lora + q_lora) if q_lora else 0) + h * (kv_lora + dr) + kv_lora
         d_qk, d_v, nkv = dn + dr, dv, nq
     else:
         d = spec.kv_channels
@@ -144,6 +164,7 @@ def shapes(spec: ModelSpec) -> LayerShapes:
         attn += (nq + 2 * nkv) * d if spec.attention_bias else 0
         attn += nq if spec.attention_sinks else 0
         attn += h if spec.linear_bias else 0
+        attn_replicated = (2 * d if spec.qk_layernorm else 0) + (h if spec.linear_bias else 0)
         d_qk = d_v = d
         dn = dr = q_lora = kv_lora = 0
     if spec.gated_delta_net:
@@ -156,9 +177,12 @@ def shapes(spec: ModelSpec) -> LayerShapes:
     f_exp, f_shared, f_dense = spec.moe_ffn_hidden_size, spec.shared_expert_ffn_hidden_size, spec.ffn_hidden_size
     bias = spec.linear_bias
     experts = spec.num_moe_experts
-    shared = (3 * h * f_shared if f_shared else 0) + (h if spec.shared_expert_gate else 0)
+    shared = (_gated_mlp(h, f_shared, bias) if f_shared else 0) + (h if spec.shared_expert_gate else 0)
+    shared_replicated = (h if f_shared and bias else 0) + (h if spec.shared_expert_gate else 0)
     return LayerShapes(
-        h=h, vocab=spec.vocab_size, tied=spec.tie_word_embeddings, attn_softmax=attn, attn_linear=attn_linear,
+        h=h, vocab=spec.vocab_size, tied=spec.tie_word_embeddings, attn_softmax=attn, attn_replicated=attn_replicated,
+        attn_linear=attn_linear, shared_replicated=shared_replicated,
+        dense_replicated=h if f_dense and bias else 0,
         kinds=spec.layer_attention, moe=spec.moe_layers, window=spec.sliding_window or 0,
         dense_mlp=_gated_mlp(h, f_dense, bias) if f_dense else 0,
         expert=_gated_mlp(h, f_exp, bias) if experts else 0, num_experts=experts, topk=spec.moe_router_topk,
