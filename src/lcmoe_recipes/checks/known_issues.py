@@ -102,11 +102,14 @@ def known_issue_findings(view: ConfigView | Any, versions: StackVersions | None 
 
 
 def catalogue_rows(versions: StackVersions) -> list[tuple[str, str, str, str, str, tuple[str, ...]]]:
-    """(id, severity, affected versions, whether ``versions`` are affected: yes / no / unknown, title, source URLs)
-    for every entry: what ``python -m lcmoe_recipes.check --known-issues`` prints."""
+    """(id, severity, affected versions, whether ``versions`` are affected: yes / no / unknown, title with its package
+    and, for an open report, its confidence, source URLs) for every entry: what ``python -m lcmoe_recipes.check
+    --known-issues`` prints."""
     answer = {True: "yes", False: "no", None: "unknown"}
     return [(issue.id, issue.severity, f"{issue.affected_text()} ({issue.fixed_in()})",
-             answer[issue.affects(versions.versions)], issue.title, tuple(s.url for s in issue.sources))
+             answer[issue.affects(versions.versions)],
+             f"{issue.title} [{issue.package}" + (f"; confidence {issue.confidence}" if issue.confidence else "") + "]",
+             tuple(s.url for s in issue.sources))
             for issue in catalogue()[0]]
 
 
