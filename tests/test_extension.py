@@ -235,7 +235,9 @@ def test_retarget_an_upstream_4k_recipe_to_128k(tmp_path, monkeypatch, capsys, f
         assert (changes[field]["before"], changes[field]["after"]) == (before, after), field
         assert changes[field]["reason"]
     assert changes["dataset.create_attention_mask"]["after"] is False
-    assert "optimizer.lr" not in changes and "checkpoint.save" not in changes  # the user's own stay
+    assert "optimizer.lr" not in changes  # the user's own stay
+    # but the run saves and resumes in a folder of its own (the config's would resume from the shorter run's saves)
+    assert changes["checkpoint.save"]["after"] == changes["checkpoint.load"]["after"] == "nemo_experiments/mine-128k/checkpoints"
     cfg, meta = read_yaml(tmp_path / "long.yaml")
     assert meta["retargeted_from"] == "mine.yaml" and cfg.model.seq_length == 131072
     assert not [f for f in config_findings(cfg, hardware, gpus) if f.severity == "error"]

@@ -16,6 +16,7 @@ KEY_DECISIONS = ("model", "layout", "cp_comm_type", "recompute", "optimizer_cpu_
 # shown in the summary only when they differ from megatron-core's default (the ring exchange is its default)
 _ONLY_WHEN_SET = {"cp_comm_type": lambda plan: plan.layout.cp > 1 and plan.cp_comm_type not in (None, "p2p")}
 WIDTH = 104  # characters per summary line
+TIES_SHOWN = 12  # ties --explain lists (the winner always; every one is in --json)
 
 
 def split_sources(source: str) -> list[str]:
@@ -232,8 +233,11 @@ def format_result(result, citations: Citations | None = None, explain: bool = Fa
         out.append(f"  TP: {result.tp_note}")
     if explain and len(result.tie_break) > 1:
         out.append("  ties (layout, MBS, step s, HBM headroom GiB, keeps the memory band free, winner):")
+        shown = [t for t in result.tie_break[:TIES_SHOWN]] + [t for t in result.tie_break[TIES_SHOWN:] if t[5]]
         out += [f"    {lay}, MBS {mbs}: {step:.2f} s, {free / 2**30:.1f} GiB free{', band free' if safe else ''}"
-                f"{'  <- winner' if won else ''}" for lay, mbs, step, free, safe, won in result.tie_break]
+                f"{'  <- winner' if won else ''}" for lay, mbs, step, free, safe, won in shown]
+        if len(result.tie_break) > len(shown):
+            out.append(f"    ... and {len(result.tie_break) - len(shown)} more (all in --json: tie_break)")
     if result.rejected:
         out.append("rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(result.rejected.items(), key=lambda kv: -kv[1])))
     return "\n".join(out)
@@ -258,7 +262,8 @@ def format_costs(plan: Plan) -> str:
     gib, host_gib = mem.gib(), host.gib()
     lines = [f"memory per GPU (PP rank {mem.pp_rank}, the most loaded), GiB: "
              + ", ".join(f"{k} {v:.1f}" for k, v in gib.items() if k != "total")
-             + f" = {gib['total']:.1f} of {plan.hardware_spec.hbm_gib:.0f}"]
+             + f" = {gib['total']:.1f} (allocator peak); HBM use with the CUDA context, NCCL and dispatcher "
+             f"buffers {mem.hbm_total / 2**30:.1f} of {plan.hardware_spec.hbm_gib:.0f}"]
     lines.append(f"host memory per node (node {host.node}, {host.ranks} ranks, the most loaded), GiB: "
                  + ", ".join(f"{k} {v:.1f}" for k, v in host_gib.items() if k != "total")
                  + f" = {host_gib['total']:.1f} of {plan.hardware_spec.host_memory_gib:.0f}")

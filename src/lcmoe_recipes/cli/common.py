@@ -69,8 +69,8 @@ def request_arguments(parser, target: bool = True, several_gpus: bool = False) -
                                 "(num_gpus); several, comma-separated, are planned side by side")
         else:
             parser.add_argument("--gpus", type=int, metavar="N", help="GPU count (default: the named recipe's)")
-        parser.add_argument("--hardware", metavar="NAME", help="GPU type: h100, h200, b200, gb200, gb300 (default: "
-                            "the named recipe's)")
+        parser.add_argument("--hardware", metavar="NAME", help="GPU type: h100, h200, b200, gb200, gb300" +
+                            (" (or --compare)" if several_gpus else " (default: the named recipe's)"))
         parser.add_argument("--precision", help="bf16, fp8_blockwise, fp8_cs or mxfp8 (default: the base model's "
                             "training precision on this GPU, else BF16)")
     parser.add_argument("--model-config", metavar="PATH", help="your model's Hugging Face config.json (or a folder "

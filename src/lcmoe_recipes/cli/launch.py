@@ -38,7 +38,7 @@ examples:
   python -m lcmoe_recipes.launch --list
   python -m lcmoe_recipes.launch qwen3_next --seq 8192 --executor local --smoke      (CPU-only 2-rank check)
   python -m lcmoe_recipes.launch dsv3 --seq 131072 --executor slurm --account ACCT --dry-run   (the sbatch script)
-  python -m lcmoe_recipes.launch dsv3 --seq 131072 --executor slurm --account ACCT --partition batch --container-image nvcr.io/nvidia/nemo:25.11
+  python -m lcmoe_recipes.launch dsv3 --seq 131072 --executor slurm --account ACCT --partition batch --container-image nvcr.io/nvidia/nemo:26.06 --save-dir /lustre/$USER/dsv3_128k --time 2-00:00:00
 
 overrides use Hydra syntax on the ConfigContainer: key=value, +key=value (add), ~key (delete; resets a field to
 its default). Keys are megatron-bridge field names, e.g. model.context_parallel_size, train.global_batch_size,
@@ -257,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for result in results:
             if result.script:
-                print(f"\nsbatch script ({result.command} $SBATCH_SCRIPT):\n{result.script}")
+                what = ("TrainJob manifest (what NeMo-Run's KubeflowExecutor submits)" if result.executor == "kubeflow"
+                        else f"sbatch script ({result.command} $SBATCH_SCRIPT)")
+                print(f"\n{what}:\n{result.script}")
             elif result.state == "DRY_RUN":
                 print(f"\nlocal command:\n  {result.command}")
             print("\n" + result.summary())

@@ -464,9 +464,11 @@ _ABSENT = _Absent()
 
 
 # The settings groups a retarget writes onto a user's config (the rest of the config stays the user's).
+# "checkpoint": the retargeted run saves and resumes in a folder of its own, at a cadence for its step time (kept, the
+# config's folder would resume from the shorter run's saves, whose iteration may already be the new run's last)
 RETARGET_SETTINGS = ("layout", "sequence_parallel", "pipeline_model_parallel_layout", "seq_length", "positions",
                      "cp_comm_type", "dispatcher", "hardware_env", "recompute", "cuda_graphs", "optimizer_cpu_offload",
-                     "global_batch_size", "loss", "attention_mask", "moe_ep_overlap")
+                     "global_batch_size", "loss", "attention_mask", "moe_ep_overlap", "checkpoint")
 
 
 def retarget_config(cfg, plan: Plan) -> tuple[object, list[Difference]]:

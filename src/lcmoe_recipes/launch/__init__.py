@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ..catalog import get_hardware
 from ..errors import LcmoeError
-from ..executors import (EXECUTORS, LaunchResult, SlurmSettings, check_settings, job_dir_of, nodes_for, run_local,
-                         run_slurm, train_arguments)
+from ..executors import (EXECUTORS, LaunchResult, SlurmSettings, check_settings, job_dir_of, nodes_for,
+                         overlay_step, run_local, run_slurm, train_arguments)
 from ..job_checks import JobCheck
 from ..kubeflow import KubeflowSettings, check_kubeflow_settings, kube_job_overrides, run_kubeflow
 from ..checks.known_issues import job_versions
@@ -205,6 +205,7 @@ def build(request: TrainingRequest, *, container_image: str | None = None, outpu
         else:
             checks.append(slurm_job_check(settings, {"world_size": plan.layout.world,
                                                      "hardware": plan.hardware_spec.key}, smoke, smoke_nodes))
+            overlay_step(settings, plan.hardware_spec, build=False)  # an image that cannot take one: refused now
 
     overlay = getattr(settings, "overlay", True) if overlay is None else overlay
     built = configure_phases(request, container_image, job_folder if settings is not None else None, overlay)
