@@ -306,6 +306,10 @@ def _on_cpu(model, used: list[str]):
         patch(torch.cuda, "Stream", _Stream)
         patch(torch.cuda, "current_stream", lambda *a, **k: _Stream())
         patch(torch.cuda, "stream", lambda *a, **k: contextlib.nullcontext())
+        from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+        # the all-to-all dispatcher keeps its first stream on the class: restored with the rest when the layer is done
+        patch(MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", MoEAlltoAllTokenDispatcher.cuda_dtoh_stream)
         patch(torch.cuda, "get_rng_state", lambda *a, **k: torch.get_rng_state())
         patch(torch.cuda, "set_rng_state", lambda *a, **k: None)
         patch(random, "_set_cuda_rng_state", lambda *a, **k: None)
