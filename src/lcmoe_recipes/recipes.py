@@ -194,5 +194,4 @@ def find_named_recipe(model: str, seq_length: int, num_gpus: int | None = None, 
     asked = (f"{spec.key} at seq_length {seq_length}" + (f" on {num_gpus}" if num_gpus else "")
              + (f" {hw}" if hw and num_gpus else f" on {hw}" if hw else ""))
     raise UnknownName(f"no named recipe for {asked}",
-                      f"named recipes for {spec.key}: {listed or 'none'} (planning other model / length / GPU "
-                      "combinations is not available yet)")
+                      f"named recipes for {spec.key}: {listed or 'none'}; or give --gpus and --hardware to plan one")

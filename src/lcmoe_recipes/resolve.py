@@ -123,10 +123,9 @@ def _matching_recipe(request: TrainingRequest) -> NamedRecipe | None:
             return recipe
         try:
             return find_named_recipe(recipe.model, seq or recipe.seq_length, gpus or recipe.num_gpus, hw or recipe.hardware)
-        except UnknownName as exc:
-            raise LcmoeError(exc.message, exc.fix.replace("planning other model / length / GPU combinations is not "
-                             "available yet", f"or give the model ({recipe.model}) with --seq, --gpus and --hardware "
-                             "to plan one")) from None
+        except UnknownName as exc:  # the recipe's name cannot be planned: its model can
+            raise LcmoeError(exc.message, exc.fix.replace("give --gpus and --hardware", f"give the model "
+                             f"({recipe.model}) with --seq, --gpus and --hardware")) from None
     if seq is None:
         raise LcmoeError(f"--seq is required with model '{request.model}'",
                          "e.g. --seq 131072 (or --list for named recipes)")
@@ -134,8 +133,7 @@ def _matching_recipe(request: TrainingRequest) -> NamedRecipe | None:
         return find_named_recipe(request.model, seq, gpus, hw)
     except UnknownName as exc:
         if gpus is None or hw is None or "no named recipe" not in exc.message:
-            raise LcmoeError(exc.message, exc.fix.replace("planning other model / length / GPU combinations is not "
-                             "available yet", "or give --gpus and --hardware to plan one")) from None
+            raise
         return None
 
 
