@@ -217,6 +217,7 @@ def _throughput_section(rows) -> list[str]:
               "imbalance and container versions the model does not see;",
               "* HC7 contradicts the primary table (module doc of `tests/published.py`); FL1-FL3 are packed "
               "fine-tuning sanity runs, not performance results.", ""]
+    lines += _reach_section(rows)
     # the trend across lengths
     lines += ["### The trend across sequence lengths", "",
               "At fixed model and GPUs the published throughput moves with length; ours must move with it from the "
@@ -259,6 +260,65 @@ def _throughput_section(rows) -> list[str]:
             continue
         seen.add(table.name)
         lines.append(f"* {table.name} ({', '.join(table.gpus)}): {table.source}")
+    return lines + [""]
+
+
+def needed_gemm_efficiency(plan, value: float) -> float:
+    """The GEMM efficiency (fraction of the dense peak at the plan's precision) that alone makes the step model hit
+    ``value`` TFLOP/s on ``plan``, every other constant as fitted (bisection: TFLOP/s rises with the efficiency);
+    NaN where no efficiency in [0.01, 5] reaches it."""
+    key = (plan.hardware_spec.key, plan.precision)
+
+    def tflops(eff: float) -> float:
+        return predicted_tflops(plan, {**FITTED, key: eff})
+
+    lo, hi = 0.01, 5.0
+    if not tflops(lo) <= value <= tflops(hi):
+        return float("nan")
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if tflops(mid) < value else (lo, mid)
+    return (lo * hi) ** 0.5
+
+
+def _reach_section(rows) -> list[str]:
+    """What a model of this form can reach on the published record: rows that contradict each other, and the GEMM
+    efficiency each trusted row alone asks of its GPU x precision."""
+    limit = (1 + GOAL_STEP) / (1 - GOAL_STEP)
+    trusted = {k: r for k, r in rows.items() if r.source.quality in TRUSTED}
+    lines = ["### What the ±15% goal can reach", "",
+             f"Two rows of one configuration whose published values differ by more than (1 + 0.15) / (1 - 0.15) = "
+             f"{limit:.3f}x cannot both be within ±15% of any prediction. Trusted rows with identical configurations "
+             "(everything the step model reads, the row name aside):", ""]
+    keyed: dict = {}
+    for k, r in trusted.items():
+        keyed.setdefault(r.plan.with_changes(name=""), []).append(k)
+    pairs = [ids for ids in keyed.values() if len(ids) > 1]
+    lines += ["| rows | published | high / low | both within ±15% possible |", "|---|---|---|---|"]
+    for ids in pairs:
+        values = [rows[k].value for k in ids]
+        lines.append(f"| {', '.join(ids)} | {', '.join(f'{v:g}' for v in values)} | {max(values) / min(values):.3f} | "
+                     f"{'yes' if max(values) / min(values) <= limit else 'no'} |")
+    lines += ["", "The step model has one GEMM efficiency per GPU x precision. The efficiency each trusted row alone "
+              "asks for (every other constant as fitted; fit and held-out rows alike, steps under "
+              f"{MIN_STEP_SECONDS:g} s left out), by GPU x precision; where the largest is more than "
+              f"{limit:.3f}x the smallest, no single value puts all of those rows within ±15% -- the record asks for a "
+              "term the model does not have:", "",
+              "| GPU x precision | rows | efficiency each row asks for | max / min |", "|---|---|---|---|"]
+    from lcmoe_recipes.cost.step import estimate_step
+
+    groups: dict = {}
+    for k, r in trusted.items():
+        if estimate_step(r.plan).step_seconds < MIN_STEP_SECONDS:
+            continue  # outside the model's scope (the held-out count skips them too)
+        groups.setdefault((r.plan.hardware_spec.key, r.plan.precision), []).append(k)
+    for (gpu, precision), ids in sorted(groups.items()):
+        need = {k: needed_gemm_efficiency(rows[k].plan, rows[k].value) for k in ids}
+        finite = [v for v in need.values() if v == v]
+        spread_ = f"{max(finite) / min(finite):.2f}" if len(finite) > 1 else "-"
+        lines.append(f"| {gpu} {precision} | {len(ids)} | "
+                     + ", ".join(f"{k} {v:.3f}" if v == v else f"{k} (out of reach)" for k, v in need.items())
+                     + f" | {spread_} |")
     return lines + [""]
 
 

@@ -72,6 +72,29 @@ def test_accuracy_report_is_current():
     assert report.OUT.read_text() == report.build(), "docs/accuracy.md is stale: run python scripts/accuracy_report.py"
 
 
+def test_needed_gemm_efficiency_hits_the_row():
+    """The efficiency a row alone asks for (docs/accuracy.md, 'What the ±15% goal can reach') makes the step model
+    give exactly the published value; for a fit row the model meets within 1% it is the fitted constant."""
+    import importlib.util
+    from pathlib import Path
+
+    from published import THROUGHPUT_ROWS
+
+    from lcmoe_recipes.cost.calibrate_step import predicted_tflops
+    from lcmoe_recipes.cost.efficiency import FITTED
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "accuracy_report.py"
+    spec = importlib.util.spec_from_file_location("accuracy_report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    ps15, ps14 = THROUGHPUT_ROWS["PS15"], THROUGHPUT_ROWS["PS14"]  # Qwen3-30B and DeepSeek-V3, B200 MXFP8
+    assert predicted_tflops(ps15.plan, FITTED) / ps15.value == pytest.approx(1.0, abs=0.01)
+    assert report.needed_gemm_efficiency(ps15.plan, ps15.value) == pytest.approx(FITTED[("b200", "mxfp8")], rel=0.02)
+    need = report.needed_gemm_efficiency(ps14.plan, ps14.value)
+    assert predicted_tflops(ps14.plan, {**FITTED, ("b200", "mxfp8"): need}) == pytest.approx(ps14.value, rel=1e-3)
+    assert need / FITTED[("b200", "mxfp8")] > 5  # what one constant per GPU x precision cannot give both rows
+
+
 # --- physical components (cost/memory.py: each derived from megatron-core / TE / DeepEP, checked by hand) ---------
 def test_gated_delta_net_tensors_by_hand():
     """Qwen3-Next layer 0 (gated DeltaNet: nk 16, nv 32, dk = dv = 128), 8K tokens on one rank (TP1 CP1): per token
