@@ -10,6 +10,7 @@ emitted as a ConfigContainer, after ``runtime_config_update`` for the target) be
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from pathlib import Path
 
@@ -314,10 +315,10 @@ def _reach_section(rows) -> list[str]:
         groups.setdefault((r.plan.hardware_spec.key, r.plan.precision), []).append(k)
     for (gpu, precision), ids in sorted(groups.items()):
         need = {k: needed_gemm_efficiency(rows[k].plan, rows[k].value) for k in ids}
-        finite = [v for v in need.values() if v == v]
+        finite = [v for v in need.values() if not math.isnan(v)]
         spread_ = f"{max(finite) / min(finite):.2f}" if len(finite) > 1 else "-"
         lines.append(f"| {gpu} {precision} | {len(ids)} | "
-                     + ", ".join(f"{k} {v:.3f}" if v == v else f"{k} (out of reach)" for k, v in need.items())
+                     + ", ".join(f"{k} {v:.3f}" if not math.isnan(v) else f"{k} (out of reach)" for k, v in need.items())
                      + f" | {spread_} |")
     return lines + [""]
 

@@ -171,11 +171,11 @@ def test_model_flops_equal_megatron_bridge(seq):
     docs/accuracy.md would compare unlike units: within 1% (megatron-bridge 0.6.2
     ``training/utils/flop_utils.py`` leaves out small terms such as norms and the router; worst seen 0.8%, Qwen3-Next
     at 4K)."""
+    from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
     from published import _plan
 
     from lcmoe_recipes.catalog.models import MODELS
     from lcmoe_recipes.emit import build_config
-    from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
 
     for model in MODELS:
         plan = _plan("flops", model, "h100", 8, seq, "bf16", 8)
