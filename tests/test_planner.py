@@ -108,7 +108,10 @@ def test_infeasible_request_names_the_constraint():
     with pytest.raises(InfeasibleConfig) as err:
         plan(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=8))
     assert "most rejected by memory/exceeds-hbm" in err.value.message
-    assert "use more GPUs" in err.value.fix
+    assert err.value.fix.startswith("use more than 72 GPUs (no whole-node count tried up to 72 fits)")
+    with pytest.raises(InfeasibleConfig) as err:  # 60 GPUs fold 128 experts into EP 4 at most; 64 fold EP 64
+        plan(TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=60))
+    assert err.value.fix.startswith("use 64 GPUs (the fewest whole nodes above 60 with a layout that fits)")
     with pytest.raises(InfeasibleConfig) as err:  # no layout can be enumerated: the forced one is explained
         plan(TrainingRequest(model="qwen3_next", seq_length=65536, hardware="gb200", num_gpus=32, tp=2, cp=16))
     assert "gated DeltaNet linear heads" in err.value.message and "(divisibility/linear-heads-tp-cp)" in err.value.message

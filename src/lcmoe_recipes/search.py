@@ -325,7 +325,8 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) ->
     return None
 
 
-MEMORY_FIX = "use more GPUs, a shorter seq_length, or a GPU with more HBM"
+MEMORY_FIX_OTHERS = "a shorter seq_length, or a GPU with more HBM"
+MEMORY_FIX = "use more GPUs, " + MEMORY_FIX_OTHERS
 # gated DeltaNet (Qwen3-Next): with gated DeltaNet priced from megatron-core's implementation the memory model predicts
 # 0.45-0.78 of the published peaks (docs/accuracy.md N1-N3, layouts and method unpublished); plan such models as if the
 # prediction were at its most optimistic measured ratio.
@@ -575,10 +576,36 @@ def _result_or_raise(ctx: _Request, result) -> PlanResult:
         raise InfeasibleConfig(f"no layout for {asked}: {finding.message} ({finding.rule}){split}", fix or finding.fix)
     main = max(rejected, key=lambda k: rejected[k][0])
     split, fix = _seq_split_note(request, ctx.cp_guess[0])
+    if fix is None and main == "memory/exceeds-hbm":
+        count, highest = _smallest_count_that_fits(ctx)
+        if count:
+            fix = (f"use {count} GPUs (the fewest whole nodes above {request.num_gpus} with a layout that fits), "
+                   + MEMORY_FIX_OTHERS)
+        elif highest:
+            fix = f"use more than {highest} GPUs (no whole-node count tried up to {highest} fits), " + MEMORY_FIX_OTHERS
     raise InfeasibleConfig(
         f"no layout for {asked}: {considered} candidates considered, most rejected by {main} "
         f"({', '.join(f'{k}: {v[0]}' for k, v in sorted(rejected.items(), key=lambda kv: -kv[1][0]))}){split}",
         fix or rejected[main][1])
+
+
+SUGGESTED_COUNT_TRIES = 8  # GPU counts the memory fix searches before it names none
+
+
+def _smallest_count_that_fits(ctx: _Request) -> tuple[int | None, int | None]:
+    """(the fewest GPUs above the request's, in whole nodes, at which the search finds a layout -- the request's
+    wishes kept --, the highest count tried): the first None when none of the next :data:`SUGGESTED_COUNT_TRIES`
+    whole-node counts fits."""
+    request, node = ctx.request, ctx.hw.gpus_per_node
+    count = highest = None
+    for i in range(1, SUGGESTED_COUNT_TRIES + 1):
+        highest = (request.num_gpus // node + i) * node
+        wider = request.replace(num_gpus=highest)
+        if isinstance(_search(_context(wider, ctx.table, ctx.memory_constants), enumerate_layouts(wider), 1, False),
+                      PlanResult):
+            count = highest
+            break
+    return count, highest
 
 
 def _compute_bound(ctx: _Request, layout: ParallelLayout, mbs: int) -> float:
