@@ -289,6 +289,15 @@ def _ep_overlap(cfg, plan: Plan) -> None:
             overlap.overlap_moe_expert_parallel_comm = False
         if overlap.delay_wgrad_compute:
             overlap.delay_wgrad_compute = False
+    if cfg.comm_overlap is not None and plan.layout.dp == 1:
+        # CommOverlapConfig.setup turns the DDP overlaps off when the (dense) data-parallel size is 1, whatever EDP
+        # is, unless comm_overlap itself sets them: state what the run does instead of a value setup overwrites
+        for name in DP_OVERLAP_FIELDS:
+            if getattr(cfg.comm_overlap, name, None) is None and getattr(cfg.ddp, name, False):
+                setattr(cfg.ddp, name, False)
+
+
+DP_OVERLAP_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "align_param_gather")
 
 
 def _answer(text: str, source: str) -> Callable[[Plan], Reason]:
@@ -389,10 +398,12 @@ SETTINGS: tuple[Setting, ...] = (
                     "rescale the gradients (megatron-core's DDP requires average_in_collective off with it)",
                     "Megatron-LM issue #7452 / PR #7513; megatron-core 0.19.2 distributed/distributed_data_parallel.py; "
                     "docs/known_issues.md cp-masked-loss-normalization")),
-    Setting("moe_ep_overlap", ("comm_overlap.overlap_moe_expert_parallel_comm", "comm_overlap.delay_wgrad_compute"),
+    Setting("moe_ep_overlap", ("comm_overlap.overlap_moe_expert_parallel_comm", "comm_overlap.delay_wgrad_compute",
+                               *(f"ddp.{n}" for n in DP_OVERLAP_FIELDS)),
             _ep_overlap, _answer("EP all-to-all overlap as the base recipe sets it, off where megatron-core forbids it "
                                  "(see moe_ep_overlap); delayed weight gradients only with it, and not with graphed "
-                                 "attention that has biases (megatron-bridge asserts both)",
+                                 "attention that has biases (megatron-bridge asserts both); at DP=1 with a "
+                                 "comm_overlap section, the DDP overlaps off, as CommOverlapConfig.setup sets them",
                                  f"{UPSTREAM} training/comm_overlap.py CommOverlapConfig.setup")),
 )
 
