@@ -19,7 +19,7 @@ from lcmoe_recipes.cost.bands import held_out_ratios, memory_band, step_band  # 
 from lcmoe_recipes.cost.calibrate import leave_one_out as memory_leave_one_out  # noqa: E402
 from lcmoe_recipes.cost.calibrate_step import fit, leave_one_out, predicted_tflops  # noqa: E402
 
-fit_rows = {k: (r.plan, r.value) for k, r in THROUGHPUT_ROWS.items() if r.fit}
+fit_rows = {k: (r.plan, r.comparable) for k, r in THROUGHPUT_ROWS.items() if r.fit}
 table = fit(fit_rows.values())
 print("FITTED: dict[tuple[str, str], float] = {")
 for key, value in table.items():

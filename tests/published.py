@@ -34,7 +34,9 @@ Re-check findings (2026-12-02), fixed here:
 "GB" = 1e9 bytes; memory rows are torch peak allocated (``mem-max-allocated-bytes``) unless noted.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from published_flops import FLOPS_CONVENTION
 
 from lcmoe_recipes.layout import ParallelLayout
 from lcmoe_recipes.plan import Plan
@@ -74,6 +76,13 @@ class Row:
     source: Source
     fit: bool = False
     assumed: str = ""
+    flops_ratio: float = 1.0  # throughput rows: the FLOPs megatron-bridge counted for the row over ours
+
+    @property
+    def comparable(self) -> float:
+        """The value at our FLOP count: a published TFLOP/s is megatron-bridge's FLOPs over the measured step, so the
+        same step at our count is ``value / flops_ratio`` (tests/published_flops.py); memory rows: the value."""
+        return self.value / self.flops_ratio
 
 
 def _plan(name, model, hardware, gpus, seq, precision, gbs, *, tp=1, pp=1, vpp=None, cp=1, ep=1, mbs=1,
@@ -355,7 +364,7 @@ def _throughput_rows():
     return rows
 
 
-THROUGHPUT_ROWS = _throughput_rows()
+THROUGHPUT_ROWS = {k: replace(r, flops_ratio=FLOPS_CONVENTION[k][1] or 1.0) for k, r in _throughput_rows().items()}
 
 
 # --- the allocator's fragmentation: peak reserved vs peak allocated (GiB), model-verification cards at HEAD -----------

@@ -61,7 +61,7 @@ def test_model_flops_grow_with_context():
         3 * 128 * 320 * (131072 - 4096) * 62)
 
 
-FIT = {k: (r.plan, r.value) for k, r in THROUGHPUT_ROWS.items() if r.fit}
+FIT = {k: (r.plan, r.comparable) for k, r in THROUGHPUT_ROWS.items() if r.fit}
 
 
 def test_kernel_tables_read_and_interpolate():
@@ -130,7 +130,7 @@ def test_trend_across_lengths_comes_from_the_physics():
     """At fixed model and GPUs: DeepSeek-V3 on 256 H100 holds ~300-320 TFLOP/s from 16K to 128K (LC2-LC5) and so do
     we (ratio drift under 0.1); Qwen3-235B on 128 GB200 rises 1.6x from 4K to 128K (698 -> 1117) and so do we (within
     15%): one constant per GPU for attention, the trend from the kernel's shape dependence and the FLOPs."""
-    ratios = [estimate_step(THROUGHPUT_ROWS[k].plan).tflops_per_gpu / THROUGHPUT_ROWS[k].value
+    ratios = [estimate_step(THROUGHPUT_ROWS[k].plan).tflops_per_gpu / THROUGHPUT_ROWS[k].comparable
               for k in ("LC2", "LC3", "LC4", "LC5")]
     assert max(ratios) - min(ratios) < 0.1, ratios
     short, long = (estimate_step(THROUGHPUT_ROWS[k].plan).tflops_per_gpu for k in ("LC10", "LC11"))
@@ -171,13 +171,43 @@ def test_model_flops_equal_megatron_bridge(seq):
     docs/accuracy.md would compare unlike units: within 1% (megatron-bridge 0.6.2
     ``training/utils/flop_utils.py`` leaves out small terms such as norms and the router; worst seen 0.8%, Qwen3-Next
     at 4K)."""
-    from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
     from published import _plan
 
     from lcmoe_recipes.catalog.models import MODELS
     from lcmoe_recipes.emit import build_config
+    from lcmoe_recipes.emit.stack import load_bridge
+
+    load_bridge(quiet=True)  # megatron-bridge without Transformer Engine, before its modules are imported
+    from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
 
     for model in MODELS:
         plan = _plan("flops", model, "h100", 8, seq, "bf16", 8)
         upstream = num_floating_point_operations(build_config(plan, validate=False, quiet=True), 1) / seq
         assert model_flops_per_token(plan) / upstream == pytest.approx(1.0, abs=0.01), model
+
+
+def test_published_flops_conventions():
+    """Every throughput row says which megatron-bridge formula counted it (tests/published_flops.py, generated from
+    each release's own flop_utils.py); the rows counted by the installed release line (0.6) are recomputed here with
+    the installed formula, and gpt-oss-120b's rows counted before 0.5.0 carry the old formula's 17% shortfall."""
+    from published import _plan
+    from published_flops import FLOPS_CONVENTION
+
+    from lcmoe_recipes.emit import build_config
+    from lcmoe_recipes.emit.stack import load_bridge
+
+    load_bridge(quiet=True)
+    from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
+
+    assert set(FLOPS_CONVENTION) == set(THROUGHPUT_ROWS)
+    live = [k for k, (release, _) in FLOPS_CONVENTION.items() if release.startswith("v0.6")]
+    assert len(live) >= 8
+    for key in live:
+        row = THROUGHPUT_ROWS[key]
+        plan = _plan("flops", row.plan.model, row.plan.hardware, 8, row.plan.seq_length, "bf16", 8,
+                     mtp=row.plan.mtp_num_layers)
+        ratio = (num_floating_point_operations(build_config(plan, validate=False, quiet=True), 1)
+                 / plan.seq_length / model_flops_per_token(row.plan))
+        assert ratio == pytest.approx(FLOPS_CONVENTION[key][1], abs=1e-4), key
+    assert FLOPS_CONVENTION["PS10"] == ("v0.4.2", 0.8302) and FLOPS_CONVENTION["PS3"][1] == pytest.approx(1, abs=0.01)
+    assert THROUGHPUT_ROWS["PS10"].comparable == pytest.approx(158 / 0.8302)

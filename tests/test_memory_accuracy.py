@@ -88,10 +88,10 @@ def test_needed_gemm_efficiency_hits_the_row():
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
     ps15, ps14 = THROUGHPUT_ROWS["PS15"], THROUGHPUT_ROWS["PS14"]  # Qwen3-30B and DeepSeek-V3, B200 MXFP8
-    assert predicted_tflops(ps15.plan, FITTED) / ps15.value == pytest.approx(1.0, abs=0.01)
-    assert report.needed_gemm_efficiency(ps15.plan, ps15.value) == pytest.approx(FITTED[("b200", "mxfp8")], rel=0.02)
-    need = report.needed_gemm_efficiency(ps14.plan, ps14.value)
-    assert predicted_tflops(ps14.plan, {**FITTED, ("b200", "mxfp8"): need}) == pytest.approx(ps14.value, rel=1e-3)
+    assert predicted_tflops(ps15.plan, FITTED) / ps15.comparable == pytest.approx(1.0, abs=0.01)
+    assert report.needed_gemm_efficiency(ps15.plan, ps15.comparable) == pytest.approx(FITTED[("b200", "mxfp8")], rel=0.02)
+    need = report.needed_gemm_efficiency(ps14.plan, ps14.comparable)
+    assert predicted_tflops(ps14.plan, {**FITTED, ("b200", "mxfp8"): need}) == pytest.approx(ps14.comparable, rel=1e-3)
     assert need / FITTED[("b200", "mxfp8")] > 5  # what one constant per GPU x precision cannot give both rows
 
 

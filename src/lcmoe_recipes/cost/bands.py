@@ -24,8 +24,8 @@ from statistics import median
 
 from .efficiency import BORROWED, FITTED, constant
 
-STEP_ERROR_BAND = 0.242    # median |held-out - 1| within scope; fitted 2026-12-02
-BORROWED_WIDENING = 0.47    # median |stand-in / own - 1| over borrowings with both ends fitted; 2026-12-02
+STEP_ERROR_BAND = 0.242    # median |held-out - 1| within scope; fitted 2026-12-01
+BORROWED_WIDENING = 0.469   # median |stand-in / own - 1| over borrowings with both ends fitted; 2026-12-01
 MEMORY_ERROR_BAND = 0.080  # worst of the memory rows' leave-one-out; fitted 2026-12-02
 
 TRUSTED = ("primary-table", "primary-card", "secondary-exact")  # source qualities the band is measured on
@@ -33,12 +33,13 @@ MIN_STEP_SECONDS = 1.0
 
 
 def held_out_ratios(rows, predict) -> dict[str, float]:
-    """predicted / published of every row of ``rows`` (``tests/published.py`` :class:`Row` s) the fit did not use,
-    whose source quality is in :data:`TRUSTED` and whose predicted step is at least :data:`MIN_STEP_SECONDS`;
+    """predicted / published (at our FLOP count: ``Row.comparable``) of every row of ``rows`` (``tests/published.py``
+    :class:`Row` s) the fit did not use, whose source quality is in :data:`TRUSTED` and whose predicted step is at
+    least :data:`MIN_STEP_SECONDS`;
     ``predict(plan)`` gives the predicted TFLOP/s per GPU."""
     from .step import estimate_step
 
-    return {k: predict(r.plan) / r.value for k, r in rows.items()
+    return {k: predict(r.plan) / r.comparable for k, r in rows.items()
             if not r.fit and r.source.quality in TRUSTED and estimate_step(r.plan).step_seconds >= MIN_STEP_SECONDS}
 
 
