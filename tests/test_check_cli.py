@@ -66,6 +66,15 @@ def test_named_recipe_on_another_target(capsys):
 
 
 @pytest.mark.slow
+def test_broken_yaml_says_so_before_asking_for_a_target(tmp_path, capsys):
+    path = tmp_path / "broken.yaml"
+    path.write_text("model:\n  tensor_model_parallel_size: [1\n  bad: : :\n")
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not valid YAML at line 3, column 6: expected ',' or ']', but got ':'" in err
+    assert "does not record its target" not in err
+
+
 def test_yaml_checked_for_another_target_warns(configs, tmp_path, capsys):
     from lcmoe_recipes.emit import write_yaml
 

@@ -81,6 +81,7 @@ def read_config(config: str, gpus: int | None = None, hardware: str | None = Non
     gpus, hw_key = gpus or meta.get("world_size"), hardware or meta.get("hardware")
     missing = [flag for flag, value in (("--gpus N", gpus), ("--hardware NAME", hw_key)) if not value]
     if missing:
+        emit.read_tree(config)  # a file that is no ConfigContainer YAML says so first
         raise LcmoeError(f"'{config}' does not record its target", f"give {' and '.join(missing)}")
     cfg, _ = emit.read_yaml(config)
     return cfg, meta, get_hardware(hw_key), gpus

@@ -12,8 +12,8 @@ install_te_guard()
 from .config import build_config, config_findings, plan_from_config, validate_config
 from .overrides import apply_overrides, data_overrides, save_overrides
 from .settings import retarget_config
-from .yaml_io import read_meta, read_yaml, target_meta, target_of, write_yaml
+from .yaml_io import read_meta, read_tree, read_yaml, target_meta, target_of, write_yaml
 
 __all__ = ["build_config", "config_findings", "plan_from_config", "validate_config", "apply_overrides",
-           "data_overrides", "save_overrides", "read_meta", "read_yaml", "write_yaml", "retarget_config", "target_meta",
+           "data_overrides", "save_overrides", "read_meta", "read_tree", "read_yaml", "write_yaml", "retarget_config", "target_meta",
            "target_of"]

@@ -98,8 +98,12 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-def _tree(path: str | os.PathLike) -> dict:
-    """The YAML document as plain data, checked to be a ConfigContainer at the top."""
+def read_tree(path: str | os.PathLike) -> dict:
+    """The YAML document as plain data, checked to be a ConfigContainer at the top.
+
+    Raises:
+        LcmoeError: not UTF-8 text, not valid YAML (naming the line and column), or not a ConfigContainer.
+    """
     import yaml
 
     try:
@@ -107,8 +111,10 @@ def _tree(path: str | os.PathLike) -> dict:
     except UnicodeDecodeError:
         raise LcmoeError(f"'{path}' is not a UTF-8 text file, so not a ConfigContainer YAML", _WRITE_IT) from None
     except yaml.YAMLError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LcmoeError(f"'{path}' is not valid YAML: {first}", _WRITE_IT) from None
+        problem = getattr(exc, "problem", None) or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise LcmoeError(f"'{path}' is not valid YAML{where}: {problem}", _WRITE_IT) from None
     target = tree.get("_target_") if isinstance(tree, dict) else None
     if not str(target or "").endswith("ConfigContainer"):
         raise LcmoeError(f"'{path}' is not a ConfigContainer YAML: its top level has no "
@@ -154,7 +160,7 @@ def read_yaml(path: str | os.PathLike):
             load.
     """
     meta = read_meta(path)  # also: the file exists
-    tree = _tree(path)
+    tree = read_tree(path)
     load_bridge(quiet=True)
     from megatron.bridge.training.config import ConfigContainer
 
