@@ -49,3 +49,14 @@ def test_hardware_catalogue():
     assert get_hardware("b200").supports_deepep and gb200.supports_hybridep
     with pytest.raises(UnknownName, match="valid hardware: h100, h200, b200, gb200, gb300"):
         get_hardware("a100")
+
+
+def test_stack_versions_describe_says_where_each_version_comes_from():
+    from lcmoe_recipes.catalog.versions import StackVersions
+
+    stack = StackVersions({"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.20.2"},
+                          "installed here", {"transformer-engine": "assumed: the target container's; not installed here"})
+    assert stack.describe() == ("megatron-core 0.19.2, megatron-bridge 0.6.2 (installed here); transformer-engine "
+                                "2.20.2 (assumed: the target container's; not installed here)")
+    assert stack.describe(("transformer-engine",)) == ("transformer-engine 2.20.2 (assumed: the target container's; "
+                                                       "not installed here)")

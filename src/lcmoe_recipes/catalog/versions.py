@@ -31,11 +31,16 @@ class StackVersions:
     notes: dict[str, str] = field(default_factory=dict)
 
     def describe(self, components: tuple[str, ...] = COMPONENTS) -> str:
-        """``megatron-core 0.19.2, transformer-engine 2.20.2 [assumed: the target container's; not installed here]
-        (installed here)``."""
-        shown = ", ".join(f"{c} {self.versions.get(c) or 'unknown'}" + (f" [{self.notes[c]}]" if c in self.notes else "")
-                          for c in components)
-        return f"{shown} ({self.origin})"
+        """The components' versions with where they come from: ``megatron-core 0.19.2, megatron-bridge 0.6.2
+        (installed here); transformer-engine 2.20.2 (assumed: the target container's; not installed here)`` -- a
+        component with a note carries its note in place of the origin."""
+        def shown(c: str) -> str:
+            return f"{c} {self.versions.get(c) or 'unknown'}"
+
+        plain = [c for c in components if c not in self.notes]
+        parts = [", ".join(shown(c) for c in plain) + f" ({self.origin})"] if plain else []
+        parts += [f"{shown(c)} ({self.notes[c]})" for c in components if c in self.notes]
+        return "; ".join(parts)
 
 
 def installed_versions() -> StackVersions:
