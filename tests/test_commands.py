@@ -42,10 +42,10 @@ def test_plan_searches_mbs_unless_given(capsys):
     import json
 
     doc = json.loads(capsys.readouterr().out)
-    assert {c["MBS"] for c in doc["candidates"]} - {1}, "MBS 2 or 4 priced where it fits"
+    assert {c["mbs"] for c in doc["candidates"]} - {1}, "MBS 2 or 4 priced where it fits"
     assert plan(["qwen3_30b", "--seq", "8192", "--gpus", "16", "--hardware", "h100", "--top", "8", "--json",
                  "--mbs", "1"]) == 0
-    assert {c["MBS"] for c in json.loads(capsys.readouterr().out)["candidates"]} == {1}
+    assert {c["mbs"] for c in json.loads(capsys.readouterr().out)["candidates"]} == {1}
 
 
 def test_bad_profile_is_one_error(capsys, tmp_path):

@@ -38,8 +38,12 @@ def test_plan_json_and_plots(capsys, tmp_path):
                       "--plot", str(tmp_path)]) == 0
     data = json.loads(capsys.readouterr().out)
     rows = data["candidates"]
-    assert len(rows) == 3 and list(rows[0])[:4] == ["rank", "TP", "CP", "EP"]
-    assert isinstance(rows[0]["memory GiB"], float) and 0 < rows[0]["MFU"] < 1
+    assert len(rows) == 3 and list(rows[0])[:4] == ["rank", "tp", "cp", "ep"]
+    assert isinstance(rows[0]["memory_gib"], float) and 0 < rows[0]["mfu"] < 1
+    assert {"tp_seconds", "bubble_seconds", "step_seconds", "tflops_per_gpu"} <= set(rows[0])
+    assert not [k for row in rows for k in row if " " in k]
+    assert "allocator_peak" in data["winner"]["hbm_budget_gib"] and not [k for k in data["winner"]["hbm_budget_gib"]
+                                                                         if " " in k]
     winner = data["winner"]
     assert winner["layout"]["world"] == 32 and {d["knob"] for d in winner["decisions"]} >= {"layout", "recompute"}
     assert winner["memory_gib"]["total"] <= 0.95 * winner["hbm_gib"]

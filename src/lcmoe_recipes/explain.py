@@ -113,7 +113,7 @@ def explain_json(plan: Plan, findings: list[Finding] | None = None) -> dict[str,
         "step": {"seconds": step.step_seconds, "tokens_per_s_per_gpu": step.tokens_per_s_per_gpu,
                  "tflops_per_gpu": step.tflops_per_gpu, "mfu": step.mfu, "parts_seconds": step.parts,
                  "comm_bytes": step.comm_bytes},
-        "hbm_budget_gib": dict(mem.budget(hw.hbm_bytes, DEFAULT_MEMORY_MARGIN)),
+        "hbm_budget_gib": {line.replace(" ", "_"): gib for line, gib in mem.budget(hw.hbm_bytes, DEFAULT_MEMORY_MARGIN)},
         "provenance": constant_lines(plan),
     }
 

@@ -179,6 +179,26 @@ def table_records(result, calibrated: bool = False) -> list[dict]:
     return records
 
 
+_JSON_KEYS = {"TFLOP/s": "tflops_per_gpu", PUBLISHED_COLUMNS[0]: "step_seconds_published",
+              PUBLISHED_COLUMNS[1]: "tflops_per_gpu_published"}
+
+
+def json_key(column: str) -> str:
+    """A decision-table column as a JSON key: lower case, no spaces, units spelled out ("memory GiB" ->
+    "memory_gib", "TP s" -> "tp_seconds", "TFLOP/s" -> "tflops_per_gpu")."""
+    if column in _JSON_KEYS:
+        return _JSON_KEYS[column]
+    key = column.lower()
+    if key.endswith(" s"):
+        key = key[:-2] + "_seconds"
+    return key.replace(" ", "_")
+
+
+def json_records(result, calibrated: bool = False) -> list[dict]:
+    """:func:`table_records` keyed by :func:`json_key` (``plan --json``)."""
+    return [{json_key(k): v for k, v in r.items()} for r in table_records(result, calibrated)]
+
+
 def table_rows(result, calibrated: bool = False) -> list[tuple]:
     """:func:`table_records` formatted for the text table and the CSV."""
     formats = {"offload": "{:g}", "memory GiB": "{:.1f}", "TP s": "{:.2f}", "CP s": "{:.2f}", "EP s": "{:.2f}",

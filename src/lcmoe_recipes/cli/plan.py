@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from ..errors import LcmoeError
-from ..report import Citations, aligned, format_result, table_columns, table_records, table_rows, write_csv
+from ..report import Citations, aligned, format_result, json_records, table_columns, table_rows, write_csv
 from ..resolve import search
 from .common import ArgumentParser, model_argument, request_arguments, request_from_args, write_plot_files
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps({"why": result.why, "considered": result.considered, "evaluated": result.evaluated,
                           "pruned": result.pruned, "rejected": result.rejected,
-                          "candidates": table_records(result, calibrated), "rule": result.rule, "band": result.band,
+                          "candidates": json_records(result, calibrated), "rule": result.rule, "band": result.band,
                           "band_reason": result.band_reason, "tie_break": result.tie_break, "tp_note": result.tp_note,
                           "winner": explain_json(result.best.plan)}, indent=2, default=str))
     elif sys.stdout.isatty():
