@@ -108,7 +108,7 @@ def test_infeasible_request_names_the_constraint():
     with pytest.raises(InfeasibleConfig) as err:
         plan(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=8))
     assert "most rejected by memory/exceeds-hbm" in err.value.message
-    assert err.value.fix.startswith("use more than 72 GPUs (no whole-node count tried up to 72 fits)")
+    assert err.value.fix.startswith("use 128 GPUs (a layout fits there; no count from 8 to 40 does)")
     with pytest.raises(InfeasibleConfig) as err:  # 60 GPUs fold 128 experts into EP 4 at most; 64 fold EP 64
         plan(TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=60))
     assert err.value.fix.startswith("use 64 GPUs (the fewest whole nodes above 60 with a layout that fits)")
@@ -205,3 +205,18 @@ def test_launch_plans_unnamed_requests(capsys, tmp_path):
     with pytest.raises(LcmoeError):
         from lcmoe_recipes import TrainingRequest, resolve
         resolve(TrainingRequest(model="qwen3_235b", seq_length=65536))
+
+
+def test_no_offload_where_the_base_optimizer_is_not_adam():
+    """Kimi-K2's megatron-bridge recipes run dist_muon, and megatron-bridge refuses the precision-aware optimizer CPU
+    offload needs with it ('--use-precision-aware-optimizer only supported with adam'): the planner never offers
+    offload for it, says why, and the winner validates."""
+    from lcmoe_recipes.emit import build_config
+
+    with pytest.raises(InfeasibleConfig) as err:  # fits only with offload at 256 H100
+        plan(TrainingRequest(model="kimi_k2", seq_length=65536, hardware="h100", num_gpus=256))
+    assert err.value.fix.startswith("use 512 GPUs")
+    best = plan(TrainingRequest(model="kimi_k2", seq_length=65536, hardware="h100", num_gpus=512), top=1).best.plan
+    assert not best.optimizer_cpu_offload and not best.use_precision_aware_optimizer
+    assert "optimizer dist_muon cannot run on the precision-aware" in best.reasons["optimizer_cpu_offload"].why
+    assert build_config(best, quiet=True).optimizer.optimizer == "dist_muon"  # megatron-bridge validates it

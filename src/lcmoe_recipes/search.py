@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from .catalog import Hardware, ModelSpec, get_hardware, get_model
+from .catalog.upstream import base_recipe
 from .checks import check_plan
 from .cost import estimate_step, host_findings
 from .cost.bands import MEMORY_ERROR_BAND, band_for
@@ -60,7 +61,7 @@ from .rules.cp import (a2a_heads_fit, choose_cp_comm_type, cp_candidates, cp_fir
 from .rules.cuda_graphs import choose_cuda_graphs
 from .rules.dispatcher import choose_dispatcher
 from .rules.extension import extension_fields, with_cp_comm, with_ep_overlap
-from .rules.offload import FRACTIONS, offload_reason
+from .rules.offload import offload_fractions, offload_reason
 from .rules.precision import choose_precision
 from .rules.recompute import recompute_ladder, recompute_reason
 
@@ -197,6 +198,7 @@ class _Request:
     band: tuple[float, str]
     table: dict | None = None                 # step constants in place of the fitted ones (a calibration profile's)
     memory_constants: MemoryConstants | None = None
+    optimizer: str | None = None              # the base recipe's optimizer (None: the template's Adam)
     memo: dict = field(default_factory=dict)  # memory priced for this request: per (plan, PP rank), per split
 
     @property
@@ -209,10 +211,14 @@ def _context(request: TrainingRequest, step_table: dict | None = None,
              memory_constants: MemoryConstants | None = None) -> _Request:
     model, hw = get_model(request.model), get_hardware(request.hardware)
     precision = choose_precision(model, hw, request.precision)
+    recipe, _ = base_recipe(model, hw, precision[0], request.num_gpus)
+    optimizer = recipe.record.get("optimizer") if recipe is not None else None
     return _Request(request, model, hw, memory_limit(model, hw, request.memory_margin), recompute_ladder(model),
-                    FRACTIONS if request.allow_cpu_offload else (0.0,), precision, cp_first_guess(request.seq_length),
+                    offload_fractions(request.allow_cpu_offload, optimizer), precision,
+                    cp_first_guess(request.seq_length),
                     tokens_per_step(model, shapes(model).total_params, request.tokens_per_step)[0],
-                    band_for(hw.key, precision[0], model.gated_delta_net, step_table), step_table, memory_constants)
+                    band_for(hw.key, precision[0], model.gated_delta_net, step_table), step_table, memory_constants,
+                    optimizer=optimizer)
 
 
 def _base(ctx: _Request, layout: ParallelLayout, mbs: int, reject: dict) -> tuple[Plan, tuple[Reason, dict]] | None:
@@ -251,7 +257,7 @@ def _reasons(ctx: _Request, plan: Plan, rules: tuple[Reason, Reason], level: int
                                     "megatron-core TransformerConfig"),
         "dispatcher": why_dispatch, "precision": ctx.precision[1],
         "recompute": recompute_reason(level, len(ctx.ladder), granularity, modules),
-        "optimizer_cpu_offload": offload_reason(fraction),
+        "optimizer_cpu_offload": offload_reason(fraction, ctx.optimizer),
         "cuda_graphs": choose_cuda_graphs(ctx.hw, ctx.request.variable_length, granularity, modules,
                                           plan.moe_flex_dispatcher_backend, ctx.model.is_moe)[1],
     }
@@ -577,35 +583,46 @@ def _result_or_raise(ctx: _Request, result) -> PlanResult:
     main = max(rejected, key=lambda k: rejected[k][0])
     split, fix = _seq_split_note(request, ctx.cp_guess[0])
     if fix is None and main == "memory/exceeds-hbm":
-        count, highest = _smallest_count_that_fits(ctx)
-        if count:
+        count, highest, fewest = _smallest_count_that_fits(ctx)
+        if count and fewest:
             fix = (f"use {count} GPUs (the fewest whole nodes above {request.num_gpus} with a layout that fits), "
                    + MEMORY_FIX_OTHERS)
-        elif highest:
-            fix = f"use more than {highest} GPUs (no whole-node count tried up to {highest} fits), " + MEMORY_FIX_OTHERS
+        elif count:
+            fix = (f"use {count} GPUs (a layout fits there; no count from {request.num_gpus} to "
+                   f"{request.num_gpus // ctx.hw.gpus_per_node * ctx.hw.gpus_per_node + NEXT_COUNTS * ctx.hw.gpus_per_node}"
+                   " does), " + MEMORY_FIX_OTHERS)
+        else:
+            fix = f"use more than {highest} GPUs (none of the counts tried up to {highest} fits), " + MEMORY_FIX_OTHERS
     raise InfeasibleConfig(
         f"no layout for {asked}: {considered} candidates considered, most rejected by {main} "
         f"({', '.join(f'{k}: {v[0]}' for k, v in sorted(rejected.items(), key=lambda kv: -kv[1][0]))}){split}",
         fix or rejected[main][1])
 
 
-SUGGESTED_COUNT_TRIES = 8  # GPU counts the memory fix searches before it names none
+NEXT_COUNTS, SCALED_COUNTS = 4, (1.25, 1.5, 2, 3, 4, 8, 16, 32)  # GPU counts the memory fix tries (below)
 
 
-def _smallest_count_that_fits(ctx: _Request) -> tuple[int | None, int | None]:
-    """(the fewest GPUs above the request's, in whole nodes, at which the search finds a layout -- the request's
-    wishes kept --, the highest count tried): the first None when none of the next :data:`SUGGESTED_COUNT_TRIES`
-    whole-node counts fits."""
-    request, node = ctx.request, ctx.hw.gpus_per_node
-    count = highest = None
-    for i in range(1, SUGGESTED_COUNT_TRIES + 1):
-        highest = (request.num_gpus // node + i) * node
-        wider = request.replace(num_gpus=highest)
+def _counts_to_try(n: int, node: int) -> tuple[tuple[int, ...], int]:
+    """(whole-node GPU counts above ``n`` to try, ascending: the next :data:`NEXT_COUNTS` nodes' worth, then ``n``
+    scaled by :data:`SCALED_COUNTS` rounded up to whole nodes; how many of them are contiguous from ``n``)."""
+    first = n // node + 1
+    near = [(first + i) * node for i in range(NEXT_COUNTS)]
+    far = {-(-int(n * f) // node) * node for f in SCALED_COUNTS}
+    return tuple(sorted(set(near) | {c for c in far if c > near[-1]})), NEXT_COUNTS
+
+
+def _smallest_count_that_fits(ctx: _Request) -> tuple[int | None, int | None, bool]:
+    """(the smallest GPU count of :func:`_counts_to_try` at which the search finds a layout -- the request's wishes
+    kept --, the highest count tried, whether every whole-node count below the found one was tried): the first
+    None when none fits."""
+    request = ctx.request
+    counts, contiguous = _counts_to_try(request.num_gpus, ctx.hw.gpus_per_node)
+    for i, count in enumerate(counts):
+        wider = request.replace(num_gpus=count)
         if isinstance(_search(_context(wider, ctx.table, ctx.memory_constants), enumerate_layouts(wider), 1, False),
                       PlanResult):
-            count = highest
-            break
-    return count, highest
+            return count, count, i < contiguous
+    return None, counts[-1], True
 
 
 def _compute_bound(ctx: _Request, layout: ParallelLayout, mbs: int) -> float:

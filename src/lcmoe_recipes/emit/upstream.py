@@ -124,7 +124,7 @@ _DTYPES = {"bf16": "bf16", "fp8cs": "fp8_cs", "fp8sc": "fp8_blockwise", "fp8mx":
 def summarize(path: str, hub_id: str, cfg) -> dict | None:
     """The catalogue record of one upstream recipe: its name's parts and the settings the planner and the cost model
     read (layout, pipeline layout string, precision, optimizer and gradient dtypes, init, dispatcher, graphs,
-    recompute, data-loader workers, EP all-to-all overlap). None for a name outside upstream's naming scheme or a precision we do not plan
+    recompute, data-loader workers, EP all-to-all overlap, the optimizer). None for a name outside upstream's naming scheme or a precision we do not plan
     (NVFP4)."""
     import re
 
@@ -155,7 +155,7 @@ def summarize(path: str, hub_id: str, cfg) -> dict | None:
         "init_method_std": m.init_method_std, "cross_entropy_fusion_impl": m.cross_entropy_fusion_impl,
         "moe_router_dtype": {"torch.float32": "fp32", "torch.float64": "fp64"}.get(str(m.moe_router_dtype),
                                                                                   m.moe_router_dtype),
-        "lr": opt.lr, "min_lr": opt.min_lr,
+        "lr": opt.lr, "min_lr": opt.min_lr, "optimizer": opt.optimizer,
         "dispatcher": [m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend],
         "cuda_graph_impl": m.cuda_graph_impl,
         "recompute_modules": list(m.recompute_modules or []) if m.recompute_granularity == "selective" else [],

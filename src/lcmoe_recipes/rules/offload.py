@@ -11,7 +11,25 @@ SOURCE = ("Megatron-Bridge skill nemo-mbridge-perf-moe-long-context ('all DSV3 l
 FIT_SOURCE = "lcmoe_recipes cost model (docs/cost_model.md): the predicted peak fits the planning limit of HBM"
 
 
-def offload_reason(fraction: float) -> Reason:
+OPTIMIZER_SOURCE = ("megatron-bridge 0.6.2 training/config.py OptimizerConfig checks ('--use-precision-aware-optimizer "
+                    "only supported with adam'); megatron-core 0.19.2 optimizer/__init__.py (CPU offload runs through "
+                    "the precision-aware HybridDeviceOptimizer)")
+
+
+def offload_fractions(allowed: bool, optimizer: str | None) -> tuple[float, ...]:
+    """The offload fractions the search may try: none but 0 when the request forbids offload or the base recipe's
+    optimizer is not Adam (``optimizer``: megatron-bridge's ``OptimizerConfig.optimizer``, e.g. "dist_muon"; None
+    for the pre-training template, which runs Adam): megatron-bridge refuses the precision-aware optimizer that CPU
+    offload needs with any other optimizer."""
+    return FRACTIONS if allowed and optimizer in (None, "adam") else (0.0,)
+
+
+def offload_reason(fraction: float, optimizer: str | None = None) -> Reason:
+    """Why a plan offloads ``fraction`` of its optimizer state; ``optimizer``: the base recipe's, when it is not Adam
+    (offload was not an option)."""
+    if fraction == 0 and optimizer not in (None, "adam"):
+        return Reason(f"no optimizer offload: the base recipe's optimizer {optimizer} cannot run on the precision-aware "
+                      "optimizer CPU offload needs", OPTIMIZER_SOURCE)
     if fraction == 0:
         return Reason("no optimizer offload: the layout fits in HBM without it", FIT_SOURCE)
     return Reason(f"optimizer CPU offload {fraction:g}: the smallest fraction that fits", SOURCE)
