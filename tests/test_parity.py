@@ -126,3 +126,28 @@ def test_named_recipe_yaml_runs_long_at_upstreams_level():
     assert dsv3["validation"]["eval_global_batch_size"] == 8  # MBS 1 x DP 1 x PP 8: every stage busy
     qwen = yaml.safe_load((ROOT / "recipes" / "qwen3_235b_128k_gb200.yaml").read_text().split("\n", 1)[1])
     assert qwen["model"]["tensor_model_parallel_size"] == 4 and qwen["comm_overlap"]["tp_comm_overlap"] is True
+
+
+def test_config_fields_are_current():
+    module = _script("regen_config_fields")
+    assert module.generate() == module.TARGET.read_text(), "run python scripts/regen_config_fields.py"
+
+
+def test_override_naming_no_field_is_refused_before_megatron_loads():
+    """A typo in an override is refused from config_fields.json (no megatron-bridge import), naming the field."""
+    from lcmoe_recipes import TrainingRequest
+    from lcmoe_recipes.catalog.config_fields import unknown_override
+    from lcmoe_recipes.errors import LcmoeError
+
+    assert unknown_override("model.tensor_model_parralel_size=4") == (
+        "override 'model.tensor_model_parralel_size=4': 'model.tensor_model_parralel_size' is not a field of any "
+        "megatron-bridge model config", "use 'model.tensor_model_parallel_size'")
+    assert unknown_override("modle.tensor_model_parallel_size=4")[1] == "use 'model.tensor_model_parallel_size'"
+    assert unknown_override("~train.trian_iters")[1] == "use 'train.train_iters'"
+    for fine in ("model.tensor_model_parallel_size=4", "+env_vars.NCCL_DEBUG=INFO", "~model.recompute_modules",
+                 "model.moe_flex_dispatcher_backend=hybridep", "dataset.seq_length=8192", "model", ""):
+        assert unknown_override(fine) is None, fine
+    with pytest.raises(LcmoeError) as err:
+        TrainingRequest.parse(model="qwen3_235b", seq_length=131072, overrides=("train.trian_iters=10",))
+    assert "'train.trian_iters' is not a field of any megatron-bridge train config" in err.value.message
+    assert err.value.fix == "use 'train.train_iters'"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .catalog import get_hardware, get_model
+from .catalog.config_fields import unknown_override
 from .cost import HBM_MARGIN
 from .errors import LcmoeError
 from .plan import PRECISIONS
@@ -245,6 +246,15 @@ class TrainingRequest(BaseModel):
         if value is not None and not value > 0:
             raise ValueError(f"fs_gbps {value:g} must be greater than 0 (GB/s the checkpoint filesystem writes); use "
                              "e.g. 20")
+        return value
+
+    @field_validator("overrides")
+    @classmethod
+    def _overrides(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for text in value:
+            wrong = unknown_override(text)
+            if wrong:
+                raise ValueError(f"{wrong[0]}; {wrong[1]}")
         return value
 
     @field_validator("rope")

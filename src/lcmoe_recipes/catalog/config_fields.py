@@ -1,0 +1,46 @@
+"""megatron-bridge's ConfigContainer field names (``config_fields.json``, written by ``scripts/regen_config_fields.py``
+from the installed megatron-bridge), for refusing an override that names no field at all before megatron-bridge
+loads. Only what no config of a section can have is refused here; the built config checks the rest
+(:func:`lcmoe_recipes.emit.apply_overrides`)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from functools import lru_cache
+from importlib import resources
+
+
+@lru_cache(maxsize=1)
+def _document() -> dict:
+    return json.loads(resources.files(__package__).joinpath("config_fields.json").read_text(encoding="utf-8"))
+
+
+def _closest(word: str, names: list[str]) -> str | None:
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def unknown_override(text: str) -> tuple[str, str] | None:
+    """(what is wrong, the fix) when the Hydra override ``text`` (``key=value``, ``+key=value``, ``~key``) names a
+    ConfigContainer section that does not exist, or a field no config of that section has; None otherwise (also
+    for what only Hydra's parser can judge: it runs later)."""
+    body = text.strip().lstrip("+~")
+    key = body.partition("=")[0].strip()
+    if not key:
+        return None
+    parts = key.split(".")
+    doc = _document()
+    if parts[0] not in doc["top_level"]:
+        close = _closest(parts[0], doc["top_level"])
+        return (f"override '{text}': '{parts[0]}' is not a section of megatron-bridge's ConfigContainer",
+                f"use '{close}{key[len(parts[0]):]}'" if close else
+                f"use one of the sections {', '.join(doc['top_level'])}")
+    names = doc["sections"].get(parts[0])
+    if len(parts) < 2 or names is None or parts[1] in names:
+        return None
+    close = _closest(parts[1], names)
+    where = f"{parts[0]}.{parts[1]}"
+    return (f"override '{text}': '{where}' is not a field of any megatron-bridge {parts[0]} config",
+            f"use '{parts[0]}.{close}{key[len(where):]}'" if close else
+            f"see megatron-bridge's {parts[0]} config for its fields")
