@@ -27,9 +27,10 @@ TARGET = ROOT / "src" / "lcmoe_recipes" / "catalog" / "config_fields.json"
 
 
 def _subclasses(cls: type) -> set[type]:
+    """Every subclass megatron defines (not a test's or our own stand-in), at any depth."""
     out = set()
     for sub in cls.__subclasses__():
-        out |= {sub} | _subclasses(sub)
+        out |= ({sub} if sub.__module__.startswith("megatron.") else set()) | _subclasses(sub)
     return out
 
 
@@ -44,7 +45,13 @@ def generate() -> str:
     from lcmoe_recipes.emit.stack import load_bridge
 
     load_bridge(quiet=True)
-    import megatron.bridge.models  # noqa: F401  (defines every model provider)
+    import importlib
+
+    # every module that defines a ConfigContainer section class (model providers, diffusion providers and dataset
+    # configs, PEFT methods), so the union does not depend on what else happens to be imported
+    for name in ("megatron.bridge", "megatron.bridge.models", "megatron.bridge.diffusion.models", "megatron.bridge.peft",
+                 "megatron.bridge.peft.lora", "megatron.bridge.peft.dora", "megatron.bridge.peft.canonical_lora"):
+        importlib.import_module(name)
     from megatron.bridge.training.config import ConfigContainer
     from megatron.core.transformer.transformer_config import TransformerConfig
 

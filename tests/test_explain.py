@@ -39,7 +39,9 @@ def test_plan_json_and_plots(capsys, tmp_path):
     data = json.loads(capsys.readouterr().out)
     rows = data["candidates"]
     assert len(rows) == 3 and list(rows[0])[:4] == ["rank", "tp", "cp", "ep"]
-    assert isinstance(rows[0]["memory_gib"], float) and 0 < rows[0]["mfu"] < 1
+    assert isinstance(rows[0]["hbm_use_gib"], float) and 0 < rows[0]["mfu"] < 1
+    assert rows[0]["hbm_use_gib"] <= data["limit_gib"] and data["tie_break"][0]["winner"] in (True, False)
+    assert {"layout", "mbs", "step_seconds", "headroom_gib"} <= set(data["tie_break"][0])
     assert {"tp_seconds", "bubble_seconds", "step_seconds", "tflops_per_gpu"} <= set(rows[0])
     assert not [k for row in rows for k in row if " " in k]
     assert "allocator_peak" in data["winner"]["hbm_budget_gib"] and not [k for k in data["winner"]["hbm_budget_gib"]
@@ -62,3 +64,9 @@ def test_launch_json(capsys, tmp_path, monkeypatch):
     assert data["valid"] and data["recipe"] == "qwen3_235b_128k_gb200" and data["yaml"] == "out/qwen3_235b_128k_gb200.yaml"
     assert data["layout"] == {"world": 128, "tp": 4, "pp": 4, "vpp": 12, "cp": 4, "ep": 32, "etp": 1, "dp": 2, "edp": 1}
     assert data["command"].startswith("torchrun --nnodes 32 --nproc-per-node 4")
+
+
+def test_plan_json_failure_is_json(capsys):
+    assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "60", "--hardware", "gb200", "--json"]) == 2
+    data = json.loads(capsys.readouterr().out)
+    assert data["valid"] is False and data["fix"].startswith("use 64 GPUs")

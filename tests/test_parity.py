@@ -128,9 +128,15 @@ def test_named_recipe_yaml_runs_long_at_upstreams_level():
     assert qwen["model"]["tensor_model_parallel_size"] == 4 and qwen["comm_overlap"]["tp_comm_overlap"] is True
 
 
+@pytest.mark.slow
 def test_config_fields_are_current():
-    module = _script("regen_config_fields")
-    assert module.generate() == module.TARGET.read_text(), "run python scripts/regen_config_fields.py"
+    """In a fresh interpreter, as the script runs: which provider modules are loaded changes the union."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "scripts/regen_config_fields.py", "--check"], cwd=Path(__file__).parent.parent,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_override_naming_no_field_is_refused_before_megatron_loads():

@@ -237,4 +237,7 @@ def test_launch_takes_memory_margin():
 def test_planner_doc_states_the_bands():
     text = (ROOT / "docs" / "planner.md").read_text()
     assert f"**±{STEP_ERROR_BAND:.1%}**" in text and f"**{MEMORY_ERROR_BAND:.1%}**" in text
+    from lcmoe_recipes.search import UNCALIBRATED_FACTOR
+
+    assert f"{UNCALIBRATED_FACTOR:.0%} of that" in text  # the gated-DeltaNet planning factor
     assert f"**±{BORROWED_WIDENING:.1%}**" in text

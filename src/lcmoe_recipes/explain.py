@@ -26,8 +26,9 @@ def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
         "layout": lay.describe(),
         "pipeline_model_parallel_layout": plan.pipeline_model_parallel_layout or "even split (no pipeline)",
         "cp": str(lay.cp),
-        "cp_comm_type": (plan.cp_comm_type or "p2p") + (f" {list(plan.hierarchical_cp_sizes)}"
-                                                        if plan.hierarchical_cp_sizes else ""),
+        "cp_comm_type": (plan.cp_comm_type or "p2p") + (
+            f" (sizes {' x '.join(map(str, plan.hierarchical_cp_sizes))}: all-to-all inside, ring across)"
+            if plan.hierarchical_cp_sizes else ""),
         "precision": f"{plan.precision} ({PRECISIONS.get(plan.precision, plan.precision)})",
         "dispatcher": plan.moe_token_dispatcher_type + (f" + {plan.moe_flex_dispatcher_backend}"
                                                          if plan.moe_flex_dispatcher_backend else ""),

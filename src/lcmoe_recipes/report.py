@@ -179,13 +179,14 @@ def table_records(result, calibrated: bool = False) -> list[dict]:
     return records
 
 
-_JSON_KEYS = {"TFLOP/s": "tflops_per_gpu", PUBLISHED_COLUMNS[0]: "step_seconds_published",
+_JSON_KEYS = {"TFLOP/s": "tflops_per_gpu", "memory GiB": "hbm_use_gib", PUBLISHED_COLUMNS[0]: "step_seconds_published",
               PUBLISHED_COLUMNS[1]: "tflops_per_gpu_published"}
 
 
 def json_key(column: str) -> str:
     """A decision-table column as a JSON key: lower case, no spaces, units spelled out ("memory GiB" ->
-    "memory_gib", "TP s" -> "tp_seconds", "TFLOP/s" -> "tflops_per_gpu")."""
+    "hbm_use_gib": the allocator's peak and the buffers outside it, "TP s" -> "tp_seconds", "TFLOP/s" ->
+    "tflops_per_gpu")."""
     if column in _JSON_KEYS:
         return _JSON_KEYS[column]
     key = column.lower()

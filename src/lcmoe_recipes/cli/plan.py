@@ -14,7 +14,11 @@ import sys
 from ..errors import LcmoeError
 from ..report import Citations, aligned, format_result, json_records, table_columns, table_rows, write_csv
 from ..resolve import search
-from .common import ArgumentParser, model_argument, request_arguments, request_from_args, write_plot_files
+from .common import (ArgumentParser, model_argument, report_error, request_arguments, request_from_args,
+                     write_plot_files)
+
+
+TIE_KEYS = ("layout", "mbs", "step_seconds", "headroom_gib", "keeps_memory_band", "winner")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         result = search(request, top=args.top)
         calibrated = request.calibration is not None
     except LcmoeError as exc:
-        return exc.report()
+        return report_error(exc, args.json)  # --json: the error and its fix as JSON on stdout
     citations = Citations()
     if args.json:
         import json
@@ -61,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"why": result.why, "considered": result.considered, "evaluated": result.evaluated,
                           "pruned": result.pruned, "rejected": result.rejected,
                           "candidates": json_records(result, calibrated), "rule": result.rule, "band": result.band,
-                          "band_reason": result.band_reason, "tie_break": result.tie_break, "tp_note": result.tp_note,
+                          "band_reason": result.band_reason, "limit_gib": result.limit / 2**30,
+                          "tie_break": [dict(zip(TIE_KEYS, (lay, mbs, step, free / 2**30, safe, won)))
+                                        for lay, mbs, step, free, safe, won in result.tie_break],
+                          "tp_note": result.tp_note,
                           "winner": explain_json(result.best.plan)}, indent=2, default=str))
     elif sys.stdout.isatty():
         from ..explain import print_table

@@ -114,7 +114,9 @@ def read_tree(path: str | os.PathLike) -> dict:
         problem = getattr(exc, "problem", None) or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise LcmoeError(f"'{path}' is not valid YAML{where}: {problem}", _WRITE_IT) from None
+        fix = (f"correct the YAML syntax at line {mark.line + 1}, or write a config afresh: " if mark is not None
+               else "write a config afresh: ") + _WRITE_IT.removeprefix("write one with ")
+        raise LcmoeError(f"'{path}' is not valid YAML{where}: {problem}", fix) from None
     target = tree.get("_target_") if isinstance(tree, dict) else None
     if not str(target or "").endswith("ConfigContainer"):
         raise LcmoeError(f"'{path}' is not a ConfigContainer YAML: its top level has no "

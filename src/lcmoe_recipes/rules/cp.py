@@ -108,5 +108,5 @@ def choose_cp_comm(plan):
     numbers = (f"exposed CP {ring.parts['cp_exposed']:.1f} s per step with the ring vs "
                f"{hier.parts['cp_exposed']:.1f} s with a2a over {a} NVLink-local ranks + a ring of {p}")
     if hier.step_seconds < ring.step_seconds:
-        return "a2a+p2p", split, Reason(f"hierarchical a2a+p2p [{a}, {p}]: {numbers}", HIERARCHICAL_SOURCE)
+        return "a2a+p2p", split, Reason(f"hierarchical a2a+p2p, sizes {a} x {p}: {numbers}", HIERARCHICAL_SOURCE)
     return "p2p", None, Reason(f"p2p ring: {numbers}", HIERARCHICAL_SOURCE)
