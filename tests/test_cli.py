@@ -74,7 +74,7 @@ def test_bad_request(capsys, tmp_path, args, message, fix):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("override,message", [
-    ("model.tensor_model_paralel_size=4", "did you mean 'model.tensor_model_parallel_size'?"),
+    ("model.tensor_model_paralel_size=4", "fix: use 'model.tensor_model_parallel_size'"),  # refused before loading
     ("model.seq_length=131076", "'seq_length' is 131076 on the model but 131072 on the dataset"),
     ("model.seq_length=131076 dataset.seq_length=131076",
      "CP=4 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split) (and 2 more"),

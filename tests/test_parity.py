@@ -143,7 +143,7 @@ def test_override_naming_no_field_is_refused_before_megatron_loads():
     """A typo in an override is refused from config_fields.json (no megatron-bridge import), naming the field."""
     from lcmoe_recipes import TrainingRequest
     from lcmoe_recipes.catalog.config_fields import unknown_override
-    from lcmoe_recipes.errors import LcmoeError
+    from lcmoe_recipes.errors import OverrideError
 
     assert unknown_override("model.tensor_model_parralel_size=4") == (
         "override 'model.tensor_model_parralel_size=4': 'model.tensor_model_parralel_size' is not a field of any "
@@ -153,7 +153,7 @@ def test_override_naming_no_field_is_refused_before_megatron_loads():
     for fine in ("model.tensor_model_parallel_size=4", "+env_vars.NCCL_DEBUG=INFO", "~model.recompute_modules",
                  "model.moe_flex_dispatcher_backend=hybridep", "dataset.seq_length=8192", "model", ""):
         assert unknown_override(fine) is None, fine
-    with pytest.raises(LcmoeError) as err:
+    with pytest.raises(OverrideError) as err:
         TrainingRequest.parse(model="qwen3_235b", seq_length=131072, overrides=("train.trian_iters=10",))
     assert "'train.trian_iters' is not a field of any megatron-bridge train config" in err.value.message
     assert err.value.fix == "use 'train.train_iters'"

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .catalog import get_hardware, get_model
 from .catalog.config_fields import unknown_override
 from .cost import HBM_MARGIN
-from .errors import LcmoeError
+from .errors import LcmoeError, OverrideError
 from .plan import PRECISIONS
 
 DISPATCHER_BACKENDS = ("deepep", "hybridep", "alltoall")
@@ -126,11 +126,16 @@ class TrainingRequest(BaseModel):
 
         Raises:
             LcmoeError: the message lists each bad field; UnknownName: an unknown model or hardware name (with the
-                closest one), as the catalogue says it; ModelConfigError: a bad model_config file.
+                closest one), as the catalogue says it; ModelConfigError: a bad model_config file; OverrideError: an
+                override naming no megatron-bridge section or field (:mod:`lcmoe_recipes.catalog.config_fields`).
         """
         for key, lookup in (("model", get_model), ("hardware", get_hardware)):
             if isinstance(fields.get(key), str):
                 lookup(fields[key])
+        for text in fields.get("overrides") or ():  # a key no config has: refused before megatron-bridge loads
+            wrong = unknown_override(text) if isinstance(text, str) else None
+            if wrong:
+                raise OverrideError(*wrong)
         try:
             return cls(**fields)
         except ValidationError as exc:
@@ -246,15 +251,6 @@ class TrainingRequest(BaseModel):
         if value is not None and not value > 0:
             raise ValueError(f"fs_gbps {value:g} must be greater than 0 (GB/s the checkpoint filesystem writes); use "
                              "e.g. 20")
-        return value
-
-    @field_validator("overrides")
-    @classmethod
-    def _overrides(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for text in value:
-            wrong = unknown_override(text)
-            if wrong:
-                raise ValueError(f"{wrong[0]}; {wrong[1]}")
         return value
 
     @field_validator("rope")

@@ -43,4 +43,4 @@ def unknown_override(text: str) -> tuple[str, str] | None:
     where = f"{parts[0]}.{parts[1]}"
     return (f"override '{text}': '{where}' is not a field of any megatron-bridge {parts[0]} config",
             f"use '{parts[0]}.{close}{key[len(where):]}'" if close else
-            f"see megatron-bridge's {parts[0]} config for its fields")
+            f"fields of {parts[0]} include: {', '.join([n for n in names if not n.startswith('_')][:12])} ...")

@@ -7,6 +7,7 @@ collective), step time.
 
 from ..errors import Finding
 from ..plan import Plan
+from .bands import MEMORY_ERROR_BAND
 from .host import HOST_MARGIN, HostMemoryBreakdown, estimate_host_memory, host_findings
 from .memory import GDN_MEASURED_RATIOS, MemoryBreakdown, estimate_memory
 from .step import StepEstimate, estimate_step
@@ -20,7 +21,9 @@ HBM_MARGIN = 0.95
 
 def memory_findings(plan: Plan) -> list[Finding]:
     """An error when the predicted HBM use of the most loaded rank -- the allocator's peak plus the buffers outside
-    it (``MemoryBreakdown.hbm_total``) -- exceeds HBM_MARGIN of the GPU's HBM; a warning for models whose memory the model is known to under-predict (gated DeltaNet: Qwen3-Next), and one per model
+    it (``MemoryBreakdown.hbm_total``) -- exceeds HBM_MARGIN of the GPU's HBM; a warning when it leaves less than the
+    memory model's worst error (``MEMORY_ERROR_BAND`` of the limit) free, one for models whose memory the model is
+    known to under-predict (gated DeltaNet: Qwen3-Next), and one per model
     feature the cost model does not price (``model/feature-not-modelled``, saying what it assumes instead)."""
     mem = estimate_memory(plan)
     hw = plan.hardware_spec
@@ -37,6 +40,13 @@ def memory_findings(plan: Plan) -> list[Finding]:
                            "N1-N3)",
                            "keep more headroom than the prediction suggests, or measure a short run first"))
     if mem.hbm_total <= limit:
+        free, band = limit - mem.hbm_total, MEMORY_ERROR_BAND * limit
+        if free < band:
+            out.append(Finding("warning", "memory/thin-headroom",
+                               f"{free / 2**30:.1f} GiB of the {limit / 2**30:.1f} GiB limit left free, under the memory "
+                               f"model's worst error ({MEMORY_ERROR_BAND:.0%}, {band / 2**30:.1f} GiB): it may run out of "
+                               "memory", f"measure a short run's peak, or recompute / offload more until "
+                               f"{band / 2**30:.1f} GiB is free"))
         return out
     gib = mem.gib()
     top = max((k for k in gib if k != "total"), key=gib.get)
