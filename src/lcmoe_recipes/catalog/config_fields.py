@@ -16,7 +16,8 @@ def _document() -> dict:
     return json.loads(resources.files(__package__).joinpath("config_fields.json").read_text(encoding="utf-8"))
 
 
-def _closest(word: str, names: list[str]) -> str | None:
+def closest(word: str, names: list[str]) -> str | None:
+    """The name of ``names`` closest to ``word`` (difflib, ratio 0.6 or more), or None."""
     close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
     return close[0] if close else None
 
@@ -32,14 +33,14 @@ def unknown_override(text: str) -> tuple[str, str] | None:
     parts = key.split(".")
     doc = _document()
     if parts[0] not in doc["top_level"]:
-        close = _closest(parts[0], doc["top_level"])
+        close = closest(parts[0], doc["top_level"])
         return (f"override '{text}': '{parts[0]}' is not a section of megatron-bridge's ConfigContainer",
                 f"use '{close}{key[len(parts[0]):]}'" if close else
                 f"use one of the sections {', '.join(doc['top_level'])}")
     names = doc["sections"].get(parts[0])
     if len(parts) < 2 or names is None or parts[1] in names:
         return None
-    close = _closest(parts[1], names)
+    close = closest(parts[1], names)
     where = f"{parts[0]}.{parts[1]}"
     return (f"override '{text}': '{where}' is not a field of any megatron-bridge {parts[0]} config",
             f"use '{parts[0]}.{close}{key[len(where):]}'" if close else

@@ -14,9 +14,9 @@ Two gaps of that flow are closed here, never silently:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any
 
+from ..catalog.config_fields import closest
 from ..errors import OverrideError
 from .stack import load_bridge
 
@@ -56,10 +56,10 @@ _MISSING = object()
 
 def _unknown(obj: Any, part: str, path: str, text: str) -> None:
     names = _fields(obj)
-    close = difflib.get_close_matches(part, names, n=1, cutoff=0.6)
+    close = closest(part, names)
     owner = type(obj).__name__
     raise OverrideError(f"override '{text}': '{path}' is not a field of {owner}",
-                        f"did you mean '{path.rsplit('.', 1)[0] + '.' if '.' in path else ''}{close[0]}'?" if close
+                        f"did you mean '{path.rsplit('.', 1)[0] + '.' if '.' in path else ''}{close}'?" if close
                         else f"fields of {owner} include: {', '.join(names[:12])} ...")
 
 
