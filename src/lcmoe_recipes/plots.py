@@ -98,20 +98,22 @@ def plot_time(plans: list[Plan], path: Path, title: str = "") -> Path:
 
 
 def plot_sweep(points: list[tuple[int, float, float, int]], path: Path, title: str, hbm_gib: float,
-               mark: int | None = None) -> Path:
-    """Memory per GPU and predicted TFLOP/s/GPU of the search's pick at each seq_length, CP annotated.
+               mark: int | None = None, limit: float | None = None) -> Path:
+    """HBM use per GPU and predicted TFLOP/s/GPU of the search's pick at each seq_length, CP annotated.
 
     Args:
-        points: (seq_length, predicted peak bytes, TFLOP/s per GPU, CP) per seq_length where a layout fits.
+        points: (seq_length, predicted HBM use in bytes -- the allocator's peak and the buffers outside it, as the
+            decision table and the planning limit count it --, TFLOP/s per GPU, CP) per seq_length where a layout fits.
         hbm_gib: the GPU's HBM (drawn as a line).
         mark: a seq_length to mark (the one asked for).
+        limit: the planning limit in bytes (a dash-dot line on the memory axis), if given.
     """
     plt = _pyplot()
     xs = [p[0] for p in points]
     mem = [p[1] / 2**30 for p in points]
     tf = [p[2] for p in points]
     fig, ax = plt.subplots(figsize=(8, 5))
-    ax.plot(xs, mem, "o-", color="tab:blue", label="memory per GPU (GiB)")
+    ax.plot(xs, mem, "o-", color="tab:blue", label="HBM use per GPU (GiB)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [f"{x // 1024}K\nCP{p[3]}" for x, p in zip(xs, points)])
     ax.set_xlabel("seq_length (and the CP the search picks)")
@@ -122,6 +124,9 @@ def plot_sweep(points: list[tuple[int, float, float, int]], path: Path, title: s
     if mark:
         ax.axvline(mark, color="grey", linestyle=":", linewidth=1, label=f"requested seq_length {mark}")
     ax.axhline(hbm_gib, color="black", linewidth=1, label=f"HBM {hbm_gib:.0f} GiB")
+    if limit is not None:
+        ax.axhline(limit / 2**30, color="tab:blue", linestyle="-.", linewidth=1,
+                   label=f"planning limit {limit / 2**30:.0f} GiB")
     ax.set_ylim(0, hbm_gib * 1.12)
     ax2.set_ylim(0, max(tf, default=1) * 1.15)
     lines = ax.get_legend_handles_labels()
@@ -140,7 +145,7 @@ def write_plots(plans: list[Plan], folder: str | Path, limit: float,
     plan's seq_length marked), into ``folder`` (created).
 
     Args:
-        limit: the planning limit in bytes (a line on memory.png).
+        limit: the planning limit in bytes (a line on memory.png and sweep.png).
 
     Raises:
         LcmoeError: matplotlib is missing.
@@ -151,7 +156,8 @@ def write_plots(plans: list[Plan], folder: str | Path, limit: float,
     title = (f"{first.model_spec.display} on {first.layout.world} x {first.hardware}: the search's pick per "
              "seq_length")
     return [plot_memory(plans, folder / "memory.png", limit), plot_time(plans, folder / "time.png"),
-            plot_sweep(sweep, folder / "sweep.png", title, first.hardware_spec.hbm_gib, mark=first.seq_length)]
+            plot_sweep(sweep, folder / "sweep.png", title, first.hardware_spec.hbm_gib, mark=first.seq_length,
+                       limit=limit)]
 
 
 def plot_scaling(cases: list[tuple[str, list[tuple[int, dict[str, float], float]]]], path: Path,

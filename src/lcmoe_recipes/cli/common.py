@@ -185,7 +185,7 @@ def write_plot_files(plans: list, folder, request: TrainingRequest | None = None
     first = plans[0]
     request = request or TrainingRequest(model=first.model, seq_length=first.seq_length, hardware=first.hardware,
                                          num_gpus=first.layout.world)
-    sweep = [(seq, c.memory.total, c.step.tflops_per_gpu, c.plan.layout.cp) for seq, c in seq_sweep(request)]
+    sweep = [(seq, c.memory.hbm_total, c.step.tflops_per_gpu, c.plan.layout.cp) for seq, c in seq_sweep(request)]
     limit = memory_limit(first.model_spec, first.hardware_spec, request.memory_margin)
     return write_plots(plans, folder, limit, sweep)
 
