@@ -583,14 +583,13 @@ def _result_or_raise(ctx: _Request, result) -> PlanResult:
     main = max(rejected, key=lambda k: rejected[k][0])
     split, fix = _seq_split_note(request, ctx.cp_guess[0])
     if fix is None and main == "memory/exceeds-hbm":
-        count, highest, fewest = _smallest_count_that_fits(ctx)
-        if count and fewest:
+        count, near, highest = _smallest_count_that_fits(ctx)
+        if count and count <= near:
             fix = (f"use {count} GPUs (the fewest whole nodes above {request.num_gpus} with a layout that fits), "
                    + MEMORY_FIX_OTHERS)
         elif count:
-            fix = (f"use {count} GPUs (a layout fits there; no count from {request.num_gpus} to "
-                   f"{request.num_gpus // ctx.hw.gpus_per_node * ctx.hw.gpus_per_node + NEXT_COUNTS * ctx.hw.gpus_per_node}"
-                   " does), " + MEMORY_FIX_OTHERS)
+            fix = (f"use {count} GPUs (a layout fits there; no count from {request.num_gpus} to {near} does), "
+                   + MEMORY_FIX_OTHERS)
         else:
             fix = f"use more than {highest} GPUs (none of the counts tried up to {highest} fits), " + MEMORY_FIX_OTHERS
     raise InfeasibleConfig(
@@ -611,18 +610,18 @@ def _counts_to_try(n: int, node: int) -> tuple[tuple[int, ...], int]:
     return tuple(sorted(set(near) | {c for c in far if c > near[-1]})), NEXT_COUNTS
 
 
-def _smallest_count_that_fits(ctx: _Request) -> tuple[int | None, int | None, bool]:
+def _smallest_count_that_fits(ctx: _Request) -> tuple[int | None, int, int]:
     """(the smallest GPU count of :func:`_counts_to_try` at which the search finds a layout -- the request's wishes
-    kept --, the highest count tried, whether every whole-node count below the found one was tried): the first
-    None when none fits."""
+    kept -- or None, the last of the contiguous whole-node counts tried, the highest count tried)."""
     request = ctx.request
     counts, contiguous = _counts_to_try(request.num_gpus, ctx.hw.gpus_per_node)
-    for i, count in enumerate(counts):
+    near = counts[contiguous - 1]
+    for count in counts:
         wider = request.replace(num_gpus=count)
         if isinstance(_search(_context(wider, ctx.table, ctx.memory_constants), enumerate_layouts(wider), 1, False),
                       PlanResult):
-            return count, count, i < contiguous
-    return None, counts[-1], True
+            return count, near, counts[-1]
+    return None, near, counts[-1]
 
 
 def _compute_bound(ctx: _Request, layout: ParallelLayout, mbs: int) -> float:
