@@ -174,40 +174,43 @@ def test_model_flops_equal_megatron_bridge(seq):
     from published import _plan
 
     from lcmoe_recipes.catalog.models import MODELS
-    from lcmoe_recipes.emit import build_config
+
+    upstream = _installed_upstream_flops()
+    for model in MODELS:
+        plan = _plan("flops", model, "h100", 8, seq, "bf16", 8)
+        assert model_flops_per_token(plan) / upstream(plan) == pytest.approx(1.0, abs=0.01), model
+
+
+def _installed_upstream_flops():
+    """plan -> the installed megatron-bridge's model FLOPs per token for it (scripts/flops_conventions.py's count)."""
+    import importlib.util
+    from pathlib import Path
+
     from lcmoe_recipes.emit.stack import load_bridge
 
     load_bridge(quiet=True)  # megatron-bridge without Transformer Engine, before its modules are imported
     from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
 
-    for model in MODELS:
-        plan = _plan("flops", model, "h100", 8, seq, "bf16", 8)
-        upstream = num_floating_point_operations(build_config(plan, validate=False, quiet=True), 1) / seq
-        assert model_flops_per_token(plan) / upstream == pytest.approx(1.0, abs=0.01), model
+    path = Path(__file__).resolve().parent.parent / "scripts" / "flops_conventions.py"
+    spec = importlib.util.spec_from_file_location("flops_conventions", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return lambda plan: script.upstream_flops_per_token(num_floating_point_operations, plan)
 
 
 def test_published_flops_conventions():
     """Every throughput row says which megatron-bridge formula counted it (tests/published_flops.py, generated from
     each release's own flop_utils.py); the rows counted by the installed release line (0.6) are recomputed here with
     the installed formula, and gpt-oss-120b's rows counted before 0.5.0 carry the old formula's 17% shortfall."""
-    from published import _plan
     from published_flops import FLOPS_CONVENTION
-
-    from lcmoe_recipes.emit import build_config
-    from lcmoe_recipes.emit.stack import load_bridge
-
-    load_bridge(quiet=True)
-    from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
 
     assert set(FLOPS_CONVENTION) == set(THROUGHPUT_ROWS)
     live = [k for k, (release, _) in FLOPS_CONVENTION.items() if release.startswith("v0.6")]
     assert len(live) >= 8
+    upstream = _installed_upstream_flops()
     for key in live:
         row = THROUGHPUT_ROWS[key]
-        plan = _plan("flops", row.plan.model, row.plan.hardware, 8, row.plan.seq_length, "bf16", 8,
-                     mtp=row.plan.mtp_num_layers)
-        ratio = (num_floating_point_operations(build_config(plan, validate=False, quiet=True), 1)
-                 / plan.seq_length / model_flops_per_token(row.plan))
+        ratio = upstream(row.plan) / model_flops_per_token(row.plan)
         assert ratio == pytest.approx(FLOPS_CONVENTION[key][1], abs=1e-4), key
     assert FLOPS_CONVENTION["PS10"] == ("v0.4.2", 0.8302) and FLOPS_CONVENTION["PS3"][1] == pytest.approx(1, abs=0.01)
     assert THROUGHPUT_ROWS["PS10"].comparable == pytest.approx(158 / 0.8302)

@@ -21,13 +21,18 @@ def offload_fractions(allowed: bool, optimizer: str | None) -> tuple[float, ...]
     optimizer is not Adam (``optimizer``: megatron-bridge's ``OptimizerConfig.optimizer``, e.g. "dist_muon"; None
     for the pre-training template, which runs Adam): megatron-bridge refuses the precision-aware optimizer that CPU
     offload needs with any other optimizer."""
-    return FRACTIONS if allowed and optimizer in (None, "adam") else (0.0,)
+    return FRACTIONS if allowed and _offloads(optimizer) else (0.0,)
+
+
+def _offloads(optimizer: str | None) -> bool:
+    """Whether the base recipe's optimizer can run CPU offload: Adam (None: the template's, Adam)."""
+    return optimizer in (None, "adam")
 
 
 def offload_reason(fraction: float, optimizer: str | None = None) -> Reason:
     """Why a plan offloads ``fraction`` of its optimizer state; ``optimizer``: the base recipe's, when it is not Adam
     (offload was not an option)."""
-    if fraction == 0 and optimizer not in (None, "adam"):
+    if fraction == 0 and not _offloads(optimizer):
         return Reason(f"no optimizer offload: the base recipe's optimizer {optimizer} cannot run on the precision-aware "
                       "optimizer CPU offload needs", OPTIMIZER_SOURCE)
     if fraction == 0:
