@@ -23,10 +23,10 @@ from _generated import generated_main  # noqa: E402
 from published import ALLOCATOR_GAPS, QUALITY, TRACKER  # noqa: E402
 
 from lcmoe_recipes.catalog.kernels import kernel_tables  # noqa: E402
-from lcmoe_recipes.cost.bands import (BORROWED_WIDENING, MEMORY_ERROR_BAND, MIN_STEP_SECONDS,  # noqa: E402
-                                      STEP_ERROR_BAND, TRUSTED, held_out_ratios)
-from lcmoe_recipes.cost.calibrate import leave_one_out_constants  # noqa: E402
-from lcmoe_recipes.cost.calibrate_step import leave_one_out_tables, predicted_tflops, spread  # noqa: E402
+from lcmoe_recipes.cost.bands import (BORROWED_WIDENING, MEMORY_ERROR_BAND, MIN_STEP_SECONDS, STEP_ERROR_BAND, TRUSTED,
+                                      held_out_ratios)
+from lcmoe_recipes.calibration.fit_memory import leave_one_out_constants  # noqa: E402
+from lcmoe_recipes.calibration.fit_step import leave_one_out_tables, predicted_tflops, spread  # noqa: E402
 from lcmoe_recipes.cost.efficiency import BORROWED, FITTED, GPUS, KINDS, constant  # noqa: E402
 from lcmoe_recipes.cost.memory import CALIBRATED, GDN_MEASURED_RATIOS, estimate_memory  # noqa: E402
 
@@ -36,13 +36,13 @@ GOAL_STEP, GOAL_MEMORY = 0.15, 0.10
 
 def upstream_estimate(plan) -> float:
     """megatron-bridge 0.6.2 ``estimate_training_memory(...).total_memory_bytes`` for the plan's ConfigContainer."""
-    from lcmoe_recipes.emit import build_config
+    from lcmoe_recipes.emit import config_from_plan
     from lcmoe_recipes.emit.stack import quiet_upstream
     from lcmoe_recipes.emit.target import target_environment
     from megatron.bridge.training.config import runtime_config_update
     from megatron.bridge.training.utils.theoretical_memory_utils import estimate_training_memory
 
-    cfg = copy.deepcopy(build_config(plan, validate=False, quiet=True))
+    cfg = copy.deepcopy(config_from_plan(plan, validate=False, quiet=True))
     with target_environment(plan.hardware_spec, plan.layout.world), quiet_upstream():
         runtime_config_update(cfg)
         return estimate_training_memory(cfg, num_microbatches=plan.num_microbatches).total_memory_bytes

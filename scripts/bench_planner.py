@@ -43,8 +43,8 @@ def worker(mode: str, model: str, seq: int, hardware: str, gpus: int) -> None:
     if mode == "old":
         from lcmoe_recipes.planner import plan  # the module's name before the search was split out
     else:
-        from lcmoe_recipes.search import plan
-    from lcmoe_recipes.request import TrainingRequest
+        from lcmoe_recipes.planner.search import plan
+    from lcmoe_recipes.core.request import TrainingRequest
 
     imports = time.perf_counter() - t0
     request = TrainingRequest(model=model, seq_length=seq, hardware=hardware, num_gpus=gpus)

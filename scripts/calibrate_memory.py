@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from published import MEMORY_ROWS  # noqa: E402
 
-from lcmoe_recipes.cost.calibrate import fit, leave_one_out, mean_error  # noqa: E402
+from lcmoe_recipes.calibration.fit_memory import fit, leave_one_out, mean_error  # noqa: E402
 
 rows = {k: (r.plan, r.value) for k, r in MEMORY_ROWS.items() if r.fit}
 constants = fit(rows.values())

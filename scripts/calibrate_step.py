@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from published import MEMORY_ROWS, THROUGHPUT_ROWS  # noqa: E402
 
 from lcmoe_recipes.cost.bands import held_out_ratios, memory_band, step_band  # noqa: E402
-from lcmoe_recipes.cost.calibrate import leave_one_out as memory_leave_one_out  # noqa: E402
-from lcmoe_recipes.cost.calibrate_step import fit, leave_one_out, predicted_tflops  # noqa: E402
+from lcmoe_recipes.calibration.fit_memory import leave_one_out as memory_leave_one_out  # noqa: E402
+from lcmoe_recipes.calibration.fit_step import fit, leave_one_out, predicted_tflops  # noqa: E402
 
 fit_rows = {k: (r.plan, r.comparable) for k, r in THROUGHPUT_ROWS.items() if r.fit}
 table = fit(fit_rows.values())

@@ -16,10 +16,10 @@ from pathlib import Path
 from _generated import generated_main
 
 from lcmoe_recipes.errors import InfeasibleConfig
-from lcmoe_recipes.report import TABLE_COLUMNS, format_table, table_rows
-from lcmoe_recipes.ranks import placement
-from lcmoe_recipes.request import TrainingRequest
-from lcmoe_recipes.search import plan
+from lcmoe_recipes.report.text import TABLE_COLUMNS, format_table, table_rows
+from lcmoe_recipes.core.ranks import placement
+from lcmoe_recipes.core.request import TrainingRequest
+from lcmoe_recipes.planner.search import plan
 
 ROOT = Path(__file__).resolve().parent.parent
 MD, CSV = ROOT / "docs" / "mesh_decision_table.md", ROOT / "docs" / "mesh_decision_table.csv"

@@ -87,10 +87,10 @@ def upstream_flops_per_token(formula, plan) -> float:
     """``formula``'s model FLOPs per token (forward + backward) for ``plan``'s model, MTP and seq_length."""
     from published import _plan
 
-    from lcmoe_recipes.emit import build_config
+    from lcmoe_recipes.emit import config_from_plan
 
     probe = _plan("flops", plan.model, plan.hardware, 8, plan.seq_length, "bf16", 8, mtp=plan.mtp_num_layers)
-    cfg = build_config(probe, validate=False, quiet=True)
+    cfg = config_from_plan(probe, validate=False, quiet=True)
     try:
         return formula(cfg, 1) / plan.seq_length
     except ValueError:

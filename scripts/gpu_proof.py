@@ -16,7 +16,7 @@ job's steps would be):
 * ``all WORK OUT``: everything above for each proxy, then ``python -m lcmoe_recipes.train --metrics`` under torchrun,
   and the table in ``OUT`` (JSON).
 * ``ranks WORK OUT``: the most loaded rank of each named recipe at its full world size, alone on this GPU
-  (``python -m lcmoe_recipes.train --recipe NAME --as-rank R``, :mod:`lcmoe_recipes.emit.rank_run`): torch's peak
+  (``python -m lcmoe_recipes.train --recipe NAME --as-rank R``, :mod:`lcmoe_recipes.emit.probe.rank_run`): torch's peak
   allocated / reserved beside our prediction for that rank, as JSON in ``OUT``; a rank predicted larger than this
   GPU, or one that needs Transformer Engine where it is absent, is recorded as skipped with the reason.
 """
@@ -68,7 +68,7 @@ def build_data(folder: Path, vocab_size: int) -> Path:
 
 
 def write_hf(model: str, folder: Path) -> None:
-    from lcmoe_recipes.emit.weights import write_random_hf_checkpoint
+    from lcmoe_recipes.emit.convert import write_random_hf_checkpoint
 
     spec = get_model(model)
     write_random_hf_checkpoint({**spec.config, "torch_dtype": "float32"}, spec.hf_config_class, folder)
@@ -115,8 +115,8 @@ def logits(model: str, hf: Path, megatron: Path) -> dict:
 def proof_plan(model: str, seq_length: int, global_batch_size: int):
     """The proxy planned by our planner for 1 x H200 in BF16 with the all-to-all dispatcher (no DeepEP/HybridEP
     and no FP8 without Transformer Engine)."""
-    from lcmoe_recipes.search import plan
-    from lcmoe_recipes.request import TrainingRequest
+    from lcmoe_recipes.planner.search import plan
+    from lcmoe_recipes.core.request import TrainingRequest
 
     return plan(TrainingRequest(model=model, seq_length=seq_length, hardware="h200", num_gpus=1, precision="bf16",
                                 dispatcher="alltoall", global_batch_size=global_batch_size)).best.plan
@@ -131,7 +131,7 @@ def proof_config(model: str, yaml_path: Path, pretrained: Path | None, steps: in
     from lcmoe_recipes.emit.stack import te_installed
 
     plan = proof_plan(model, seq_length, global_batch_size)
-    cfg = emit.build_config(plan, validate=False, quiet=True)
+    cfg = emit.config_from_plan(plan, validate=False, quiet=True)
     changes = [] if te_installed() else use_local_implementation(cfg.model, drop_mtp=drop_mtp)
     cfg.train.train_iters = steps
     cfg.scheduler.lr_warmup_iters = min(2, steps - 1)
@@ -250,7 +250,7 @@ def rank_jobs(recipes: list[str], gpu_bytes: int, te: bool) -> list[dict]:
     Transformer Engine where ``te`` is False)."""
     from lcmoe_recipes import recipe_plan
     from lcmoe_recipes.cost import estimate_memory
-    from lcmoe_recipes.emit.rank_run import most_loaded_rank
+    from lcmoe_recipes.emit.probe.rank_run import most_loaded_rank
 
     jobs = []
     for name in recipes:

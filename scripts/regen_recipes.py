@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def emit_all(folder: Path) -> dict[str, Path]:
     """Write every named recipe's YAML into ``folder``; returns name -> path."""
     from lcmoe_recipes import NAMED_RECIPES, recipe_plan
-    from lcmoe_recipes.emit import build_config, target_meta, write_yaml
+    from lcmoe_recipes.emit import config_from_plan, target_meta, write_yaml
 
     out = {}
     for name in NAMED_RECIPES:
         plan = recipe_plan(name)
-        cfg = build_config(plan, quiet=True)
+        cfg = config_from_plan(plan, quiet=True)
         out[name] = write_yaml(cfg, folder / f"{name}.yaml", target_meta(plan))
     return out
 

@@ -5,7 +5,7 @@ adding GPUs stops paying.
     python scripts/scaling_report.py           # rewrite both files
     python scripts/scaling_report.py --check   # exit 1 if either is not what the code gives now
 
-Everything in the page is computed here from the search (lcmoe_recipes.search), the cost model and the batch rule
+Everything in the page is computed here from the search (lcmoe_recipes.planner.search), the cost model and the batch rule
 (lcmoe_recipes.rules.batch.tokens_per_step), so a change to any of them is one command away from a current page.
 """
 
@@ -21,9 +21,9 @@ from _generated import write_or_check
 from lcmoe_recipes.catalog import get_hardware, get_model
 from lcmoe_recipes.cost.shapes import shapes
 from lcmoe_recipes.errors import InfeasibleConfig
-from lcmoe_recipes.request import TrainingRequest
+from lcmoe_recipes.core.request import TrainingRequest
 from lcmoe_recipes.rules.batch import tokens_per_step
-from lcmoe_recipes.search import plan
+from lcmoe_recipes.planner.search import plan
 
 ROOT = Path(__file__).resolve().parent.parent
 MD, PNG = ROOT / "docs" / "scaling.md", ROOT / "docs" / "scaling.png"
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
                   "python scripts/scaling_report.py")
             return 1
         return code
-    from lcmoe_recipes.plots import plot_scaling
+    from lcmoe_recipes.report.plots import plot_scaling
 
     plot_scaling(plotted, PNG, digest)
     print(f"wrote {PNG.relative_to(ROOT)}")

@@ -13,12 +13,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a
 def configs():
     """name -> (Plan, ConfigContainer) for every named recipe, each validated for its target."""
     from lcmoe_recipes import NAMED_RECIPES, recipe_plan
-    from lcmoe_recipes.emit import build_config
+    from lcmoe_recipes.emit import config_from_plan
 
     out = {}
     for name in NAMED_RECIPES:
         plan = recipe_plan(name)
-        out[name] = (plan, build_config(plan, quiet=True))
+        out[name] = (plan, config_from_plan(plan, quiet=True))
     return out
 
 
@@ -46,7 +46,7 @@ def nemorun_home():
 
     from nemo_run import config
 
-    from lcmoe_recipes.job_checks import NODE_LOCAL_PREFIXES
+    from lcmoe_recipes.jobs.job_checks import NODE_LOCAL_PREFIXES
 
     base = Path(__file__).resolve().parent.parent / "out"
     if any(str(base) == p or str(base).startswith(p + "/") for p in NODE_LOCAL_PREFIXES):

@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 
 from published_flops import FLOPS_CONVENTION
 
-from lcmoe_recipes.layout import ParallelLayout
-from lcmoe_recipes.plan import Plan
+from lcmoe_recipes.core.layout import ParallelLayout
+from lcmoe_recipes.core.plan import Plan
 
 GB, GIB = 1e9, 2**30
 
@@ -159,7 +159,7 @@ def _named(name: str, **changes) -> Plan:
 
 
 def _report_rows():
-    from lcmoe_recipes.plan import build_pipeline_layout
+    from lcmoe_recipes.core.pipeline import build_pipeline_layout
 
     d1 = _plan("D1", "dsv3", "gb200", 256, 4096, "bf16", 4096, pp=4, vpp=4, ep=64, mtp=1)
     d1 = d1.with_changes(pipeline_model_parallel_layout=build_pipeline_layout(61, 16, 1))
@@ -195,7 +195,7 @@ _QNEXT = ("only CP published: our recipe's TP1 PP2 VPP4 EP16, the library recipe
 
 
 def _qwen3_next(name: str) -> Plan:
-    from lcmoe_recipes.plan import build_pipeline_layout
+    from lcmoe_recipes.core.pipeline import build_pipeline_layout
 
     plan = _named(name)
     return plan.with_changes(recompute_modules=("layernorm", "moe", "moe_act"), recompute_granularity="selective",

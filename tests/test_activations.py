@@ -1,5 +1,5 @@
 """Our per-layer activation table (lcmoe_recipes.cost.memory) against the bytes one real megatron-core layer keeps for
-its backward pass, measured on this CPU (lcmoe_recipes.emit.activations): dense MLP, MoE with shared experts, MLA
+its backward pass, measured on this CPU (lcmoe_recipes.emit.probe.activations): dense MLP, MoE with shared experts, MLA
 and GQA attention (with q/k norms), with and without each recompute module, at TP 1 and 2 (sequence parallel).
 
 Equal to the byte, except for two named differences:
@@ -24,8 +24,8 @@ ROUTING = 0.015  # MoE layers: measured / table - 1 in [0, ROUTING) (module doc)
 @pytest.fixture(scope="module")
 def plans():
     from lcmoe_recipes.emit.stack import load_bridge
-    from lcmoe_recipes.request import TrainingRequest
-    from lcmoe_recipes.search import plan as search
+    from lcmoe_recipes.core.request import TrainingRequest
+    from lcmoe_recipes.planner.search import plan as search
 
     load_bridge(quiet=True)
     return {model: search(TrainingRequest(model=model, seq_length=4096, hardware="h200", num_gpus=1,
@@ -34,7 +34,7 @@ def plans():
 
 
 def _measure(plans, model, layer, tp=1, *modules):
-    from lcmoe_recipes.emit.activations import measure_layer
+    from lcmoe_recipes.emit.probe.activations import measure_layer
 
     return measure_layer(plans[model], layer, tokens=256, tp=tp, granularity="selective" if modules else None,
                          modules=modules)
@@ -92,7 +92,7 @@ def test_gqa_layernorm_recompute_differs_only_by_the_fused_input_norm(plans):
 
 
 def test_what_needs_transformer_engine_is_refused(plans):
-    from lcmoe_recipes.emit.activations import NotMeasurable
+    from lcmoe_recipes.emit.probe.activations import NotMeasurable
     from lcmoe_recipes.emit.stack import te_installed
 
     if te_installed():

@@ -1,5 +1,8 @@
-"""The import rule of docs/architecture.md: every module sits on one floor and imports only from its own floor or
-below; no module imports itself back through others (no import circles); nothing below the commands sees argparse.
+"""The import rule of docs/architecture.md: every module sits in one room (a folder) on one floor and imports only from
+its own room or a lower floor -- never from a room beside it on the same floor; no module imports itself back through
+others (no import circles, of modules or of rooms); nothing below the commands sees argparse; torch, megatron, nemo_run
+and Transformer Engine are imported only in ``emit/`` and ``jobs/``, and importing the package, the planner or the
+report loads none of them.
 
 Imports are read from the source (``ast``), lazy ones inside functions included: a lazy import is still a
 dependency. ``from pkg import name`` counts as an import of ``pkg.name`` when that is a module, else of ``pkg``.
@@ -8,7 +11,8 @@ dependency. ``from pkg import name`` counts as an import of ``pkg.name`` when th
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,21 +20,28 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = "lcmoe_recipes"
 
-# Floors, bottom first. A module's floor is that of the longest prefix listed here.
+DOORS = ("launch", "plan", "check", "calibrate", "train", "convert")  # root modules in the cli room
+# Floors, bottom first; a floor may hold several rooms (folders), which never import each other. A module's room is
+# that of the longest prefix listed here. The command doors at the package root (``python -m lcmoe_recipes.launch``,
+# ``.plan``, ``.check``, ``.calibrate``, ``.train``, ``.convert``) are on the commands' floor.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("errors", "catalog", "layout", "ranks", "plan", "metrics")),
+    ("errors", ("errors",)),
+    ("catalog", ("catalog",)),
+    ("core", ("core",)),
     ("cost", ("cost",)),
-    ("request", ("request",)),
-    ("rules", ("rules",)),
-    ("checks", ("checks", "job_paths", "checkpoint_folders")),
-    ("planner", ("search", "recipes", "retarget", "compare", "report", "explain", "plots", "calibration")),
+    ("rules, calibration", ("rules", "calibration")),
+    ("checks", ("checks",)),
     ("emit", ("emit",)),
-    ("resolve", ("resolve", "examine")),
-    ("launch", ("launch", "executors", "job_checks", "overlay", "kubeflow")),
-    ("cli", ("cli", "train", "convert", "check", "calibrate", "plan.__main__", "launch.__main__")),
+    ("planner", ("planner",)),
+    ("report, jobs", ("report", "jobs")),
+    ("cli", ("cli",) + DOORS),
 ]
 # The package itself is the public facade: it may import anything, and nothing inside the package imports it.
 FACADE = PACKAGE
+# Where torch, megatron, nemo_run and Transformer Engine may be imported (inside functions: importing the package loads
+# none of them).
+HEAVY = ("torch", "megatron", "nemo_run", "transformer_engine")
+HEAVY_ROOMS = ("emit", "jobs")
 
 
 def _modules() -> dict[str, Path]:
@@ -70,19 +81,24 @@ def _imports(module: str, path: Path) -> set[str]:
 GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 
 
-def floor_of(module: str) -> int:
-    """Index in FLOORS of ``module`` (``lcmoe_recipes.x.y``); the facade is above every floor."""
+def room_of(module: str) -> tuple[int, str]:
+    """(index in FLOORS, room prefix) of ``module`` (``lcmoe_recipes.x.y``); the facade is above every floor."""
     if module == FACADE:
-        return len(FLOORS)
+        return len(FLOORS), FACADE
     name = module.removeprefix(PACKAGE + ".")
-    best, floor = -1, None
+    best, found = -1, None
     for index, (_, prefixes) in enumerate(FLOORS):
         for prefix in prefixes:
             if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
-                best, floor = len(prefix), index
-    if floor is None:
+                best, found = len(prefix), (index, prefix)
+    if found is None:
         raise AssertionError(f"{module} is on no floor: add it to FLOORS (and docs/architecture.md)")
-    return floor
+    return (found[0], "cli") if found[1] in DOORS else found
+
+
+def floor_of(module: str) -> int:
+    """Index in FLOORS of ``module``; the facade is above every floor."""
+    return room_of(module)[0]
 
 
 def test_every_module_has_a_floor():
@@ -90,10 +106,22 @@ def test_every_module_has_a_floor():
         floor_of(module)
 
 
+def _where(module: str) -> str:
+    return "facade" if module == FACADE else f"{room_of(module)[1]} on floor {FLOORS[floor_of(module)][0]}"
+
+
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    """Every import of a module on a higher floor, as 'a (floor) imports b (floor)'."""
-    return [f"{m} ({FLOORS[floor_of(m)][0]}) imports {t} ({FLOORS[floor_of(t)][0] if t != FACADE else 'facade'})"
-            for m, targets in graph.items() if m != FACADE for t in sorted(targets) if floor_of(t) > floor_of(m)]
+    """Every import of a module on a higher floor, or in another room of the same floor, as 'a (room) imports b
+    (room)'."""
+    out = []
+    for m, targets in graph.items():
+        if m == FACADE:
+            continue
+        for t in sorted(targets):
+            (fm, rm), (ft, rt) = room_of(m), room_of(t)
+            if ft > fm or (ft == fm and rt != rm):
+                out.append(f"{m} ({_where(m)}) imports {t} ({_where(t)})")
+    return out
 
 
 def test_imports_only_run_down():
@@ -152,11 +180,76 @@ def test_no_argparse_below_the_commands(module):
 
 
 def test_the_rules_see_violations():
-    """The checkers themselves: an upward import and a circle are reported (so the rules cannot pass vacuously)."""
+    """The checkers themselves: an upward import, an import between the rooms of one floor, a circle and a heavy
+    import are reported (so the rules cannot pass vacuously)."""
     checks, cli = f"{PACKAGE}.checks.feasibility", f"{PACKAGE}.cli.launch"
-    assert upward_imports({checks: {cli}}) == [f"{checks} (checks) imports {cli} (cli)"]
+    report, jobs = f"{PACKAGE}.report.text", f"{PACKAGE}.jobs.submit"
+    assert upward_imports({checks: {cli}}) == [f"{checks} (checks on floor checks) imports {cli} (cli on floor cli)"]
     assert upward_imports({cli: {checks}}) == []
+    assert upward_imports({report: {jobs}}) == [f"{report} (report on floor report, jobs) imports {jobs} (jobs on "
+                                                "floor report, jobs)"]
+    assert upward_imports({f"{PACKAGE}.launch": {jobs}}) == []  # a command door calls the library below it
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert heavy_imports({f"{PACKAGE}.cost.step": "def f():\n    import torch.distributed\n"}) == [
+        f"{PACKAGE}.cost.step imports torch.distributed"]
+    assert heavy_imports({f"{PACKAGE}.emit.stack": "import megatron.bridge\n"}) == []
+
+
+def rooms_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The imports between rooms (folders): room -> the rooms its modules import."""
+    out: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        if m == FACADE:
+            continue
+        room = room_of(m)[1]
+        out.setdefault(room, set()).update(room_of(t)[1] for t in targets if t != FACADE and room_of(t)[1] != room)
+    return out
+
+
+def test_no_circles_between_rooms():
+    """Folders too: no room imports a room that imports it back (through any path)."""
+    assert _cycles(rooms_graph(GRAPH)) == []
+
+
+def heavy_imports(sources: dict[str, str]) -> list[str]:
+    """Every import of torch, megatron, nemo_run or Transformer Engine outside emit/ and jobs/, as 'module imports
+    name' (``sources``: module -> its text)."""
+    out = []
+    for module, text in sources.items():
+        room = module.removeprefix(PACKAGE + ".").split(".")[0]
+        if room in HEAVY_ROOMS:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            out += [f"{module} imports {n}" for n in names if n.split(".")[0] in HEAVY]
+    return out
+
+
+def test_heavy_packages_only_in_emit_and_jobs():
+    assert heavy_imports({m: p.read_text(encoding="utf-8") for m, p in MODULES.items()}) == []
+
+
+def test_importing_the_package_planner_and_report_loads_no_heavy_package():
+    """In a fresh interpreter: the facade, every module of the planner and of the report, and a plan made and
+    explained, leave torch, megatron, nemo_run and Transformer Engine unimported."""
+    light = sorted(m for m in MODULES if room_of(m)[1] in ("planner", "report") or m == FACADE)
+    code = ("import importlib, sys\n"
+            f"for m in {light!r}:\n    importlib.import_module(m)\n"
+            "from lcmoe_recipes import recipe_plan\n"
+            "from lcmoe_recipes.report.explain import explain_text\n"
+            "explain_text(recipe_plan('qwen3_next_8k_gb200'))\n"
+            f"print(sorted(h for h in {HEAVY!r} if h in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_importing_emit_changes_no_import_machinery():
+    code = ("import sys\nbefore = list(sys.meta_path)\nimport lcmoe_recipes.emit, lcmoe_recipes.jobs.prepare\n"
+            "print(sys.meta_path == before)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
 
 
 def test_architecture_doc_lists_the_floors():
@@ -165,3 +258,27 @@ def test_architecture_doc_lists_the_floors():
         assert f"**{name}**" in text, name
         for prefix in prefixes:
             assert f"`{prefix}`" in text, prefix
+
+
+def test_package_root_keeps_the_public_api_and_the_command_doors():
+    """The root holds the facade, the errors and one door per command (each only runs its cli module)."""
+    doors = set(DOORS)
+    root = {p.stem for p in (SRC / PACKAGE).glob("*.py")}
+    assert root == doors | {"__init__", "errors"}
+    for door in doors - {"launch"}:
+        assert GRAPH[f"{PACKAGE}.{door}"] == {f"{PACKAGE}.cli.{door}"}, door
+    assert {m.rsplit(".", 1)[0] for m in GRAPH[f"{PACKAGE}.launch"]} <= {f"{PACKAGE}.cli", f"{PACKAGE}.jobs",
+                                                                        f"{PACKAGE}.jobs.executors"}
+
+
+def test_init_files_hold_no_code():
+    """A package's ``__init__`` holds its docstring and re-exports, nothing that runs (the facade aside)."""
+    for module, path in MODULES.items():
+        if path.name != "__init__.py" or module == FACADE:
+            continue
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        kinds = {type(node).__name__ for node in body[1:]}
+        assert kinds <= {"ImportFrom", "Import", "Assign"}, (module, kinds)
+        for node in body:
+            if isinstance(node, ast.Assign):
+                assert [t.id for t in node.targets] == ["__all__"], module

@@ -1,4 +1,4 @@
-"""The real-model build (lcmoe_recipes.emit.build): every named recipe, a `--from` retarget and planner outputs across
+"""The real-model build (lcmoe_recipes.emit.probe.build): every named recipe, a `--from` retarget and planner outputs across
 the catalogue, built by megatron-core at their full world size on this CPU, and our memory model's parameter and
 gradient bytes equal to the built model's for every stage -- or the difference named here.
 
@@ -43,11 +43,12 @@ RETARGET = ("qwen3_30b_a3b_pretrain_64gpu_b200_bf16_config", "b200", 64, 131072)
 @pytest.fixture(scope="module")
 def built(configs):
     """name -> (BuildReport, seconds, Plan) for every named recipe, the retarget and every planner output."""
-    from lcmoe_recipes import build_recipe, resolve
-    from lcmoe_recipes.emit import build_config
-    from lcmoe_recipes.emit.build import build_ranks
-    from lcmoe_recipes.request import TrainingRequest
-    from lcmoe_recipes.search import plan as search
+    from lcmoe_recipes import build_recipe
+    from lcmoe_recipes.planner import resolve
+    from lcmoe_recipes.emit import config_from_plan
+    from lcmoe_recipes.emit.probe.build import build_ranks
+    from lcmoe_recipes.core.request import TrainingRequest
+    from lcmoe_recipes.planner.search import plan as search
 
     out = {}
 
@@ -63,7 +64,7 @@ def built(configs):
     build("retargeted", resolve(request), build_recipe(request), hardware, gpus)
     for model, gpus, hardware, seq in PLANNED:
         plan = search(TrainingRequest(model=model, seq_length=seq, hardware=hardware, num_gpus=gpus)).best.plan
-        build(_name(model, gpus, hardware, seq), plan, build_config(plan, validate=False, quiet=True), hardware, gpus)
+        build(_name(model, gpus, hardware, seq), plan, config_from_plan(plan, validate=False, quiet=True), hardware, gpus)
     return out
 
 
@@ -128,7 +129,7 @@ def test_retargeted_config_builds(built):
 def test_local_mla_down_projections_are_the_one_named_difference(built):
     """DeepSeek-V3 at TP2 without TE: the built model holds 1/TP of each MLA down projection; the report names the
     rest, (TP - 1)/TP x h x (q_lora + kv_lora + rope dim) per layer, bf16, from config.json."""
-    from lcmoe_recipes.emit.build import LOCAL_MLA_DOWN
+    from lcmoe_recipes.emit.probe.build import LOCAL_MLA_DOWN
 
     report, _, plan = built[_name("deepseek_v3", 64, "b200", 32768)]
     assert plan.layout.tp == 2
@@ -157,7 +158,7 @@ def test_a_config_that_cannot_be_built_names_the_stage_line_and_fix(configs):
     """A vocabulary that does not split over TP passes validation and fails when the embedding is built."""
     import copy
 
-    from lcmoe_recipes.emit.build import build_ranks
+    from lcmoe_recipes.emit.probe.build import build_ranks
 
     plan, cfg = configs["qwen3_235b_128k_gb200"]
     bad = copy.deepcopy(cfg)
@@ -179,7 +180,7 @@ def test_the_build_leaves_no_global_state(built):
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
-    from lcmoe_recipes.emit import build_substitutions as subs
+    from lcmoe_recipes.emit.probe import substitutions as subs
 
     assert not dist.is_initialized() and not parallel_state.model_parallel_is_initialized()
     assert MoEAlltoAllTokenDispatcher.cuda_dtoh_stream is None
@@ -193,7 +194,7 @@ def test_the_build_leaves_no_global_state(built):
 def test_every_stand_in_still_matches_upstream():
     """Each named line reads as the stand-in expects and each re-implemented function hashes as written: a change in
     megatron-core / megatron-bridge fails here instead of rotting in the build."""
-    from lcmoe_recipes.emit import build_substitutions as subs
+    from lcmoe_recipes.emit.probe import substitutions as subs
 
     assert subs.mismatches(list(subs.SUBSTITUTIONS)) == []
     assert {s.name for s in subs.SUBSTITUTIONS} == {
@@ -204,7 +205,7 @@ def test_every_stand_in_still_matches_upstream():
 def test_a_changed_upstream_line_is_caught():
     import dataclasses
 
-    from lcmoe_recipes.emit import build_substitutions as subs
+    from lcmoe_recipes.emit.probe import substitutions as subs
 
     sub = subs.SUBSTITUTIONS[0]
     moved = dataclasses.replace(sub, sites=(dataclasses.replace(sub.sites[0], line=sub.sites[0].line + 1),))
@@ -223,7 +224,7 @@ def test_stand_ins_answer_only_at_their_lines():
     torch.cuda.current_device (which fails here: no GPU)."""
     import torch
 
-    from lcmoe_recipes.emit import build_substitutions as subs
+    from lcmoe_recipes.emit.probe import substitutions as subs
 
     meta = next(s for s in subs.SUBSTITUTIONS if s.name == "meta-device")
     real = torch.cuda.current_device
@@ -240,7 +241,7 @@ def test_cp_index_stand_in_selects_what_upstream_selects():
     upstream's arithmetic, for every CP rank of CP4."""
     import torch
 
-    from lcmoe_recipes.emit.build_substitutions import _pos_emb_on_this_cp_rank
+    from lcmoe_recipes.emit.probe.substitutions import _pos_emb_on_this_cp_rank
 
     class Group:
         def __init__(self, rank, size):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lcmoe_recipes import recipe_plan
-from lcmoe_recipes.calibrate import main
+from lcmoe_recipes.cli.calibrate import main
 from lcmoe_recipes.calibration import (CalibrationError, calibrate, calibration_run_plan, parse_log, read_log,
                                        read_profile, write_profile)
 from lcmoe_recipes.cost import estimate_memory, estimate_step
@@ -135,8 +135,8 @@ def test_calibration_run_keeps_the_per_gpu_shapes():
 def test_replan_with_a_profile():
     """The search ranks and fits with the profile's constants: every candidate's step is estimate_step with them,
     and the bounds still never cut what the exhaustive search keeps."""
-    from lcmoe_recipes.request import TrainingRequest
-    from lcmoe_recipes.search import plan
+    from lcmoe_recipes.core.request import TrainingRequest
+    from lcmoe_recipes.planner.search import plan
 
     profile = calibrate([(PLAN, read_log(BRIDGE), "qwen3_235b_128k_gb200")])
     request = TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=128)

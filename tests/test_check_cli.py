@@ -101,7 +101,7 @@ def test_check_of_a_plan_is_fast_and_light():
 
 def test_memory_that_does_not_fit_is_an_error(capsys):
     from lcmoe_recipes import recipe_plan
-    from lcmoe_recipes.cost import memory_findings
+    from lcmoe_recipes.checks.memory import memory_findings
 
     # 160.3 GiB of the 164.6 GiB limit: it fits, with less free than the memory model's worst error (8% = 13.2 GiB)
     (thin,) = memory_findings(recipe_plan("qwen3_235b_128k_gb200"))

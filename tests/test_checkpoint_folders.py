@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from lcmoe_recipes.catalog import get_model
-from lcmoe_recipes.checkpoint_folders import (CheckpointError, check_hf_folder, check_megatron_checkpoint,
-                                              matching_models, megatron_architecture, read_megatron_checkpoint)
-from lcmoe_recipes.convert import main as convert_main
+from lcmoe_recipes.checks.weights import (CheckpointError, check_hf_folder, check_megatron_checkpoint, matching_models,
+                                          megatron_architecture, read_megatron_checkpoint)
+from lcmoe_recipes.cli.convert import main as convert_main
 
 
 def hf_folder(path: Path, config: dict, weights: bool = True) -> Path:

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from lcmoe_recipes.cli.launch import main
-from lcmoe_recipes.launch import torchrun_command
+from lcmoe_recipes.jobs.prepare import torchrun_command
 from lcmoe_recipes.errors import LcmoeError
 
 

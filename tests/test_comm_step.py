@@ -121,7 +121,7 @@ def test_every_constant_fitted_or_borrowed_with_a_reason():
 
 
 def test_constants_are_the_fit():
-    from lcmoe_recipes.cost.calibrate_step import fit
+    from lcmoe_recipes.calibration.fit_step import fit
 
     assert fit(FIT.values()) == FITTED  # rerun scripts/calibrate_step.py when the model changes
 
@@ -140,7 +140,7 @@ def test_trend_across_lengths_comes_from_the_physics():
 @pytest.mark.slow
 def test_leave_one_out_throughput():
     """Each fit row predicted with its GPU's constants fitted without it: the spread docs/accuracy.md reports."""
-    from lcmoe_recipes.cost.calibrate_step import leave_one_out
+    from lcmoe_recipes.calibration.fit_step import leave_one_out
 
     ratios = leave_one_out(FIT)
     assert set(ratios) == set(FIT)

@@ -100,7 +100,8 @@ def test_phases_on_slurm_chain_name_and_time(tmp_path, monkeypatch, capsys, nemo
     # the second phase's job waits for the first (NeMo-Run quotes the value)
     assert "#SBATCH --dependency='afterok:<job id of qwen3_30b_32k_64xh100-phase1>'" in out
     assert out.count("  phase: 1000 steps x ") == 2 and "time/phase-long" in out  # each phase's wall clock, 1 h budget
-    from lcmoe_recipes import TrainingRequest, phase_requests, resolve
+    from lcmoe_recipes import TrainingRequest, phase_requests
+    from lcmoe_recipes.planner import resolve
     from lcmoe_recipes.cost.wallclock import save_intervals
 
     first = resolve(phase_requests(TrainingRequest(model="qwen3_30b", phases=(32768, 65536), num_gpus=64,

@@ -53,7 +53,7 @@ def one_rank():
 
 @pytest.fixture(scope="module")
 def tiny_folders(tmp_path_factory):
-    from lcmoe_recipes.emit.weights import write_random_hf_checkpoint
+    from lcmoe_recipes.emit.convert import write_random_hf_checkpoint
 
     root = tmp_path_factory.mktemp("tiny_hf")
     return {name: write_random_hf_checkpoint(config, cls, root / name) for name, (cls, config) in TINY.items()}
@@ -63,7 +63,7 @@ def test_qwen3_moe_converts_exactly(one_rank, tiny_folders):
     from safetensors.torch import load_file
 
     from lcmoe_recipes.emit.stack import te_installed
-    from lcmoe_recipes.emit.weights import load_hf_model
+    from lcmoe_recipes.emit.convert import load_hf_model
 
     folder = tiny_folders["qwen3_moe"]
     bridge, model, changes = load_hf_model(folder, overrides={"moe_token_dispatcher_type": "allgather"})
@@ -82,7 +82,7 @@ def test_qwen3_moe_converts_exactly(one_rank, tiny_folders):
 def test_deepseek_v3_mtp_needs_transformer_engine(one_rank, tiny_folders):
     from lcmoe_recipes.emit.local_impl import NeedsTransformerEngine
     from lcmoe_recipes.emit.stack import te_installed
-    from lcmoe_recipes.emit.weights import load_hf_model
+    from lcmoe_recipes.emit.convert import load_hf_model
 
     if te_installed():
         pytest.skip("with Transformer Engine the MTP layers build (on a GPU)")
@@ -94,7 +94,7 @@ def test_deepseek_v3_mtp_needs_transformer_engine(one_rank, tiny_folders):
 def test_qwen3_next_needs_transformer_engine(one_rank, tiny_folders):
     from lcmoe_recipes.emit.local_impl import NeedsTransformerEngine
     from lcmoe_recipes.emit.stack import te_installed
-    from lcmoe_recipes.emit.weights import load_hf_model
+    from lcmoe_recipes.emit.convert import load_hf_model
 
     if te_installed():
         pytest.skip("with Transformer Engine the gated-DeltaNet layers build")

@@ -132,9 +132,9 @@ def test_every_cited_file_exists():
 def test_every_reason_cites_what_a_user_can_open():
     """The reasons `--explain` prints, of every named recipe and of planned ones: no private note, and every file
     they name exists (as in the docs)."""
-    from lcmoe_recipes.recipes import NAMED_RECIPES, recipe_plan
-    from lcmoe_recipes.request import TrainingRequest
-    from lcmoe_recipes.search import plan
+    from lcmoe_recipes.planner.recipes import NAMED_RECIPES, recipe_plan
+    from lcmoe_recipes.core.request import TrainingRequest
+    from lcmoe_recipes.planner.search import plan
 
     plans = [recipe_plan(name) for name in NAMED_RECIPES]
     plans += [plan(TrainingRequest(model=m, seq_length=s, hardware=h, num_gpus=n)).best.plan

@@ -12,10 +12,10 @@ from lcmoe_recipes.catalog import get_hardware
 from lcmoe_recipes.errors import LaunchError, LcmoeError, OverrideError
 from pathlib import Path
 
-from lcmoe_recipes.executors import (LaunchResult, SlurmSettings, first_error_line, hint_for, nodes_for,
-                                     nvl72_segment)
+from lcmoe_recipes.jobs.executors.common import LaunchResult, first_error_line, hint_for, nodes_for
+from lcmoe_recipes.jobs.executors.slurm import SlurmSettings, nvl72_segment
 from lcmoe_recipes.cli.launch import main
-from lcmoe_recipes.launch import submit
+from lcmoe_recipes.jobs.submit import submit
 
 
 def sbatch_lines(script: str) -> dict[str, str]:

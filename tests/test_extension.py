@@ -40,8 +40,8 @@ def test_every_named_recipe_covers_its_seq_length(name):
 
 
 def test_planned_recipes_cover_their_seq_length():
-    from lcmoe_recipes.search import plan
-    from lcmoe_recipes.request import TrainingRequest
+    from lcmoe_recipes.planner.search import plan
+    from lcmoe_recipes.core.request import TrainingRequest
 
     rng = random.Random(7)
     for _ in range(6):
@@ -130,8 +130,8 @@ def test_extension_schedule_defaults_and_wishes():
 
 
 def test_planned_extension_keeps_the_base_models_precision():
-    from lcmoe_recipes.search import plan
-    from lcmoe_recipes.request import TrainingRequest
+    from lcmoe_recipes.planner.search import plan
+    from lcmoe_recipes.core.request import TrainingRequest
 
     best = plan(TrainingRequest(model="qwen3_30b", seq_length=65536, hardware="h100", num_gpus=64)).best.plan
     assert best.precision == "bf16" and "publishes no low-precision training" in best.reasons["precision"].why
@@ -172,7 +172,7 @@ def test_launch_from_hf_sets_the_weights_and_refuses_another_model(tmp_path, mon
 
 
 def test_entry_script_checks_the_weights_on_the_node(tmp_path):
-    from lcmoe_recipes.train import weights_problems
+    from lcmoe_recipes.jobs.node import weights_problems
 
     hf = _hf_folder(tmp_path)
     assert weights_problems({"from_hf": str(hf)}, "dsv3") == []

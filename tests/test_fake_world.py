@@ -1,4 +1,4 @@
-"""The ``mirror`` torch.distributed backend (lcmoe_recipes.emit.fake_world): each collective answers as if every
+"""The ``mirror`` torch.distributed backend (lcmoe_recipes.emit.probe.fake_world): each collective answers as if every
 other rank were a copy of this one, without communicating -- what the one-GPU rank measurement and the activation
 harness run on."""
 
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def rank3_of_8():
-    from lcmoe_recipes.emit.fake_world import fake_world
+    from lcmoe_recipes.emit.probe.fake_world import fake_world
 
     with fake_world(8, 3, backend="mirror"):
         yield
@@ -73,7 +73,7 @@ def test_pipeline_receives_zeros_and_groups_are_subsets(rank3_of_8):
 
 
 def test_a_world_is_refused_when_one_is_up():
-    from lcmoe_recipes.emit.fake_world import fake_world
+    from lcmoe_recipes.emit.probe.fake_world import fake_world
     from lcmoe_recipes.errors import LcmoeError
 
     with fake_world(2, 0):

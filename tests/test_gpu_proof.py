@@ -20,7 +20,8 @@ import gpu_proof  # noqa: E402
 
 def test_proxies_are_plannable_on_one_h200():
     from lcmoe_recipes.checks import check_plan
-    from lcmoe_recipes.cost import estimate_memory, memory_findings
+    from lcmoe_recipes.cost import estimate_memory
+    from lcmoe_recipes.checks.memory import memory_findings
 
     for model in gpu_proof.PROXIES:
         plan = gpu_proof.proof_plan(model, 4096, 8)

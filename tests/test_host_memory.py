@@ -15,10 +15,11 @@ import pytest
 
 from lcmoe_recipes import NAMED_RECIPES, recipe_plan
 from lcmoe_recipes.catalog import hardware as hardware_catalog
-from lcmoe_recipes.cost import HOST_MARGIN, estimate_host_memory, host_findings
+from lcmoe_recipes.checks.memory import host_findings
+from lcmoe_recipes.cost import HOST_MARGIN, estimate_host_memory
 from lcmoe_recipes.cost.host import (MASK_BUILD_BYTES, MASK_BYTES, RANK_PROCESS_BYTES, loader_bytes_per_rank,
                                      optimizer_bytes_per_rank, pinned_rounding, sample_bytes)
-from lcmoe_recipes.explain import explain_json, explain_text
+from lcmoe_recipes.report.explain import explain_json, explain_text
 
 GIB = 2**30
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,8 +141,8 @@ def test_small_ram_system_refused_by_check(small_ram_h100, capsys):
 
 
 def test_planner_avoids_plans_that_overflow_host_ram(monkeypatch):
-    from lcmoe_recipes.search import plan as search
-    from lcmoe_recipes.request import TrainingRequest
+    from lcmoe_recipes.planner.search import plan as search
+    from lcmoe_recipes.core.request import TrainingRequest
 
     # a quarter of HBM kept free: the winner offloads half its optimizer state to the host (all of it while MLA's
     # activations were over-counted; 0.75 before the HBM budget priced the CUDA context and NCCL buffers)

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from lcmoe_recipes.errors import InfeasibleConfig, LcmoeError
-from lcmoe_recipes.executors import SlurmSettings
-from lcmoe_recipes.job_checks import (FINAL_SAVE_MARGIN_MIN, exit_duration, filesystem_of, job_folder_findings,
-                                      parse_mounts, slurm_job, slurm_minutes)
+from lcmoe_recipes.jobs.executors.slurm import SlurmSettings
+from lcmoe_recipes.jobs.job_checks import (FINAL_SAVE_MARGIN_MIN, exit_duration, filesystem_of, job_folder_findings,
+                                           parse_mounts, slurm_job, slurm_minutes)
 
 
 @pytest.mark.parametrize("text, minutes", [
@@ -198,7 +198,7 @@ def test_exit_duration_and_saves_in_the_job_folder(fresh_config):
 
 
 def test_training_time_against_the_slurm_limit():
-    from lcmoe_recipes.job_checks import training_time_finding
+    from lcmoe_recipes.jobs.job_checks import training_time_finding
 
     assert training_time_finding(100, 60.0, "04:00:00", chained=True) is None  # 100 min of 220
     one = training_time_finding(1000, 279.0, "04:00:00", chained=False)
@@ -209,7 +209,7 @@ def test_training_time_against_the_slurm_limit():
     assert one.fix == ("resubmit the same job until it finishes (it resumes from its saves), or give --time "
                        "3-05:50:00 or more (20 min for the final save included)")
     assert training_time_finding(1000, 279.0, "3-05:50:00", chained=True) is None
-    from lcmoe_recipes.job_checks import suggested_time
+    from lcmoe_recipes.jobs.job_checks import suggested_time
 
     assert suggested_time(180) == "03:20:00"  # 3 h of training: 3:00:00 would leave only 2 h 40 min
     assert training_time_finding(180, 60.0, suggested_time(180), chained=True) is None
@@ -220,7 +220,7 @@ def test_training_time_against_the_slurm_limit():
 
 
 def test_parent_mounts_cover_every_folder_with_one_mount_per_top_level_folder():
-    from lcmoe_recipes.job_checks import parent_mounts
+    from lcmoe_recipes.jobs.job_checks import parent_mounts
 
     assert parent_mounts(["/lustre/data/web", "/lustre/ckpt/run1", "/lustre/data/code"]) == ["/lustre:/lustre"]
     assert parent_mounts(["/lustre/me/ckpt", "/scratch/tok"]) == ["/lustre/me/ckpt:/lustre/me/ckpt",

@@ -63,7 +63,7 @@ def test_pretrained_checkpoint_on_the_cluster_only(fresh_config, tmp_path):
     """megatron-bridge's CheckpointConfig.finalize asserts the pretrained checkpoint exists; building for the target
     answers that probe as the cluster would, for that path only, and the job start checks it for real."""
     from lcmoe_recipes.emit.target import target_environment
-    from lcmoe_recipes.job_paths import problems_here
+    from lcmoe_recipes.jobs.node import problems_here
 
     plan, cfg = fresh_config("qwen3_next_8k_gb200")
     cfg.checkpoint.pretrained_checkpoint = "/lustre/ckpt/qwen3_next_base"
@@ -90,7 +90,7 @@ def test_pretrained_checkpoint_on_the_cluster_only(fresh_config, tmp_path):
 
 
 def test_checkpoint_load_of_a_hugging_face_folder(fresh_config, tmp_path):
-    from lcmoe_recipes.job_paths import problems_here
+    from lcmoe_recipes.jobs.node import problems_here
 
     plan, cfg = fresh_config("qwen3_next_8k_gb200")
     hf = hf_folder(tmp_path / "Qwen3-Next")
@@ -112,7 +112,7 @@ def test_checkpoint_load_of_a_hugging_face_folder(fresh_config, tmp_path):
 
 
 def test_data_and_tokenizer_checked_where_the_job_runs(fresh_config, tmp_path):
-    from lcmoe_recipes.job_paths import problems_here
+    from lcmoe_recipes.jobs.node import problems_here
 
     _, cfg = fresh_config("qwen3_next_8k_gb200")
     (tmp_path / "web_text_document.bin").write_bytes(b"")
@@ -137,7 +137,7 @@ def _free_port() -> int:
 
 def test_smoke_names_the_node_and_the_missing_path(tmp_path, capsys, monkeypatch):
     """--smoke on one rank (gloo, world size 1): the missing data prefix is named with the node, exit code 2."""
-    from lcmoe_recipes.train import main
+    from lcmoe_recipes.cli.train import main
 
     out = tmp_path / "n.yaml"
     assert launch_main(["qwen3_next_8k_gb200", "--data-path", "/data/web_text_document", "--tokenizer",

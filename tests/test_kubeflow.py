@@ -1,4 +1,4 @@
-"""Kubernetes through NeMo-Run's own KubeflowExecutor (lcmoe_recipes.kubeflow): the TrainJob NeMo-Run's dry run
+"""Kubernetes through NeMo-Run's own KubeflowExecutor (lcmoe_recipes.jobs.executors.kubeflow): the TrainJob NeMo-Run's dry run
 produces validates against the published Kubeflow Trainer CRD schema (vendored: tests/fixtures/kubeflow/SOURCE.md),
 with the target's nodes, GPUs, environment, shared volume, topology hint and exit before the time limit. No
 Kubernetes cluster is part of this: nothing is submitted."""
@@ -16,8 +16,8 @@ import yaml
 
 from lcmoe_recipes.emit import read_meta
 from lcmoe_recipes.errors import InfeasibleConfig, LcmoeError
-from lcmoe_recipes.kubeflow import (CLIQUE_LABEL, JOB_LABEL, TRAINER_VERSION, KubeflowSettings, check_kubeflow_settings,
-                                    kube_job_overrides, run_kubeflow)
+from lcmoe_recipes.jobs.executors.kubeflow import (CLIQUE_LABEL, JOB_LABEL, TRAINER_VERSION, KubeflowSettings,
+                                                   check_kubeflow_settings, kube_job_overrides, run_kubeflow)
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "tests" / "fixtures" / "kubeflow"

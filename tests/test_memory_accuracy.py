@@ -9,7 +9,7 @@ components, checked by hand, and the HBM budget outside the allocator.
 import pytest
 from published import MEMORY_ROWS, REPORT_ROWS
 
-from lcmoe_recipes.cost.calibrate import fit, leave_one_out
+from lcmoe_recipes.calibration.fit_memory import fit, leave_one_out
 from lcmoe_recipes.cost.memory import CALIBRATED, estimate_memory
 
 ROWS = {k: (r.plan, r.value) for k, r in MEMORY_ROWS.items()}
@@ -80,7 +80,7 @@ def test_needed_gemm_efficiency_hits_the_row():
 
     from published import THROUGHPUT_ROWS
 
-    from lcmoe_recipes.cost.calibrate_step import predicted_tflops
+    from lcmoe_recipes.calibration.fit_step import predicted_tflops
     from lcmoe_recipes.cost.efficiency import FITTED
 
     path = Path(__file__).resolve().parent.parent / "scripts" / "accuracy_report.py"
@@ -151,7 +151,7 @@ def test_fp8_weight_cache_and_graph_buffers():
 
 def test_gdn_ratios_quoted_are_the_report_rows():
     from lcmoe_recipes.cost.memory import GDN_MEASURED_RATIOS
-    from lcmoe_recipes.search import UNCALIBRATED_FACTOR
+    from lcmoe_recipes.planner.search import UNCALIBRATED_FACTOR
 
     ratios = [estimate_memory(REPORT_ROWS[r].plan).total / REPORT_ROWS[r].value for r in ("N1", "N2", "N3")]
     assert GDN_MEASURED_RATIOS == (round(min(ratios), 2), round(max(ratios), 2)) == (0.45, 0.78)
@@ -185,7 +185,8 @@ def test_hbm_budget_outside_the_allocator_by_hand():
 def test_memory_check_holds_the_whole_budget():
     """memory/exceeds-hbm fires on the allocator's peak plus what lives outside it, against 95% of HBM."""
     from lcmoe_recipes import recipe_plan
-    from lcmoe_recipes.cost import HBM_MARGIN, memory_findings
+    from lcmoe_recipes.core.plan import HBM_MARGIN
+    from lcmoe_recipes.checks.memory import memory_findings
 
     plan = recipe_plan("qwen3_235b_128k_gb200")
     m = estimate_memory(plan)

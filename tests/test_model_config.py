@@ -13,12 +13,12 @@ import pytest
 from lcmoe_recipes.catalog import get_model
 from lcmoe_recipes.catalog.architectures import supported_architectures
 from lcmoe_recipes.checks import check_plan
-from lcmoe_recipes.cost import memory_findings
+from lcmoe_recipes.checks.memory import memory_findings
 from lcmoe_recipes.cost.shapes import shapes
 from lcmoe_recipes.errors import LcmoeError, ModelConfigError
-from lcmoe_recipes.layout import ParallelLayout
-from lcmoe_recipes.search import plan
-from lcmoe_recipes.request import TrainingRequest
+from lcmoe_recipes.core.layout import ParallelLayout
+from lcmoe_recipes.planner.search import plan
+from lcmoe_recipes.core.request import TrainingRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,7 +157,7 @@ def test_cp_exchange_follows_features():
 
 
 def test_feature_not_modelled_is_said():
-    from lcmoe_recipes.cost import memory_findings as findings
+    from lcmoe_recipes.checks.memory import memory_findings as findings
 
     p = plan(TrainingRequest(model="minimax_m2", seq_length=32768, hardware="gb200", num_gpus=32)).best.plan
     warn = [f for f in findings(p) if f.rule == "model/feature-not-modelled"]
@@ -189,10 +189,10 @@ def test_shipped_model_plans_pass_check(model, seq, hw, n):
 @pytest.mark.slow
 @pytest.mark.parametrize("model, seq, hw, n", CASES)
 def test_shipped_model_plans_validate_upstream(model, seq, hw, n):
-    from lcmoe_recipes.emit import build_config
+    from lcmoe_recipes.emit import config_from_plan
 
     p = _planned(model, seq, hw, n)
-    cfg = build_config(p, quiet=True)  # our checks + megatron-bridge runtime_config_update / validate() for the target
+    cfg = config_from_plan(p, quiet=True)  # our checks + megatron-bridge runtime_config_update / validate() for the target
     spec = get_model(model)
     assert (cfg.model.num_layers, cfg.model.num_moe_experts, cfg.model.seq_length) == (spec.num_layers,
                                                                                        spec.num_moe_experts, seq)
@@ -204,7 +204,7 @@ def test_shipped_model_plans_validate_upstream(model, seq, hw, n):
 def test_user_config_plans_emits_validates_and_reads_back(tmp_path):
     from lcmoe_recipes import build_recipe
     from lcmoe_recipes.emit import plan_from_config, read_meta, read_yaml, target_meta, write_yaml
-    from lcmoe_recipes.emit.config import config_findings
+    from lcmoe_recipes.emit.validate import config_findings
 
     folder = _write(tmp_path / "moe", MADE_UP)
     cfg = build_recipe(model_config=str(folder), seq_length=32768, hardware="h100", num_gpus=16)

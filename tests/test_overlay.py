@@ -1,4 +1,4 @@
-"""The overlay of the pinned megatron-core / megatron-bridge for an image with other versions (lcmoe_recipes.overlay):
+"""The overlay of the pinned megatron-core / megatron-bridge for an image with other versions (lcmoe_recipes.jobs.overlay):
 what goes in and why, the refusals, and -- for real -- an overlay built for nemo:26.06 that makes the entry script
 pass its version check and run its smoke check in an environment holding that image's megatron releases."""
 
@@ -14,7 +14,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 import image_env
-from lcmoe_recipes import overlay as ov
+from lcmoe_recipes.jobs import overlay as ov
 from lcmoe_recipes.catalog.known_issues import containers, find_container
 from lcmoe_recipes.errors import LcmoeError
 
@@ -135,7 +135,7 @@ def test_activate_refuses_an_image_whose_megatron_shadows_the_overlay(tmp_path):
     (image / "megatron" / "core").mkdir(parents=True)
     (image / "megatron" / "__init__.py").write_text("")
     (image / "megatron" / "core" / "__init__.py").write_text("")
-    code = "from lcmoe_recipes.overlay import activate; print(activate())"
+    code = "from lcmoe_recipes.jobs.overlay import activate; print(activate())"
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}", ov.ENV_VAR: str(overlay)}
     ok = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert ok.returncode == 0 and ok.stdout.strip() == str(overlay), ok.stderr

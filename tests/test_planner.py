@@ -11,13 +11,14 @@ from pydantic import ValidationError
 from lcmoe_recipes import NAMED_RECIPES, recipe_plan
 from lcmoe_recipes.catalog import get_hardware, get_model
 from lcmoe_recipes.checks import check_plan
-from lcmoe_recipes.cost import HBM_MARGIN, estimate_memory, estimate_step
+from lcmoe_recipes.core.plan import HBM_MARGIN
+from lcmoe_recipes.cost import estimate_memory, estimate_step
 from lcmoe_recipes.cost.bands import MEMORY_ERROR_BAND
 from lcmoe_recipes.errors import InfeasibleConfig, LcmoeError
-from lcmoe_recipes.layout import ParallelLayout
+from lcmoe_recipes.core.layout import ParallelLayout
 from lcmoe_recipes.cli.plan import main
-from lcmoe_recipes.search import plan
-from lcmoe_recipes.request import TrainingRequest
+from lcmoe_recipes.planner.search import plan
+from lcmoe_recipes.core.request import TrainingRequest
 from lcmoe_recipes.rules.batch import choose_batch, tokens_per_step
 from lcmoe_recipes.rules.cp import cp_first_guess
 from lcmoe_recipes.rules.dispatcher import choose_dispatcher
@@ -141,7 +142,7 @@ def test_planning_is_light_and_module_runs():
     out = subprocess.run([sys.executable, "-m", "lcmoe_recipes.plan", "dsv3", "--seq", "32768", "--gpus", "128",
                           "--hardware", "h100", "--top", "2"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "winner:" in out.stdout and "RuntimeWarning" not in out.stderr
-    code = ("import sys; from lcmoe_recipes.search import plan; from lcmoe_recipes.request import TrainingRequest;"
+    code = ("import sys; from lcmoe_recipes.planner.search import plan; from lcmoe_recipes.core.request import TrainingRequest;"
             "plan(TrainingRequest(model='dsv3', seq_length=32768, hardware='h100', num_gpus=128));"
             "print(any(m.split('.')[0] in ('torch', 'megatron') for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
@@ -169,7 +170,7 @@ def _random_requests(n, seed=20261130):
 def test_random_requests_emit_valid_configs_or_clear_errors():
     """Every planned ConfigContainer passes our checks and megatron-bridge's validation for its world size;
     every infeasible request is an InfeasibleConfig naming the constraint, never a traceback."""
-    from lcmoe_recipes.emit import build_config
+    from lcmoe_recipes.emit import config_from_plan
 
     built = refused = 0
     for request in _random_requests(24):
@@ -181,7 +182,7 @@ def test_random_requests_emit_valid_configs_or_clear_errors():
             continue
         assert not [f for f in check_plan(best.plan) if f.severity == "error"]
         assert estimate_memory(best.plan).hbm_total <= HBM_MARGIN * get_hardware(request.hardware).hbm_bytes
-        cfg = build_config(best.plan, quiet=True)  # runs our checks + upstream validate() for the target
+        cfg = config_from_plan(best.plan, quiet=True)  # runs our checks + upstream validate() for the target
         assert cfg.model.seq_length == cfg.dataset.seq_length == request.seq_length
         built += 1
     print(f"{built} built, {refused} refused")
@@ -203,7 +204,8 @@ def test_launch_plans_unnamed_requests(capsys, tmp_path):
     assert code == 0 and "qwen3_235b_64k_64xgb200: valid for 64 x gb200" in out
     assert (tmp_path / "out" / "qwen3_235b_64k_64xgb200.yaml").is_file()
     with pytest.raises(LcmoeError):
-        from lcmoe_recipes import TrainingRequest, resolve
+        from lcmoe_recipes import TrainingRequest
+        from lcmoe_recipes.planner import resolve
         resolve(TrainingRequest(model="qwen3_235b", seq_length=65536))
 
 
@@ -211,7 +213,7 @@ def test_no_offload_where_the_base_optimizer_is_not_adam():
     """Kimi-K2's megatron-bridge recipes run dist_muon, and megatron-bridge refuses the precision-aware optimizer CPU
     offload needs with it ('--use-precision-aware-optimizer only supported with adam'): the planner never offers
     offload for it, says why, and the winner validates."""
-    from lcmoe_recipes.emit import build_config
+    from lcmoe_recipes.emit import config_from_plan
 
     with pytest.raises(InfeasibleConfig) as err:  # fits only with offload at 256 H100
         plan(TrainingRequest(model="kimi_k2", seq_length=65536, hardware="h100", num_gpus=256))
@@ -219,4 +221,4 @@ def test_no_offload_where_the_base_optimizer_is_not_adam():
     best = plan(TrainingRequest(model="kimi_k2", seq_length=65536, hardware="h100", num_gpus=512), top=1).best.plan
     assert not best.optimizer_cpu_offload and not best.use_precision_aware_optimizer
     assert "optimizer dist_muon cannot run on the precision-aware" in best.reasons["optimizer_cpu_offload"].why
-    assert build_config(best, quiet=True).optimizer.optimizer == "dist_muon"  # megatron-bridge validates it
+    assert config_from_plan(best, quiet=True).optimizer.optimizer == "dist_muon"  # megatron-bridge validates it

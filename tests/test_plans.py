@@ -8,9 +8,9 @@ import pytest
 from lcmoe_recipes import NAMED_RECIPES, recipe_plan
 from lcmoe_recipes.checks import check_plan
 from lcmoe_recipes.errors import InfeasibleConfig, UnknownName
-from lcmoe_recipes.layout import ParallelLayout
-from lcmoe_recipes.plan import build_pipeline_layout
-from lcmoe_recipes.recipes import find_named_recipe
+from lcmoe_recipes.core.layout import ParallelLayout
+from lcmoe_recipes.core.pipeline import build_pipeline_layout
+from lcmoe_recipes.planner.recipes import find_named_recipe
 
 # The published table (Megatron-Bridge long-context skill, SKILL.md and card.yaml):
 # name: (world, hardware, TP, CP, EP, PP, VPP, DP, EDP, precision, backend)

@@ -1,4 +1,4 @@
-"""``python -m lcmoe_recipes.train --as-rank R`` up to the GPU call (lcmoe_recipes.emit.rank_run): which rank, what
+"""``python -m lcmoe_recipes.train --as-rank R`` up to the GPU call (lcmoe_recipes.emit.probe.rank_run): which rank, what
 changes for the measurement and why, the microbatches that keep the peak, and the refusals. The GPU run itself is
 scripts/gpu_proof.sh's (docs/build.md)."""
 
@@ -15,7 +15,7 @@ def test_pipeline_rank_is_megatron_cores():
     """Our rank -> pipeline rank agrees with megatron-core 0.19.2's own RankGenerator (order tp-cp-ep-dp-pp)."""
     from megatron.core.parallel_state import RankGenerator
 
-    from lcmoe_recipes.emit.rank_run import pipeline_rank
+    from lcmoe_recipes.emit.probe.rank_run import pipeline_rank
 
     for name in ("dsv3_128k_h100", "qwen3_235b_128k_gb200"):
         plan = recipe_plan(name)
@@ -27,7 +27,7 @@ def test_pipeline_rank_is_megatron_cores():
 
 def test_most_loaded_rank_of_each_named_recipe():
     from lcmoe_recipes.cost.memory import estimate_memory
-    from lcmoe_recipes.emit.rank_run import most_loaded_rank, pipeline_rank
+    from lcmoe_recipes.emit.probe.rank_run import most_loaded_rank, pipeline_rank
 
     for name in NAMED_RECIPES:
         plan = recipe_plan(name)
@@ -39,7 +39,7 @@ def test_most_loaded_rank_of_each_named_recipe():
 
 def test_fewer_microbatches_keep_every_ranks_peak():
     from lcmoe_recipes.cost.memory import _in_flight, rank_memory
-    from lcmoe_recipes.emit.rank_run import microbatches_for_peak
+    from lcmoe_recipes.emit.probe.rank_run import microbatches_for_peak
 
     plan = recipe_plan("dsv3_128k_h100")  # PP8 VPP4, 480 microbatches per step
     micro = microbatches_for_peak(plan)
@@ -55,7 +55,7 @@ def test_prepare_changes_what_fake_collectives_need(configs):
     import copy
 
     from lcmoe_recipes.emit import target_meta
-    from lcmoe_recipes.emit.rank_run import prepare
+    from lcmoe_recipes.emit.probe.rank_run import prepare
     from lcmoe_recipes.emit.stack import te_installed
 
     plan, cfg = configs["qwen3_235b_128k_gb200"]
@@ -75,7 +75,7 @@ def test_prepare_changes_what_fake_collectives_need(configs):
 
 def test_refusals(configs):
     from lcmoe_recipes.emit import target_meta
-    from lcmoe_recipes.emit.rank_run import prepare
+    from lcmoe_recipes.emit.probe.rank_run import prepare
     from lcmoe_recipes.emit.stack import te_installed
     from lcmoe_recipes.errors import LcmoeError
 
@@ -93,7 +93,7 @@ def test_refusals(configs):
 def test_the_command_stops_at_the_gpu_call(capsys, tmp_path):
     import torch
 
-    from lcmoe_recipes.train import main
+    from lcmoe_recipes.cli.train import main
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the run would start")

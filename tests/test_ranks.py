@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from lcmoe_recipes.layout import ParallelLayout
-from lcmoe_recipes.ranks import dense_groups, expert_groups, placement
+from lcmoe_recipes.core.layout import ParallelLayout
+from lcmoe_recipes.core.ranks import dense_groups, expert_groups, placement
 
 LAYOUTS = [  # (world, TP, PP, CP, EP, ETP)
     (256, 1, 8, 32, 32, 1),    # DeepSeek-V3 128K
@@ -49,7 +49,7 @@ def test_placement_answers_without_listing_groups():
     the answers from listing every group, for odd and even degrees and blocks that divide nothing."""
     import random
 
-    from lcmoe_recipes.ranks import max_inside_own_block, max_span, ring_exits
+    from lcmoe_recipes.core.ranks import max_inside_own_block, max_span, ring_exits
 
     rng = random.Random(12)
     checked = 0

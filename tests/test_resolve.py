@@ -1,4 +1,4 @@
-"""One request, one resolver: every command and the Python API answer a TrainingRequest with lcmoe_recipes.resolve;
+"""One request, one resolver: every command and the Python API answer a TrainingRequest with lcmoe_recipes.planner.resolve;
 commands only parse and print; the default output is a summary a person reads, --explain keeps every reason."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from lcmoe_recipes import (NAMED_RECIPES, LcmoeError, TrainingRequest, dsv3_128k_h100, phase_requests, recipe_plan,
-                           resolve)
+from lcmoe_recipes import NAMED_RECIPES, LcmoeError, TrainingRequest, dsv3_128k_h100, phase_requests, recipe_plan
+from lcmoe_recipes.planner import resolve
 from lcmoe_recipes.catalog import get_model
 from lcmoe_recipes.cli.common import request_from_args
 from lcmoe_recipes.cli.launch import _parser as launch_parser
 from lcmoe_recipes.cli.launch import main as launch
 from lcmoe_recipes.cli.plan import main as plan_main
-from lcmoe_recipes.report import Citations, split_sources
+from lcmoe_recipes.report.text import Citations, split_sources
 
 ROOT = Path(__file__).resolve().parent.parent
 

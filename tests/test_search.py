@@ -15,8 +15,8 @@ from lcmoe_recipes.cost.bands import (BORROWED_WIDENING, MEMORY_ERROR_BAND, STEP
 from lcmoe_recipes.cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
 from lcmoe_recipes.errors import InfeasibleConfig
 from lcmoe_recipes.cli.plan import main
-from lcmoe_recipes.request import TrainingRequest
-from lcmoe_recipes.search import MIN_TP_WIDTH, _context, _with_knobs, enumerate_layouts, plan, tp_width_limit
+from lcmoe_recipes.core.request import TrainingRequest
+from lcmoe_recipes.planner.search import MIN_TP_WIDTH, _context, _with_knobs, enumerate_layouts, plan, tp_width_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -144,7 +144,7 @@ def test_error_bands_are_the_held_out_spread():
     sys.path.insert(0, str(ROOT / "tests"))
     from published import MEMORY_ROWS, THROUGHPUT_ROWS
 
-    from lcmoe_recipes.cost.calibrate import leave_one_out as memory_leave_one_out
+    from lcmoe_recipes.calibration.fit_memory import leave_one_out as memory_leave_one_out
 
     held = held_out_ratios(THROUGHPUT_ROWS, lambda p: estimate_step(p).tflops_per_gpu)
     assert step_band(held) == STEP_ERROR_BAND and borrowed_widening() == BORROWED_WIDENING
@@ -205,8 +205,8 @@ def test_compare_gpu_counts_and_refusals(capsys):
 
 
 def test_search_never_imports_the_plots():
-    code = ("import sys, lcmoe_recipes.search, lcmoe_recipes.cli.plan; a = 'lcmoe_recipes.plots' in sys.modules; "
-            "import lcmoe_recipes.plots; print(a, 'lcmoe_recipes.search' in sys.modules)")
+    code = ("import sys, lcmoe_recipes.planner.search, lcmoe_recipes.cli.plan; a = 'lcmoe_recipes.report.plots' in sys.modules; "
+            "import lcmoe_recipes.report.plots; print(a, 'lcmoe_recipes.planner.search' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
     imports = [line for line in (ROOT / "src" / "lcmoe_recipes" / "plots.py").read_text().splitlines()
@@ -222,7 +222,7 @@ def test_scaling_doc_is_current():
 
 def test_launch_takes_memory_margin():
     """launch plans a request no named recipe covers with the same flag (nothing built: the Plan only)."""
-    from lcmoe_recipes import resolve
+    from lcmoe_recipes.planner import resolve
     from lcmoe_recipes.cli.common import request_from_args
     from lcmoe_recipes.cli.launch import _parser
 
@@ -237,7 +237,7 @@ def test_launch_takes_memory_margin():
 def test_planner_doc_states_the_bands():
     text = (ROOT / "docs" / "planner.md").read_text()
     assert f"**±{STEP_ERROR_BAND:.1%}**" in text and f"**{MEMORY_ERROR_BAND:.1%}**" in text
-    from lcmoe_recipes.search import UNCALIBRATED_FACTOR
+    from lcmoe_recipes.planner.search import UNCALIBRATED_FACTOR
 
     assert f"{UNCALIBRATED_FACTOR:.0%} of that" in text  # the gated-DeltaNet planning factor
     assert f"**±{BORROWED_WIDENING:.1%}**" in text

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from lcmoe_recipes.errors import LaunchError
-from lcmoe_recipes.executors import SlurmSettings, run_slurm
-from lcmoe_recipes.launch import submit
+from lcmoe_recipes.jobs.executors.slurm import SlurmSettings, run_slurm
+from lcmoe_recipes.jobs.submit import submit
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "slurm_local.sh"
@@ -144,7 +144,7 @@ def test_smoke_job_through_an_overlay(slurm, nemorun_home, tmp_path):
     through it and completes."""
     import image_env
 
-    from lcmoe_recipes.overlay import MANIFEST
+    from lcmoe_recipes.jobs.overlay import MANIFEST
 
     python = image_env.build(tmp_path / "nemo_26_06")
     result = submit(ROOT / "recipes" / "qwen3_next_8k_gb200.yaml", SlurmSettings(time="00:10:00", python=str(python)),

@@ -10,8 +10,8 @@ from lcmoe_recipes.checks.timeouts import TIMEOUT_SAFETY, timeout_findings
 from lcmoe_recipes.cost.comm import data_parallel_transfers, layer_transfers, pipeline_transfer
 from lcmoe_recipes.cost.memory import rank_memory
 from lcmoe_recipes.cost.step import longest_waits, microbatch_seconds
-from lcmoe_recipes.layout import ParallelLayout
-from lcmoe_recipes.recipes import NAMED_RECIPES, recipe_plan
+from lcmoe_recipes.core.layout import ParallelLayout
+from lcmoe_recipes.planner.recipes import NAMED_RECIPES, recipe_plan
 
 
 def findings(plan, dist: dict | None = None):

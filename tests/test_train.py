@@ -10,7 +10,8 @@ import pytest
 
 from lcmoe_recipes.errors import LcmoeError
 from lcmoe_recipes.cli.launch import main as launch_main
-from lcmoe_recipes.train import check_target, hardware_of_device, main
+from lcmoe_recipes.jobs.node import check_target, hardware_of_device
+from lcmoe_recipes.cli.train import main
 
 META = {"recipe": "qwen3_next_8k_gb200", "model": "qwen3_next", "seq_length": 8192, "world_size": 32,
         "hardware": "gb200", "overrides": []}
@@ -59,7 +60,7 @@ def test_smoke_outside_torchrun_names_the_fix(next_yaml, capsys, monkeypatch):
 @pytest.mark.slow
 def test_replan_for_what_the_job_finds(next_yaml):
     from lcmoe_recipes.emit import read_yaml
-    from lcmoe_recipes.train import replan
+    from lcmoe_recipes.jobs.node import replan
 
     _, meta = read_yaml(next_yaml)
     cfg, new = replan(meta, 64, "gb200", ["train.train_iters=7"])
@@ -113,7 +114,7 @@ def test_replan_in_the_entry_script(next_yaml, capsys, monkeypatch):
 
 
 def test_check_versions():
-    from lcmoe_recipes.train import check_versions
+    from lcmoe_recipes.jobs.node import check_versions
 
     here = {"megatron_core": "0.19.2", "megatron_bridge": "0.6.2"}
     assert check_versions({**META, **here}, here) is None
@@ -140,7 +141,7 @@ def test_version_mismatch_refused_before_any_distributed_or_gpu_work(tmp_path, s
     header = {**META, "megatron_core": "0.15.0", "megatron_bridge": version("megatron-bridge")}
     yaml = tmp_path / "old.yaml"
     yaml.write_text("# lcmoe_recipes: " + json.dumps(header, sort_keys=True) + "\n" + body)
-    probe = ("import sys; from lcmoe_recipes.train import main; rc = main(sys.argv[1:]); "
+    probe = ("import sys; from lcmoe_recipes.cli.train import main; rc = main(sys.argv[1:]); "
              "print(rc, sorted(m for m in sys.modules if m.split('.')[0] in ('megatron', 'torch')))")
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "RANK": "0", "WORLD_SIZE": "32",
            "LOCAL_RANK": "0"}

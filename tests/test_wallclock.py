@@ -9,8 +9,8 @@ from lcmoe_recipes import recipe_plan
 from lcmoe_recipes.cost import estimate_step
 from lcmoe_recipes.cost import wallclock as wc
 from lcmoe_recipes.cost.shapes import shapes
-from lcmoe_recipes.request import TrainingRequest
-from lcmoe_recipes.search import plan as search
+from lcmoe_recipes.core.request import TrainingRequest
+from lcmoe_recipes.planner.search import plan as search
 
 
 def test_checkpoint_size_and_cadence_for_deepseek_v3():

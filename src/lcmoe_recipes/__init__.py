@@ -21,18 +21,18 @@ from __future__ import annotations
 from typing import Sequence
 
 from .checks import Finding, check_plan
+from .core.plan import Plan
+from .core.request import TrainingRequest
 from .errors import InfeasibleConfig, LcmoeError, ModelConfigError, OverrideError, UnknownName
-from .plan import Plan
-from .recipes import NAMED_RECIPES, recipe_plan
-from .request import TrainingRequest
-from .resolve import phase_requests, resolve
+from .planner.recipes import NAMED_RECIPES, recipe_plan
+from .planner.resolve import phase_requests, resolve
 
 __version__ = "0.1.0"
 
 
-def build_config(plan: Plan, validate: bool = True):
-    """The validated megatron-bridge ``ConfigContainer`` for ``plan`` (see :func:`lcmoe_recipes.emit.build_config`)."""
-    from .emit import build_config as _build
+def config_from_plan(plan: Plan, validate: bool = True):
+    """The validated megatron-bridge ``ConfigContainer`` for ``plan`` (see :func:`lcmoe_recipes.emit.config_from_plan`)."""
+    from .emit import config_from_plan as _build
 
     return _build(plan, validate=validate)
 
@@ -46,11 +46,11 @@ def _request(request: TrainingRequest | dict | None, fields: dict) -> TrainingRe
 
 
 def build_recipe(request: TrainingRequest | dict | None = None, overrides: Sequence[str] = (), **fields):
-    """The validated ConfigContainer answering any request (:func:`lcmoe_recipes.resolve.resolve`: a named recipe,
+    """The validated ConfigContainer answering any request (:func:`lcmoe_recipes.planner.resolve.resolve`: a named recipe,
     the search's best layout, or a retargeted config), with Hydra ``overrides`` applied and checked again.
 
     Args:
-        request: a :class:`~lcmoe_recipes.request.TrainingRequest`, a dict of its fields, or None and the fields as
+        request: a :class:`~lcmoe_recipes.core.request.TrainingRequest`, a dict of its fields, or None and the fields as
             keywords, e.g. ``build_recipe(model_config="my/config.json", seq_length=32768, hardware="h100",
             num_gpus=64)``.
         overrides: Hydra overrides on megatron-bridge field names (added to the request's own), e.g.
@@ -60,7 +60,7 @@ def build_recipe(request: TrainingRequest | dict | None = None, overrides: Seque
         LcmoeError: bad request fields (every one named, with its fix); ModelConfigError: a bad model_config file;
         OverrideError: a bad override; InfeasibleConfig: no legal layout fits, or the config breaks a rule.
     """
-    from .launch import configure
+    from .jobs.prepare import configure
 
     request = _request(request, fields)
     if overrides:
@@ -76,14 +76,14 @@ def build_phases(model: str, lengths: Sequence[int], num_gpus: int, hardware: st
         model: catalogue model or alias.
         lengths: increasing seq_lengths, e.g. ``[32768, 131072]`` (DeepSeek-V3's 4K -> 32K -> 128K).
         num_gpus, hardware: the target of every phase.
-        options: any other :class:`~lcmoe_recipes.request.TrainingRequest` field (``precision``, ``rope``,
+        options: any other :class:`~lcmoe_recipes.core.request.TrainingRequest` field (``precision``, ``rope``,
             ``tokens_per_step``, ``lr``, ``train_iters``, ``from_hf``, ``pretrained_checkpoint`` for the first
             phase, ``overrides``, ``save_dir``, ...).
 
     Raises:
         LcmoeError: bad lengths or options; InfeasibleConfig: a phase with no fitting layout.
     """
-    from .launch import configure_phases
+    from .jobs.prepare import configure_phases
 
     request = TrainingRequest.parse(model=model, phases=tuple(lengths), num_gpus=num_gpus, hardware=hardware,
                                     **options)
@@ -91,9 +91,9 @@ def build_phases(model: str, lengths: Sequence[int], num_gpus: int, hardware: st
 
 
 def check(config: str, gpus: int | None = None, hardware: str | None = None, container_image: str | None = None):
-    """Examine a ConfigContainer YAML or a named recipe for a target (:func:`lcmoe_recipes.examine.examine`):
-    returns an :class:`~lcmoe_recipes.examine.Examination` (plan, findings, scope)."""
-    from .examine import examine
+    """Examine a ConfigContainer YAML or a named recipe for a target (:func:`lcmoe_recipes.planner.examine.examine`):
+    returns an :class:`~lcmoe_recipes.planner.examine.Examination` (plan, findings, scope)."""
+    from .planner.examine import examine
 
     return examine(config, gpus, hardware, container_image)
 
@@ -104,9 +104,9 @@ def build_ranks(config, gpus: int | None = None, hardware: str | None = None):
     (docs/build.md). ``config``: a ConfigContainer, a ConfigContainer YAML or a named recipe.
 
     Returns:
-        :class:`lcmoe_recipes.emit.build.BuildReport` (``.table()``, ``.stages``, ``.findings``, ``.ok``).
+        :class:`lcmoe_recipes.emit.probe.build.BuildReport` (``.table()``, ``.stages``, ``.findings``, ``.ok``).
     """
-    from .examine import build
+    from .planner.examine import build
 
     return build(config, gpus, hardware)
 
@@ -149,7 +149,7 @@ qwen3_next_64k_gb200 = _named_factory("qwen3_next_64k_gb200")
 __all__ = [
     "dsv3_128k_h100", "dsv3_256k_h100", "qwen3_235b_128k_gb200",
     "qwen3_next_8k_gb200", "qwen3_next_32k_gb200", "qwen3_next_64k_gb200",
-    "TrainingRequest", "resolve", "phase_requests", "NAMED_RECIPES", "recipe_plan", "build_config", "build_recipe",
+    "TrainingRequest", "resolve", "phase_requests", "NAMED_RECIPES", "recipe_plan", "config_from_plan", "build_recipe",
     "build_phases", "build_ranks", "check", "check_plan", "Plan", "Finding",
     "LcmoeError", "InfeasibleConfig", "ModelConfigError", "OverrideError", "UnknownName",
 ]

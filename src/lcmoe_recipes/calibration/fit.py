@@ -2,7 +2,7 @@
 scan, where the runs exercise them) for that GPU x precision, and the memory model's overhead.
 
 Each run is a training log (:mod:`lcmoe_recipes.calibration.logs`) and the Plan of the config it ran. The step
-constants are fitted as the published ones are (:func:`lcmoe_recipes.cost.calibrate_step.fit`: least squares in
+constants are fitted as the published ones are (:func:`lcmoe_recipes.calibration.fit_step.fit`: least squares in
 log(predicted / measured) TFLOP/s, a constant fitted only where some run exercises it); their spread is the range
 over leave-one-out refits (a single run has none: the profile says so with a zero-width range). The memory overhead
 is what the most loaded rank's measured peak allocated memory holds beyond the model's listed components, the median
@@ -16,11 +16,11 @@ from hashlib import sha256
 from pathlib import Path
 from statistics import median
 
-from ..cost.calibrate_step import fit, predicted_tflops
+from ..core.plan import Plan
 from ..cost.efficiency import FITTED
 from ..cost.memory import CALIBRATED, MemoryConstants, estimate_memory
 from ..cost.step import model_flops_per_token
-from ..plan import Plan
+from .fit_step import fit, predicted_tflops
 from .logs import CalibrationError, RunLog, check_against
 from .profile import CalibrationProfile
 

@@ -23,9 +23,9 @@ from dataclasses import replace
 
 from ..catalog.models import ModelSpec
 from ..catalog.user import register
+from ..core.layout import ParallelLayout
+from ..core.plan import Plan, Reason
 from ..errors import InfeasibleConfig
-from ..layout import ParallelLayout
-from ..plan import Plan, Reason
 
 STEPS = 30
 MICROBATCHES = 8

@@ -39,7 +39,7 @@ class Hardware:
         source: datasheet(s) the numbers come from.
         cpu_arch: the node CPU's architecture as ``platform.machine()`` names it: ``x86_64`` (Intel Xeon on
             HGX/DGX) or ``aarch64`` (Grace, Arm Neoverse V2, on NVL72), as the sources say: the platform of the
-            wheels an overlay for these nodes holds (:mod:`lcmoe_recipes.overlay`).
+            wheels an overlay for these nodes holds (:mod:`lcmoe_recipes.jobs.overlay`).
     """
 
     key: str

@@ -7,7 +7,7 @@ The shipped models are :data:`lcmoe_recipes.catalog.models.MODELS`; a user's con
 from __future__ import annotations
 
 from .lookup import lookup
-from .models import _ALIASES, MODELS, ModelSpec
+from .models import MODELS, ModelSpec, _ALIASES
 from .user import USER_MODELS, load_model_config, looks_like_path
 
 

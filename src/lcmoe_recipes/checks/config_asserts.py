@@ -1,7 +1,7 @@
 """Upstream asserts that the config alone decides but that fire only after ``check`` time, and what the run will
 really do where upstream silently overrides a setting.
 
-``lcmoe_recipes.emit.config.config_findings`` runs megatron-bridge's ``runtime_config_update`` (which calls
+``lcmoe_recipes.emit.validate.config_findings`` runs megatron-bridge's ``runtime_config_update`` (which calls
 ``ConfigContainer.validate()`` and every megatron-core ``__post_init__``) on a deep copy of the config, answered for
 the target (:mod:`lcmoe_recipes.emit.target`). This module reads that *resolved* copy and adds:
 

@@ -14,7 +14,7 @@ Sources of the rules (megatron-core 0.19.2 unless said otherwise):
 * dispatcher -- megatron-bridge ``flex_dispatcher_backend.py`` (DeepEP: SM 8/9 or B200/B300; HybridEP: SM 8/9/10),
   HybridEP keeps its EP group inside one NVLink domain (Bridge's GB200 recipes set
   ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN`` = EP); DeepEP also has inter-node kernels, so EP may span nodes.
-* placement -- the actual groups (:mod:`lcmoe_recipes.ranks`, megatron-core's order) against nodes and NVLink blocks.
+* placement -- the actual groups (:mod:`lcmoe_recipes.core.ranks`, megatron-core's order) against nodes and NVLink blocks.
 * precision -- MXFP8 is a Blackwell (SM 10.x) format, FP8 needs SM >= 8.9 (NVIDIA Transformer Engine docs,
   "FP8 support"); Hopper's FP8 recipes are per-tensor and blockwise.
 * recompute, CUDA graphs, offload -- ``TransformerConfig.__post_init__`` / ``OptimizerConfig`` (megatron-core 0.19.2
@@ -27,8 +27,9 @@ from __future__ import annotations
 import math
 
 from ..errors import Finding, InfeasibleConfig, raise_for_errors  # noqa: F401 (re-exported by checks)
-from ..plan import PRECISIONS, Plan, layout_layer_counts, layout_stages
-from ..ranks import max_span
+from ..core.plan import PRECISIONS, Plan
+from ..core.pipeline import layout_layer_counts, layout_stages
+from ..core.ranks import max_span
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out")
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")

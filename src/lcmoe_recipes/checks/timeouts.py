@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import math
 
+from ..core.plan import Plan
 from ..cost.step import longest_waits
-from ..plan import Plan
 from .conditions import ABSENT, ConfigView
 from .feasibility import Finding
 

@@ -16,7 +16,7 @@ import argparse
 from ..calibration import calibrate, read_log, write_profile
 from ..catalog import HARDWARE, get_hardware, load_model_config
 from ..errors import LcmoeError
-from ..examine import config_plan
+from ..planner.examine import config_plan
 from .common import ArgumentParser
 
 

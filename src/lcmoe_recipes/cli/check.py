@@ -19,9 +19,9 @@ from ..catalog import HARDWARE
 from ..checks.feasibility import layout_is_legal
 from ..checks.known_issues import catalogue_rows, stack_versions
 from ..errors import LcmoeError
-from ..examine import examine
-from ..recipes import NAMED_RECIPES
-from ..report import format_findings
+from ..planner.examine import examine
+from ..planner.recipes import NAMED_RECIPES
+from ..report.text import format_findings
 from .common import ArgumentParser, calibrated_line
 
 
@@ -83,13 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         return exc.report()
     plan, findings = found.plan, found.findings
     if args.container_image:
-        from ..overlay import compare_stack, format_stack
+        from ..jobs.overlay import compare_stack, format_stack
 
         print(format_stack(args.container_image, compare_stack(args.container_image, plan.hardware_spec.cpu_arch)))
     print(f"checked with {found.scope}")
     if sys.stdout.isatty() and layout_is_legal(findings):
         from ..cost import estimate_host_memory, estimate_memory, estimate_step
-        from ..explain import print_table
+        from ..report.explain import print_table
 
         mem, step, host = estimate_memory(plan), estimate_step(plan), estimate_host_memory(plan)
         print_table(("component", "GiB"), [(k, f"{v:.1f}") for k, v in mem.gib().items()],
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.build and found.errors:
         print("\nbuild: not attempted -- fix the errors above first")
     elif args.build:
-        from ..examine import build
+        from ..planner.examine import build
 
         report = build(args.config, plan.layout.world, plan.hardware_spec.key)
         print("\n" + report.table())

@@ -1,5 +1,5 @@
 """What the commands share: the argument parser that reports usage errors like every other error, the flags of a
-:class:`~lcmoe_recipes.request.TrainingRequest`, and turning parsed flags into one (the only place a Namespace
+:class:`~lcmoe_recipes.core.request.TrainingRequest`, and turning parsed flags into one (the only place a Namespace
 becomes a request)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import sys
 
 from ..catalog import MODELS
-from ..request import ROPE_CHOICES, TrainingRequest
+from ..core.request import ROPE_CHOICES, TrainingRequest
 
 # a number argparse would otherwise read as an option (it knows -1 and -0.5, not -1e-5)
 _NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
@@ -179,8 +179,8 @@ def write_plot_files(plans: list, folder, request: TrainingRequest | None = None
     Raises:
         LcmoeError: matplotlib is missing.
     """
-    from ..plots import write_plots
-    from ..search import memory_limit, seq_sweep
+    from ..report.plots import write_plots
+    from ..planner.search import memory_limit, seq_sweep
 
     first = plans[0]
     request = request or TrainingRequest(model=first.model, seq_length=first.seq_length, hardware=first.hardware,

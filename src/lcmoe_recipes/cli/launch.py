@@ -1,8 +1,8 @@
 """``python -m lcmoe_recipes.launch MODEL --seq N [...] [Hydra overrides...]``: the main job.
 
-Parses the flags into one :class:`~lcmoe_recipes.request.TrainingRequest`, builds it (:func:`lcmoe_recipes.launch.build`:
+Parses the flags into one :class:`~lcmoe_recipes.core.request.TrainingRequest`, builds it (:func:`lcmoe_recipes.jobs.prepare.build`:
 the named recipe or the search's plan, overridden, checked again for the target, written as YAML), prints a summary,
-and runs it (:func:`lcmoe_recipes.launch.run`): ``--executor local`` (torchrun on this node) or ``--executor slurm`` (a
+and runs it (:func:`lcmoe_recipes.jobs.submit.run`): ``--executor local`` (torchrun on this node) or ``--executor slurm`` (a
 Slurm job through NeMo-Run); ``--dry-run`` prints the torchrun command or the sbatch script instead.
 
 Exit codes: 0 done; 2 bad input (nothing written); 1 valid config but it cannot run here (too few GPUs) or the
@@ -19,14 +19,15 @@ import sys
 from ..cost import estimate_memory, estimate_step
 from ..cost.wallclock import phase_time
 from ..errors import LcmoeError
-from ..executors import EXECUTORS, SlurmSettings, check_settings
-from ..kubeflow import KubeflowSettings, check_kubeflow_settings
-from ..launch import Built, build, run
-from ..recipes import NAMED_RECIPES
-from ..report import Citations, format_plan
-from .common import (ArgumentParser, calibrated_line, model_argument, report_error, request_arguments,
-                     request_from_args)
-from ..train import rank_arguments
+from ..jobs.executors.common import EXECUTORS
+from ..jobs.executors.kubeflow import KubeflowSettings, check_kubeflow_settings
+from ..jobs.executors.slurm import SlurmSettings, check_settings
+from ..jobs.prepare import Built, build
+from ..jobs.submit import run
+from ..planner.recipes import NAMED_RECIPES
+from ..report.text import Citations, format_plan
+from .common import ArgumentParser, calibrated_line, model_argument, report_error, request_arguments, request_from_args
+from .train import rank_arguments
 
 EPILOG = """\
 examples:
@@ -208,14 +209,14 @@ def main(argv: list[str] | None = None) -> int:
 
     citations = Citations()
     if args.container_image and not args.json:
-        from ..overlay import compare_stack, format_stack
+        from ..jobs.overlay import compare_stack, format_stack
 
         print(format_stack(args.container_image, compare_stack(args.container_image,
                                                               built[0].plan.hardware_spec.cpu_arch)) + "\n")
     for one in built:
         _print_built(one, args, citations)
     if args.plot:
-        from ..plots import write_plot_files
+        from ..report.plots import write_plot_files
 
         try:
             written = write_plot_files([b.shown for b in built], args.plot)
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
 
     if args.build:
-        from ..examine import build as build_model
+        from ..planner.examine import build as build_model
 
         for one in built:
             report = build_model(one.cfg, one.plan.layout.world, one.plan.hardware_spec.key, one.plan.name)
@@ -269,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_json(built: list[Built], results: list) -> None:
-    from ..explain import explain_json
+    from ..report.explain import explain_json
 
     docs = []
     for index, one in enumerate(built):
@@ -312,7 +313,7 @@ def _print_built(one: Built, args: argparse.Namespace, citations: Citations) -> 
     if one.shown.schedule is not None:
         print(f"  phase: {phase_time(one.shown).text()}")
     if args.explain:
-        from ..explain import explain_text
+        from ..report.explain import explain_text
 
         print("\n" + explain_text(one.shown, one.warnings, citations, with_decisions=False))
     print(f"\nConfigContainer YAML: {one.output}")

@@ -2,7 +2,7 @@
 --explain, --plot, and --compare / several --gpus side by side).
 
 Thin: the flags become TrainingRequests (:func:`lcmoe_recipes.cli.common.request_from_args`), the search
-(:mod:`lcmoe_recipes.search`) and comparison (:mod:`lcmoe_recipes.compare`) answer them, :mod:`lcmoe_recipes.report`
+(:mod:`lcmoe_recipes.planner.search`) and comparison (:mod:`lcmoe_recipes.report.compare`) answer them, :mod:`lcmoe_recipes.report.text`
 formats the answer.
 """
 
@@ -12,10 +12,9 @@ import argparse
 import sys
 
 from ..errors import LcmoeError
-from ..report import Citations, aligned, format_result, json_records, table_columns, table_rows, write_csv
-from ..resolve import search
-from .common import (ArgumentParser, model_argument, report_error, request_arguments, request_from_args,
-                     write_plot_files)
+from ..planner.resolve import search
+from ..report.text import Citations, aligned, format_result, json_records, table_columns, table_rows, write_csv
+from .common import ArgumentParser, model_argument, report_error, request_arguments, request_from_args, write_plot_files
 
 
 TIE_KEYS = ("layout", "mbs", "step_seconds", "headroom_gib", "keeps_memory_band", "winner")
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         import json
 
-        from ..explain import explain_json
+        from ..report.explain import explain_json
 
         print(json.dumps({"why": result.why, "considered": result.considered, "evaluated": result.evaluated,
                           "pruned": result.pruned, "rejected": result.rejected,
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                           "tp_note": result.tp_note,
                           "winner": explain_json(result.best.plan)}, indent=2, default=str))
     elif sys.stdout.isatty():
-        from ..explain import print_table
+        from ..report.explain import print_table
 
         print_table(table_columns(calibrated), table_rows(result, calibrated), title=f"{request.model} at seq_length {request.seq_length} on "
                     f"{request.num_gpus} x {request.hardware}: {result.considered} layouts considered")
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(format_result(result, citations, args.explain, calibrated))
     if args.explain and not args.json:
-        from ..explain import explain_text
+        from ..report.explain import explain_text
 
         print("\n" + explain_text(result.best.plan, citations=citations, with_decisions=False))
     if not args.json and (sources := citations.listing()):
@@ -116,7 +115,7 @@ def _hardware_list(args) -> list[str]:
 def _compare_main(args, hardware: list[str]) -> int:
     """--compare / several --gpus: the winners side by side at one precision, as a table or JSON."""
     from ..catalog import get_hardware, get_model
-    from ..compare import column_record, common_precision, compare, format_columns
+    from ..report.compare import column_record, common_precision, compare, format_columns
 
     for flag, given in (("--csv", args.csv), ("--plot", args.plot), ("--explain", args.explain)):
         if given:

@@ -1,6 +1,6 @@
 """Lower bounds of a plan's predicted step time (:func:`lcmoe_recipes.cost.estimate_step`) over the knobs the search
 chooses per layout -- recompute, optimizer offload, CUDA graphs -- so that the search can skip a layout whose bound
-is already slower than every plan it must keep (:mod:`lcmoe_recipes.search`).
+is already slower than every plan it must keep (:mod:`lcmoe_recipes.planner.search`).
 
 Why they are bounds, term by term of ``estimate_step`` (cost/step.py)::
 
@@ -28,15 +28,16 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..catalog import get_hardware, get_model
-from ..layout import ParallelLayout
 from ..catalog.kernels import best_attention_tflops
 from ..catalog.models import GDN
-from ..plan import Plan, pipeline_stage_layers
+from ..core.layout import ParallelLayout
+from ..core.pipeline import pipeline_stage_layers
+from ..core.plan import Plan
 from .attention import BACKWARD_FLOPS
 from .efficiency import constant
 from .memory import rank_memory
 from .shapes import shapes
-from .step import _gdn_seconds, _layer_flops, microbatch_seconds, _rank_kinds
+from .step import _gdn_seconds, _layer_flops, _rank_kinds, microbatch_seconds
 
 
 @lru_cache(maxsize=1024)

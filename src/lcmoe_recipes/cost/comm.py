@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..catalog import get_hardware
-from ..layout import ParallelLayout
-from ..plan import Plan
-from ..ranks import max_inside_own_block, max_span, ring_exits
+from ..core.layout import ParallelLayout
+from ..core.plan import Plan
+from ..core.ranks import max_inside_own_block, max_span, ring_exits
 from .shapes import shapes
 
 BF16 = 2
@@ -88,7 +88,7 @@ class Links:
 
 @lru_cache(maxsize=256)
 def links(layout: ParallelLayout, hw_key: str) -> Links:
-    """The :class:`Links` of ``layout`` on GPU type ``hw_key`` (megatron-core rank order, :mod:`lcmoe_recipes.ranks`)."""
+    """The :class:`Links` of ``layout`` on GPU type ``hw_key`` (megatron-core rank order, :mod:`lcmoe_recipes.core.ranks`)."""
     hw = get_hardware(hw_key)
     block = hw.job_block
     senders = ring_exits(layout, "cp", block)  # CP ring flows leaving the first block
@@ -202,6 +202,6 @@ def data_parallel_transfers(plan: Plan, dense_params: float, expert_params: floa
 @lru_cache(maxsize=4096)
 def rank_layers(stages: tuple[int, ...], pp: int, vpp: int, pp_rank: int) -> tuple[int, ...]:
     """Decoder layers held by pipeline rank ``pp_rank`` (all its chunks) when the PP·VPP chunks hold ``stages``
-    decoder layers each (:func:`lcmoe_recipes.plan.stage_decoder_layers`)."""
+    decoder layers each (:func:`lcmoe_recipes.core.pipeline.stage_decoder_layers`)."""
     starts = [sum(stages[:i]) for i in range(len(stages))]
     return tuple(i for v in range(vpp) for i in range(starts[pp_rank + v * pp], starts[pp_rank + v * pp] + stages[pp_rank + v * pp]))

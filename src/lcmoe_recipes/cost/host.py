@@ -56,8 +56,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import Finding
-from ..plan import Plan
+from ..core.plan import Plan
 from .memory import rank_memory
 from .shapes import shapes
 from .wallclock import rank_save_bytes
@@ -195,39 +194,3 @@ def estimate_host_memory(plan: Plan) -> HostMemoryBreakdown:
     return best
 
 
-def host_findings(plan: Plan) -> list[Finding]:
-    """An error when the most loaded node's predicted host memory exceeds :data:`HOST_MARGIN` of its RAM, naming the
-    largest terms and their fixes; a warning when a node runs more busy processes (ranks and their training
-    data-loader workers) than it has CPU cores. The validation and test loaders' workers are counted for memory (they
-    stay alive) but not for CPU: they wait while training runs."""
-    hw = plan.hardware_spec
-    host = estimate_host_memory(plan)
-    out = []
-    processes = host.ranks * (1 + plan.num_workers)
-    if processes > hw.cpu_cores:
-        fitting = max(0, hw.cpu_cores // host.ranks - 1)
-        out.append(Finding("warning", "host/cpu-oversubscribed",
-                           f"{host.ranks} ranks x (1 + {plan.num_workers} training data-loader workers) = "
-                           f"{processes} busy processes per node on {hw.display}'s {hw.cpu_cores} CPU cores",
-                           f"lower dataset.num_workers to {fitting}"))
-    limit = HOST_MARGIN * hw.host_memory_bytes
-    if host.total <= limit:
-        return out
-    gib = host.gib()
-    parts = sorted((k for k in gib if k != "total"), key=gib.get, reverse=True)
-    fixes = {
-        "data_loader": ("set dataset.create_attention_mask=false (the attention kernel builds the causal mask; "
-                        "megatron-bridge's gpt_step discards the dataset's), " if plan.create_attention_mask else "")
-                       + "use fewer data-loader workers (dataset.num_workers)",
-        "optimizer": "offload less optimizer state (a smaller optimizer.optimizer_offload_fraction) or use more "
-                     "nodes (a larger DP/EDP shards it thinner)",
-        "processes": "use a system with more host memory per GPU",
-        "checkpoint": "save synchronously (checkpoint.async_save=false: training waits for each write) or use more "
-                      "nodes (each rank's share of a save is smaller)",
-    }
-    fixes["pinned"] = fixes["optimizer"]
-    fix = "; ".join(dict.fromkeys(fixes[p] for p in parts if gib[p] >= 0.05 * gib["total"]))
-    return [Finding("error", "host-memory/exceeds-ram",
-                    f"predicted host memory {gib['total']:.0f} GiB on node {host.node} ({host.ranks} ranks) exceeds "
-                    f"{HOST_MARGIN:.0%} of {hw.display}'s {hw.host_memory_gib:.0f} GiB per node ("
-                    + ", ".join(f"{p.replace('_', ' ')} {gib[p]:.0f}" for p in parts) + " GiB)", fix)] + out

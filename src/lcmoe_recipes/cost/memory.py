@@ -7,8 +7,8 @@ function named per component); what is left is one fitted constant, :data:`CALIB
   first stage, output layer, MTP layers and a second embedding on the last) are split by TP, except what every TP
   rank holds whole (norms, router, MLA down projections: :mod:`lcmoe_recipes.cost.shapes`); routed experts by EP·ETP.
   Equal, byte for byte, to what megatron-core builds for every stage of the named recipes and the CI's planner
-  outputs (:mod:`lcmoe_recipes.emit.build`, ``tests/test_build.py``).
-  Layers per rank come from the pipeline split (:func:`lcmoe_recipes.plan.stage_decoder_layers`: the layout
+  outputs (:mod:`lcmoe_recipes.emit.probe.build`, ``tests/test_build.py``).
+  Layers per rank come from the pipeline split (:func:`lcmoe_recipes.core.pipeline.stage_decoder_layers`: the layout
   string's, else an even split).
 * **weight_cache** -- FP8 copies of the GEMM weights that Transformer Engine caches across the microbatches of a
   step (megatron-core ``extensions/transformer_engine.py``: ``TELinear.forward`` passes ``is_first_microbatch``, so
@@ -87,7 +87,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
-from ..plan import Plan, stage_decoder_layers
+from ..core.pipeline import stage_decoder_layers
+from ..core.plan import Plan
 from .shapes import LayerShapes, shapes
 
 BF16, FP32 = 2, 4
@@ -129,7 +130,7 @@ CALIBRATED = MemoryConstants(overhead_bytes=3.8e9, activation_scale=0.84)
 
 # Predicted / published peak of the three Qwen3-Next rows (docs/accuracy.md, N1-N3: layout unpublished, measurement
 # method unknown) with gated DeltaNet priced from megatron-core's implementation: the range the memory/uncalibrated
-# warning quotes and the planner's safety factor (lcmoe_recipes.search.UNCALIBRATED_FACTOR). A test recomputes it.
+# warning quotes and the planner's safety factor (lcmoe_recipes.planner.search.UNCALIBRATED_FACTOR). A test recomputes it.
 # (0.50-0.82 while the named Qwen3-Next recipes kept fp32 gradients and an even pipeline split; upstream's base recipe
 # reduces gradients in bf16 and lightens the MTP/loss stage, which our peaks now include.)
 GDN_MEASURED_RATIOS = (0.45, 0.78)
@@ -209,7 +210,7 @@ def _softmax_attention(s: LayerShapes, n: float, tp: int, out: dict) -> None:
     covers the kv_lora part) with an fp32 statistic per token each, and the roped q (in place over the q up
     projection's output), the new key and value the attention saves -- the kv up projection's output is not kept.
     ``mla_up_proj`` recompute drops q, k and v. Measured against megatron-core's own layer by
-    :mod:`lcmoe_recipes.emit.activations` (tests/test_activations.py).
+    :mod:`lcmoe_recipes.emit.probe.activations` (tests/test_activations.py).
     """
     if s.mla:  # megatron-core transformer/multi_latent_attention.py, MLASelfAttention
         if s.q_lora:
@@ -277,7 +278,7 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
 def layer_activations_kept(s: LayerShapes, layer: int, tokens: float, tp: int, etp: int, sequence_parallel: bool,
                            granularity: str | None, modules: tuple[str, ...]) -> float:
     """Bytes layer ``layer`` keeps for backward for ``tokens`` per CP rank (MBS·seq_length/CP) under the recompute
-    setting: the table of :func:`layer_activations`, unscaled. ``lcmoe_recipes.emit.activations`` measures the same."""
+    setting: the table of :func:`layer_activations`, unscaled. ``lcmoe_recipes.emit.probe.activations`` measures the same."""
     return _kept_bytes(_layer_tensors(s, layer, tokens, tp, etp, sequence_parallel), granularity, modules)
 
 

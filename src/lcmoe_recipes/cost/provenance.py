@@ -6,7 +6,7 @@ attention kernel's source and the plan's error band."""
 from __future__ import annotations
 
 from ..catalog.kernels import kernel_source
-from ..plan import Plan
+from ..core.plan import Plan
 from .bands import step_band_for
 from .memory import MemoryConstants, estimate_memory
 from .step import step_constants

@@ -20,7 +20,7 @@ Tensor parallelism splits most of these, not all: every norm weight, the router 
 gate, the biases of the row-parallel output projections, and MLA's down projections (q_down, kv_down: Transformer
 Engine's ``TELinear`` with ``parallel_mode="duplicated"``, megatron-core 0.19.2 ``multi_latent_attention.py:525`` /
 ``:572``) are whole on every TP rank (:meth:`LayerShapes.layer_replicated_params`). The build
-(:mod:`lcmoe_recipes.emit.build`) counts them on the built model.
+(:mod:`lcmoe_recipes.emit.probe.build`) counts them on the built model.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..plan import Plan, stage_decoder_layers
+from ..core.pipeline import stage_decoder_layers
+from ..core.plan import Plan
 from .attention import layer_attention_seconds
 from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
 from .efficiency import Constant, constant

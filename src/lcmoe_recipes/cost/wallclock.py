@@ -29,8 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import Finding
-from ..plan import Plan, Reason
+from ..core.plan import Plan, Reason
 from .memory import BF16, FP32, master_weight_bytes, rank_memory
 from .shapes import shapes
 from .step import estimate_step, microbatch_seconds
@@ -40,7 +39,7 @@ FORWARD_SHARE = 1 / 3
 FLOPs (backward = 2 x forward; the step model's convention), communication scaled alike (modelled)."""
 DEFAULT_FS_GBPS = 20.0
 """Aggregate write bandwidth of the shared filesystem the checkpoints go to, GB/s (1e9 bytes/s): our default, a
-modest parallel filesystem (the same figure as the 20-minute exit margin's, lcmoe_recipes.job_checks); give your
+modest parallel filesystem (the same figure as the 20-minute exit margin's, lcmoe_recipes.jobs.job_checks); give your
 cluster's (``fs_gbps``)."""
 MAX_HOURS_BETWEEN_SAVES = 2.0
 """A failure loses at most this much training: the non-persistent (overwritten) saves come at least this often
@@ -204,18 +203,3 @@ def tokens_per_step_for(plan: Plan, budget_seconds: float) -> int | None:
     return best
 
 
-def phase_findings(plan: Plan, budget_hours: float = DEFAULT_PHASE_BUDGET_HOURS) -> list[Finding]:
-    """A warning (rule ``time/phase-long``) when ``plan``'s phase is predicted to run longer than ``budget_hours``,
-    with the ``--tokens-per-step`` that fits it (or, when none does, the GPUs to add)."""
-    time = phase_time(plan)
-    if time.total <= budget_hours * 3600:
-        return []
-    fits = tokens_per_step_for(plan, budget_hours * 3600)
-    message = (f"{plan.name}: {time.text()}, over a budget of {budget_hours:g} h at {plan.tokens_per_step / 1e6:.1f}M "
-               "tokens per step")
-    if fits:
-        fix = (f"--tokens-per-step {fits} ({fits / 1e6:.1f}M) fits {budget_hours:g} h at this layout (fewer tokens "
-               "trained); or fewer --train-iters, or more GPUs")
-    else:
-        fix = "more GPUs or fewer --train-iters: even the smallest batch this layout runs does not fit"
-    return [Finding("warning", "time/phase-long", message, fix)]

@@ -1,19 +1,19 @@
-"""Plan -> megatron-bridge ConfigContainer and back; the only package that imports megatron (lazily).
+"""Plan -> megatron-bridge ConfigContainer (:mod:`.config`), ConfigContainer -> Plan (:mod:`.readback`), a config
+validated for its target (:mod:`.validate`), overrides, YAML files, and the probes that build and measure a config's
+real model (:mod:`.probe`). The only package besides :mod:`lcmoe_recipes.jobs` that imports megatron.
 
-Importing this package is cheap; megatron-bridge loads on the first call that needs it (:func:`.stack.load_bridge`).
-Importing it also puts the light-environment guard on ``sys.meta_path`` (inert when Transformer Engine is
-installed), so ``import megatron.bridge`` works afterwards in either environment.
+Importing this package is cheap and changes nothing: megatron-bridge loads on the first call that needs it
+(:func:`.stack.load_bridge`, which first puts the light-environment guard on ``sys.meta_path``: inert when Transformer
+Engine is installed).
 """
 
-from .stack import install_te_guard
-
-install_te_guard()
-
-from .config import build_config, config_findings, plan_from_config, validate_config
+from .config import config_from_plan
 from .overrides import apply_overrides, data_overrides, save_overrides
+from .readback import plan_from_config
 from .settings import retarget_config
+from .validate import config_findings, validate_config
 from .yaml_io import read_meta, read_tree, read_yaml, target_meta, target_of, write_yaml
 
-__all__ = ["build_config", "config_findings", "plan_from_config", "validate_config", "apply_overrides",
-           "data_overrides", "save_overrides", "read_meta", "read_tree", "read_yaml", "write_yaml", "retarget_config", "target_meta",
-           "target_of"]
+__all__ = ["config_from_plan", "config_findings", "plan_from_config", "validate_config", "apply_overrides",
+           "data_overrides", "save_overrides", "read_meta", "read_tree", "read_yaml", "write_yaml", "retarget_config",
+           "target_meta", "target_of"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plan import PRECISIONS
+from ..core.plan import PRECISIONS
 
 _LAYOUT_CHARS = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
 

@@ -2,9 +2,9 @@
 Transformer Engine (TE).
 
 The switch picks kernels, never weights: the model has the same parameters with or without TE. It serves the
-Hugging Face converter where TE is absent (:mod:`lcmoe_recipes.emit.weights`), the GPU proof and the one-GPU rank
+Hugging Face converter where TE is absent (:mod:`lcmoe_recipes.emit.convert`), the GPU proof and the one-GPU rank
 measurement on a machine that has PyTorch but no TE (``scripts/gpu_proof.py``, ``python -m lcmoe_recipes.train
---as-rank``), and the CPU build (:mod:`lcmoe_recipes.emit.build`). Our recipes for clusters keep TE.
+--as-rank``), and the CPU build (:mod:`lcmoe_recipes.emit.probe.build`). Our recipes for clusters keep TE.
 
 megatron-core 0.19.2's local modules cannot *run* some settings TE runs; each is handled here, by data
 (:data:`LOCAL_LIMITS`):
@@ -34,9 +34,9 @@ megatron-core 0.19.2's local modules cannot *run* some settings TE runs; each is
     ``v_channels`` to its core attention, and the local ``DotProductAttention.__init__``
     (``transformer/dot_product_attention.py:42``) takes neither (a TypeError at construction).
 
-The CPU build (:mod:`lcmoe_recipes.emit.build`) constructs but never runs the model: it applies the switch
+The CPU build (:mod:`lcmoe_recipes.emit.probe.build`) constructs but never runs the model: it applies the switch
 (:func:`switch_to_local`, not :func:`run_without_te`) and answers the MTP and MLA construction gaps with named build-only stand-ins instead
-(:mod:`lcmoe_recipes.emit.build_substitutions`); gated DeltaNet stays "not built: needs Transformer Engine".
+(:mod:`lcmoe_recipes.emit.probe.substitutions`); gated DeltaNet stays "not built: needs Transformer Engine".
 """
 
 from __future__ import annotations

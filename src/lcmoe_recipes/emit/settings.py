@@ -14,9 +14,9 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..core.plan import Plan, Reason, mixed_precision_name
 from ..cost.wallclock import phase_time, save_intervals
 from ..rules.batch import choose_eval_batch
-from ..plan import Plan, Reason, mixed_precision_name
 from .fields import precision_of
 
 # Process environment by NVLink domain (megatron-bridge 0.6.2 perf recipes: CUDA_DEVICE_MAX_CONNECTIONS 1 on HGX
@@ -484,7 +484,7 @@ RETARGET_SETTINGS = ("layout", "sequence_parallel", "pipeline_model_parallel_lay
 
 def retarget_config(cfg, plan: Plan) -> tuple[object, list[Difference]]:
     """(a copy of ``cfg`` with :data:`RETARGET_SETTINGS` written for ``plan``, every field changed with its setting
-    and reason) -- ``launch --from`` (:func:`lcmoe_recipes.retarget.retarget_plan` makes the plan)."""
+    and reason) -- ``launch --from`` (:func:`lcmoe_recipes.planner.retarget.retarget_plan` makes the plan)."""
     import copy
 
     out = copy.deepcopy(cfg)

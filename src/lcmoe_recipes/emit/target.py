@@ -20,7 +20,7 @@ machine it runs on in five places that say nothing about the config itself:
    (``training/utils/checkpoint_utils.file_exists``) -> answered "exists" for exactly the paths given as
    ``cluster_paths`` (they are read on the cluster, which a login node or laptop may not see); every other path
    gets the real answer. The entry script checks them where the job runs
-   (:func:`lcmoe_recipes.job_paths.problems_here`, also under ``--smoke``).
+   (:func:`lcmoe_recipes.jobs.node.problems_here`, also under ``--smoke``).
 
 Everything is restored on exit, ``os.environ`` included (``runtime_config_update`` writes ``cfg.env_vars`` into it).
 Validation runs on a deep copy of the ConfigContainer (:func:`lcmoe_recipes.emit.validate_config`), so the emitted

@@ -8,7 +8,7 @@ refuse a container with other versions:
 
     # lcmoe_recipes: {"hardware": "h100", "megatron_bridge": "0.6.2", "megatron_core": "0.19.2", "model": "dsv3", ...}
 
-A ConfigContainer built by :func:`lcmoe_recipes.emit.build_config` carries the same dict as the attribute
+A ConfigContainer built by :func:`lcmoe_recipes.emit.config_from_plan` carries the same dict as the attribute
 ``lcmoe_target`` (see :func:`target_of`), so ``launch.submit(cfg)`` knows its target without a YAML.
 """
 
@@ -30,10 +30,10 @@ TARGET_ATTR = "lcmoe_target"
 def target_meta(plan, overrides=()) -> dict[str, Any]:
     """The target a config was planned and validated for: recipe, model, seq_length, world_size, hardware, overrides,
     and the megatron-core / megatron-bridge versions here (``megatron_core``, ``megatron_bridge``: the entry script
-    refuses to run under others, see :func:`lcmoe_recipes.train.check_versions`).
+    refuses to run under others, see :func:`lcmoe_recipes.jobs.node.check_versions`).
 
     Args:
-        plan: the :class:`lcmoe_recipes.plan.Plan` the config was built from.
+        plan: the :class:`lcmoe_recipes.core.plan.Plan` the config was built from.
         overrides: the Hydra overrides applied after building (strings, in order).
     """
     meta = {"recipe": plan.name, "model": plan.model, "seq_length": plan.seq_length, "world_size": plan.layout.world,
@@ -44,7 +44,7 @@ def target_meta(plan, overrides=()) -> dict[str, Any]:
 
 
 def target_of(cfg) -> dict[str, Any]:
-    """The target dict :func:`lcmoe_recipes.emit.build_config` attached to ``cfg`` ({} for any other ConfigContainer)."""
+    """The target dict :func:`lcmoe_recipes.emit.config_from_plan` attached to ``cfg`` ({} for any other ConfigContainer)."""
     return dict(getattr(cfg, TARGET_ATTR, None) or {})
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..catalog import Hardware, ModelSpec
 from ..catalog.upstream import base_recipe, upstream_versions
-from ..plan import Reason
+from ..core.plan import Reason
 
 TEMPLATE_NUM_WORKERS = 2  # megatron-bridge 0.6.2 recipes/common.py _pretrain_common dataset.num_workers
 SOURCE = "megatron-bridge {version} perf_recipes/ and recipes/ (the model's own recipe for this GPU)"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from ..catalog import ModelSpec
 from ..catalog.history import history_of
+from ..core.layout import ParallelLayout
+from ..core.plan import Reason
 from ..errors import LcmoeError
-from ..layout import ParallelLayout
-from ..plan import Reason
 
 SOURCE = ("megatron-core 0.19.2 num_microbatches_calculator (GBS % (MBS·DP)); Megatron-Bridge skill "
           "nemo-mbridge-perf-moe-long-context rule 6 (GBS shrinks as seq_length grows)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..plan import Reason
+from ..core.plan import Reason
 
 SHARD_TOKENS = 4096
 SOURCE = "Megatron-Bridge skill nemo-mbridge-perf-moe-long-context, rule 1 'start from a 4K shard target'"

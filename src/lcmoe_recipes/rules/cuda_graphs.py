@@ -4,7 +4,7 @@ megatron-core allows together."""
 from __future__ import annotations
 
 from ..catalog import Hardware
-from ..plan import Reason
+from ..core.plan import Reason
 
 SOURCE = ("Megatron-Bridge skill nemo-mbridge-perf-moe-long-context ('CUDA graphs need static shapes'; Qwen3-235B "
           "GB200 graphs attn + moe_router + moe_preprocess); megatron-core 0.19.2 CUDA-graph rules "

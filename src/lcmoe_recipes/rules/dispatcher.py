@@ -4,9 +4,9 @@ alltoall otherwise. A requested backend the hardware cannot run is refused by th
 from __future__ import annotations
 
 from ..catalog import Hardware
-from ..layout import ParallelLayout
-from ..plan import Reason
-from ..ranks import max_span
+from ..core.layout import ParallelLayout
+from ..core.plan import Reason
+from ..core.ranks import max_span
 
 SOURCE = "Megatron-Bridge skill nemo-mbridge-perf-moe-long-context; megatron-bridge 0.6.2 flex_dispatcher_backend.py (DeepEP: SM 8/9, B200/B300)"
 

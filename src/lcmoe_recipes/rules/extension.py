@@ -7,10 +7,11 @@ from functools import lru_cache
 
 from ..catalog import Hardware, ModelSpec
 from ..catalog.upstream import base_recipe
+from ..core.layout import ParallelLayout
+from ..core.pipeline import build_pipeline_layout
+from ..core.plan import Reason
+from ..core.request import RunOptions
 from ..cost.shapes import shapes
-from ..layout import ParallelLayout
-from ..plan import Reason, build_pipeline_layout
-from ..request import RunOptions
 from .base import base_layout, choose_base
 from .batch import EVAL_ITERS, choose_batch, choose_eval_batch, tokens_per_step
 from .positions import choose_positions
@@ -53,7 +54,7 @@ def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: Par
         why_pipeline = Reason(
             f"{spec.num_layers} decoder layers spread evenly over PP·VPP = {layout.num_pipeline_stages} chunks, the "
             "embedding, each MTP layer and the loss counting as one layer each (so the first and last chunks stay "
-            "light)" if pipeline else "PP=1: no pipeline", "lcmoe_recipes.plan.pipeline_stage_layers")
+            "light)" if pipeline else "PP=1: no pipeline", "lcmoe_recipes.core.pipeline.pipeline_stage_layers")
     weights = options.pretrained_checkpoint
     fields = {**base, "positions": positions, "global_batch_size": gbs, "micro_batch_size": options.micro_batch_size,
               "schedule": schedule, "pipeline_model_parallel_layout": pipeline, "pretrained_checkpoint": weights,

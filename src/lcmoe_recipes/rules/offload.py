@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..plan import Reason
+from ..core.plan import Reason
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 SOURCE = ("Megatron-Bridge skill nemo-mbridge-perf-moe-long-context ('all DSV3 long-context configs require "

@@ -28,9 +28,9 @@ import math
 
 from ..catalog import ModelSpec
 from ..catalog.history import history_of
+from ..core.plan import Positions, Reason
+from ..core.request import ROPE_CHOICES
 from ..errors import LcmoeError
-from ..plan import Positions, Reason
-from ..request import ROPE_CHOICES
 
 YARN_SOURCE = "YaRN, arXiv 2309.00071 (factor = target / original length, beta 32/1, temperature 0.1 ln s + 1)"
 ABF_SOURCE = "ABF, arXiv 2309.16039 (raise the RoPE base); NTK-aware base b*s^(d/(d-2)), arXiv 2309.00071 §3.1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..catalog import Hardware, ModelSpec
 from ..catalog.history import history_of
-from ..plan import Reason
+from ..core.plan import Reason
 
 TE_SOURCE = ("NVIDIA Transformer Engine docs, 'Using FP8 with Transformer Engine' (FP8 block scaling: Hopper; MXFP8: "
              "Blackwell)")

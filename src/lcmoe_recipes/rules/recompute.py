@@ -4,7 +4,7 @@ time only as far as the memory model requires; no attention recompute at very lo
 from __future__ import annotations
 
 from ..catalog import ModelSpec
-from ..plan import Reason
+from ..core.plan import Reason
 
 SOURCE = ("Megatron-Bridge skill nemo-mbridge-perf-moe-long-context rules 3-4 (selective before full; avoid SDPA "
           "recompute at long context); megatron-core 0.19.2 recompute modules (transformer/transformer_config.py "

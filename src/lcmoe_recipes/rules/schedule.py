@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..catalog import ModelSpec
 from ..catalog.history import history_of
+from ..core.plan import Reason, Schedule
 from ..errors import LcmoeError
-from ..plan import Reason, Schedule
 
 DSV3 = "DeepSeek-V3 technical report (arXiv 2412.19437) §4.3: 1,000 steps per phase at the final pre-training LR"
 WARMUP_FRACTION = 0.02  # of the phase: Adam's moments start from zero in a new phase, so its first steps are damped

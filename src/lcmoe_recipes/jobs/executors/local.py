@@ -1,0 +1,74 @@
+"""torchrun on this node: ``python -m torch.distributed.run --standalone`` runs :mod:`lcmoe_recipes.train` on every
+rank here and its output is teed into ``out/logs/``."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ...catalog import get_hardware
+from ...errors import LaunchError, LcmoeError
+from .common import LaunchResult, QUIET_ENV, first_error_line, train_arguments
+
+
+def _local_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken CUDA install counts as no GPU
+        return 0
+
+
+def run_local(yaml: Path, meta: dict, env_vars: dict[str, str], *, smoke: bool = False, smoke_ranks: int = 2,
+              nproc_per_node: int | None = None, dry_run: bool = False, log_dir: str | Path = "out/logs",
+              train_args: list[str] | None = None, echo: bool = True) -> LaunchResult:
+    """torchrun on this node.
+
+    Args:
+        yaml, meta: the config file and its target (:func:`lcmoe_recipes.emit.target_meta`).
+        env_vars: exported to every rank unless already set (the recipe's ``env_vars``).
+        smoke: CPU-only smoke run with ``smoke_ranks`` ranks (gloo) instead of training.
+        nproc_per_node: ranks; default the planned world size (a local run is one node).
+        log_dir: where the combined output of the ranks goes (``<recipe>-<time>.log``).
+        echo: also print the ranks' output as it comes.
+
+    Raises:
+        LcmoeError: ``nproc_per_node`` differs from the planned world size (a local run cannot be multi-node).
+        LaunchError: fewer GPUs here than ranks (not for a smoke run or a dry run).
+    """
+    world = meta.get("world_size") or 1
+    nproc = smoke_ranks if smoke else (nproc_per_node or world)
+    if not smoke and nproc != world:
+        raise LcmoeError(f"--nproc-per-node {nproc}: the config was planned for {world} ranks and a local run is "
+                         "one node", f"use --nproc-per-node {world}, or --executor slurm for "
+                         f"{world} GPUs on several nodes")
+    args = ["--config", str(yaml), *(train_arguments(smoke=smoke) if train_args is None else train_args)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               "-m", "lcmoe_recipes.train", *args]
+    shown = shlex.join(command)
+    if dry_run:
+        return LaunchResult("local", "DRY_RUN", shown, Path(yaml))
+    if not smoke and (have := _local_gpus()) < nproc:
+        hw = get_hardware(meta.get("hardware", "h100"))
+        raise LaunchError(f"this machine has {have} GPU(s); the config needs {nproc} {hw.display} GPUs",
+                          "run it on the cluster (--executor slurm), or check it here with --smoke")
+    log_path = Path(log_dir) / f"{meta.get('recipe', 'config')}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**QUIET_ENV, **{k: str(v) for k, v in env_vars.items()}, **os.environ}
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                                   bufsize=1)
+        assert process.stdout is not None
+        for line in process.stdout:
+            log.write(line)
+            if echo:
+                sys.stdout.write(line)
+        code = process.wait()
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    return LaunchResult("local", "SUCCEEDED" if code == 0 else "FAILED", shown, Path(yaml), exit_code=code,
+                        log_path=log_path, first_error=None if code == 0 else first_error_line(text))

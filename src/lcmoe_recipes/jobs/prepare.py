@@ -1,0 +1,314 @@
+"""Build and run: a :class:`~lcmoe_recipes.core.request.TrainingRequest` becomes validated ConfigContainer YAMLs (one per
+phase) and runs through torchrun here (``local``) or a Slurm job through NeMo-Run (``slurm``).
+
+* :func:`build` -- the request resolved (:func:`lcmoe_recipes.planner.resolve.resolve`, each phase of
+  :func:`~lcmoe_recipes.planner.resolve.phase_requests`), its ConfigContainer built, overridden (Hydra syntax, megatron-bridge's
+  own parser), checked again for the target (our checks, upstream ``validate()``, the known upstream bugs for the
+  versions the job runs), and written as YAML; a Slurm job's folder, paths and time limit checked too.
+* :func:`run` -- one built config run (the torchrun command or the sbatch script with ``dry_run``).
+* :func:`submit` -- any ConfigContainer (or a YAML ``build`` wrote) validated for its target and run.
+
+The command line is :mod:`lcmoe_recipes.cli.launch` (``python -m lcmoe_recipes.launch``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shlex
+from pathlib import Path
+
+from ..catalog import get_hardware
+from ..checks.known_issues import job_versions
+from ..checks.weights import Weights, weights_of
+from ..core.plan import Plan, carry_reasons
+from ..core.request import TrainingRequest
+from ..errors import LcmoeError
+from ..planner.recipes import NAMED_RECIPES
+from ..planner.resolve import named_options, phase_requests, resolve, retarget_source
+from .executors.common import nodes_for
+from .executors.kubeflow import KubeflowSettings, kube_job_overrides
+from .executors.slurm import SlurmSettings, job_dir_of, overlay_step
+from .job_checks import JobCheck
+from .overlay import nearest_image
+
+
+# a calibration run logs every step's time, TFLOP/s and memory (what lcmoe_recipes.calibration reads)
+CALIBRATION_RUN_OVERRIDES = ["logger.log_interval=1", "logger.log_throughput=true"]
+
+
+@dataclasses.dataclass
+class Built:
+    """One config of a request: the plan asked for, the plan the config states (after overrides), the config, the
+    overrides applied, warnings, where its weights come from, and (``--from``) every field the retargeting changed;
+    once :func:`build` wrote it, also where its YAML went, its header, the command each node runs and the Slurm job
+    checks."""
+
+    plan: Plan
+    shown: Plan
+    cfg: object
+    overrides: list
+    warnings: list
+    weights: Weights
+    changes: list = dataclasses.field(default_factory=list)
+    output: Path | None = None
+    meta: dict = dataclasses.field(default_factory=dict)
+    command: str = ""
+    job: object = None
+
+
+def torchrun_command(yaml_path: str | Path, world_size: int, gpus_per_node: int) -> str:
+    """The command every node of the cluster runs (one torchrun per node; under Slurm: ``srun --ntasks-per-node 1``).
+
+    Raises:
+        LcmoeError: ``world_size`` does not fill whole nodes.
+    """
+    nodes = nodes_for(world_size, gpus_per_node)
+    return (f"torchrun --nnodes {nodes} --nproc-per-node {gpus_per_node} --rdzv-backend c10d "
+            f"--rdzv-endpoint \"$MASTER_ADDR:${{MASTER_PORT:-29500}}\" -m lcmoe_recipes.train "
+            f"--config {shlex.quote(str(yaml_path))}")
+
+
+def _output(plan: Plan, overrides: list[str], output: str | Path | None) -> Path:
+    """Where the YAML goes: ``output``, else ``out/<plan>.yaml`` (``out/<plan>+<hash of the overrides>.yaml`` with
+    overrides, so the plain recipe's file is never overwritten by an overridden one).
+
+    Raises:
+        LcmoeError: ``output`` is a directory.
+    """
+    if output is None:
+        digest = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:8]
+        output = Path(f"out/{plan.name}+{digest}.yaml" if overrides else f"out/{plan.name}.yaml")
+    output = Path(output)
+    if output.exists() and output.is_dir():
+        raise LcmoeError(f"--output {output} is a directory", f"give a file name, e.g. {output / (plan.name + '.yaml')}")
+    return output
+
+
+def configure(plan: Plan, request: TrainingRequest, overrides: list[str] = (),
+              container_image: str | None = None, overlay: bool = True) -> Built:
+    """``plan``'s ConfigContainer (``--from``: the source config retargeted), ``overrides`` applied with
+    megatron-bridge's parser, then checked again for the target: our checks, upstream ``validate()``, the known
+    upstream bugs and megatron-core's Transformer Engine gates for the versions a job on ``container_image`` runs
+    (:func:`lcmoe_recipes.jobs.prepare.validate_for_image`, through an overlay of the pinned megatron unless ``overlay``
+    is False; default: installed). Nothing is written.
+
+    Raises:
+        OverrideError: a bad override. InfeasibleConfig: the config breaks a rule or upstream refuses it.
+    """
+    from .. import emit
+
+    hw, world = plan.hardware_spec, plan.layout.world
+    overrides = list(overrides)
+    changes: list = []
+    if request.from_config:
+        cfg, changes = emit.retarget_config(retarget_source(request.from_config)[0], plan)
+    else:
+        cfg = emit.config_from_plan(plan, validate=False)  # validated once, below, after the overrides
+    shown = plan
+    if overrides:
+        emit.apply_overrides(cfg, overrides)
+        shown = emit.plan_from_config(cfg, hw, world, plan.name)
+        shown = shown.with_changes(reasons=carry_reasons(plan, shown))
+    warnings = validate_for_image(cfg, hw, world, plan.name, container_image, overlay)
+    return Built(plan, shown, cfg, overrides, warnings, weights_of(request, plan.model), changes)
+
+
+def configure_phases(request: TrainingRequest, container_image: str | None = None,
+                     before_build=None, overlay: bool = True) -> list[Built]:
+    """:func:`configure` for every phase of ``request`` (one without phases): each phase resolved
+    (:func:`lcmoe_recipes.planner.resolve.resolve`) and started from the previous phase's ``checkpoint.save``; its overrides
+    are ``save_dir`` (``DIR/phaseN_<len>k`` per phase), the request's own, then its data.
+
+    Args:
+        before_build: called with each phase's Plan before its config is built (cheap checks that can refuse).
+
+    Raises:
+        LcmoeError: anything :func:`~lcmoe_recipes.planner.resolve.resolve` or :func:`configure` refuses.
+    """
+    from .. import emit
+
+    phases = phase_requests(request)
+    phased = len(phases) > 1
+    out: list[Built] = []
+    for index, phase in enumerate(phases):
+        if index:
+            phase = phase.replace(pretrained_checkpoint=out[-1].cfg.checkpoint.save)
+        plan = resolve(phase)
+        if before_build is not None:
+            before_build(plan)
+        save_dir = (f"{request.save_dir.rstrip('/')}/phase{index + 1}_{phase.seq_length // 1024}k"
+                    if request.save_dir and phased else request.save_dir)
+        overrides = (emit.save_overrides(save_dir) + (CALIBRATION_RUN_OVERRIDES if request.calibration_run else [])
+                     + list(request.overrides) + emit.data_overrides(list(request.data_path) or None, request.tokenizer))
+        one = configure(plan, phase, overrides, container_image, overlay)
+        one.meta = _header(one, phase)
+        out.append(one)
+    return out
+
+
+def _header(one: Built, request: TrainingRequest) -> dict:
+    """The YAML header of ``one``: its target and overrides, where its weights come from, what a named recipe was
+    built with (so ``check`` compares like with like), or what it was retargeted from."""
+    from .. import emit
+
+    plan = one.plan
+    meta = {**emit.target_meta(one.shown, one.overrides), **({"weights": one.weights.entry} if one.weights.entry else {})}
+    if request.from_config:
+        meta["retargeted_from"] = str(request.from_config)
+    elif plan.name in NAMED_RECIPES:
+        options = {**named_options(request, NAMED_RECIPES[plan.name]), "pretrained_checkpoint": plan.pretrained_checkpoint}
+        options = {k: v for k, v in options.items() if v is not None}
+        if options:
+            meta["options"] = options
+    return meta
+
+
+def build(request: TrainingRequest, *, container_image: str | None = None, output: str | Path | None = None,
+          settings: SlurmSettings | KubeflowSettings | None = None, smoke: bool = False, smoke_nodes: int = 1,
+          budget_hours: float | None = None, overlay: bool | None = None) -> list[Built]:
+    """The validated configs of ``request``, one per phase (:func:`configure_phases`), each written as YAML.
+
+    Args:
+        container_image: the image the job runs: known upstream bugs and megatron-core's TE gates are judged for
+            its versions (through an overlay of the pinned megatron where it needs one); default: the installed
+            ones, or ``settings``' image.
+        output: the YAML's path; with phases, its stem names each phase's (``<stem>-phaseN.yaml``).
+        settings: a Slurm or Kubernetes job's settings: its folder or volume, the paths the config reads and writes,
+            and the predicted time against its time limit are checked too (a chained phase that cannot finish is
+            refused).
+        smoke, smoke_nodes: the job is a smoke check on that many nodes (no time check).
+        overlay: judge the image with an overlay of the pinned megatron where it needs one (default: ``settings``',
+            else True); False: the image's own versions.
+        budget_hours: warn about a phase predicted to run longer (default
+            :data:`lcmoe_recipes.cost.wallclock.DEFAULT_PHASE_BUDGET_HOURS`), with the tokens per step that fit it.
+
+    Raises:
+        LcmoeError: anything :func:`configure_phases` refuses; phases on Slurm without ``save_dir``; a job folder or
+            path the job cannot use.
+    """
+    from .. import emit
+    from ..cost.wallclock import DEFAULT_PHASE_BUDGET_HOURS
+    from ..checks.wallclock import phase_findings
+
+    phased = bool(request.phases and len(request.phases) > 1)
+    if phased and isinstance(settings, SlurmSettings) and not request.save_dir:
+        raise LcmoeError("--phases on Slurm needs --save-dir: each job runs in its own code folder, so the next "
+                         "phase would not find the previous phase's checkpoints",
+                         "add --save-dir /shared/folder (each phase saves under DIR/phaseN_<len>k)")
+    if container_image is None and settings is not None:
+        container_image = settings.image if isinstance(settings, KubeflowSettings) else settings.container_image
+    checks: list = []
+
+    def job_folder(plan: Plan) -> None:  # before the heavy build: the job's folder (Slurm) or volume (Kubernetes)
+        if isinstance(settings, KubeflowSettings):
+            checks.append(lambda cfg: JobCheck(*kube_job_overrides(cfg, settings, smoke)))
+        else:
+            checks.append(slurm_job_check(settings, {"world_size": plan.layout.world,
+                                                     "hardware": plan.hardware_spec.key}, smoke, smoke_nodes))
+            overlay_step(settings, plan.hardware_spec, build=False)  # an image that cannot take one: refused now
+
+    overlay = getattr(settings, "overlay", True) if overlay is None else overlay
+    built = configure_phases(request, container_image, job_folder if settings is not None else None, overlay)
+    for index, one in enumerate(built):  # every check first: nothing is written for a request that is refused
+        if settings is not None:
+            one.job = checks[index](one.cfg)
+            one.warnings = one.warnings + one.job.findings
+        one.warnings = (one.warnings + list(one.weights.notes)
+                        + _time_findings(one, settings, smoke, chained=index < len(built) - 1)
+                        + (phase_findings(one.shown, budget_hours or DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
+        one.output = _output(one.plan, one.overrides, _phase_output(output, one, index, len(built), request))
+    for one in built:
+        emit.write_yaml(one.cfg, one.output, one.meta)
+        one.command = torchrun_command(one.output, one.plan.layout.world, one.plan.hardware_spec.gpus_per_node)
+    return built
+
+
+def _phase_output(output, one: Built, index: int, phases: int, request: TrainingRequest) -> str | Path | None:
+    """Where phase ``index`` of ``phases`` goes: ``output`` for one config; ``<stem>-phaseN<suffix>`` of it with
+    phases; ``out/<plan>.yaml`` for a retargeted config; else None (:func:`_output`'s default)."""
+    if output is not None:
+        output = Path(output)
+        return output if phases == 1 else output.with_name(f"{output.stem}-phase{index + 1}{output.suffix or '.yaml'}")
+    return f"out/{one.plan.name}.yaml" if request.from_config else None
+
+
+def slurm_job_check(settings: SlurmSettings, meta: dict, smoke: bool = False, smoke_nodes: int = 1):
+    """Check the job folder for ``settings`` and the nodes ``meta`` plans for (``smoke_nodes`` for a smoke job) now
+    (:func:`lcmoe_recipes.jobs.job_checks.job_folder_findings`: no config needed), and return the check of the ranks'
+    ConfigContainer (:func:`lcmoe_recipes.jobs.job_checks.slurm_job`, the folder's warnings added).
+
+    Raises:
+        InfeasibleConfig: a node-local job folder for a multi-node job.
+    """
+    from ..checks import raise_for_errors
+    from .job_checks import job_folder_findings, slurm_job
+
+    nodes = smoke_nodes if smoke else nodes_for(meta["world_size"], get_hardware(meta["hardware"]).gpus_per_node)
+    job_dir = job_dir_of(settings)
+    folder = job_folder_findings(job_dir, nodes, settings.tunnel == "local")
+    raise_for_errors(folder, "the Slurm job")
+
+    def check(cfg):
+        job = slurm_job(cfg, settings, job_dir, smoke=smoke)
+        job.findings = folder + job.findings
+        return job
+
+    return check
+
+
+def _time_findings(one: Built, settings, smoke: bool, chained: bool) -> list:
+    """A Slurm or Kubernetes training job's predicted time against its time limit (:func:`lcmoe_recipes.jobs.job_checks.
+    training_time_finding`): [] or one warning.
+
+    Raises:
+        InfeasibleConfig: a phase that would stop early while the next one waits on it (``afterok``).
+    """
+    if settings is None or smoke or not one.cfg.train.train_iters or not settings.time:
+        return []
+    from ..checks import raise_for_errors
+    from ..cost import estimate_step
+    from .job_checks import training_time_finding
+
+    finding = training_time_finding(one.cfg.train.train_iters, estimate_step(one.shown).step_seconds, settings.time,
+                                    chained)
+    if finding is None:
+        return []
+    raise_for_errors([finding], one.plan.name)
+    return [finding]
+
+
+def validate_for_image(cfg, hardware, world_size: int, name: str, image: str | None, overlay: bool = True) -> list:
+    """:func:`lcmoe_recipes.emit.validate_config` for the versions a job on ``image`` runs (:func:`job_versions`;
+    ``overlay`` False: the image's own megatron): the known issues judged for them, megatron-core's TE gates for the
+    image's Transformer Engine.
+
+    Returns:
+        the warnings (the unlisted-image warning included).
+
+    Raises:
+        InfeasibleConfig: the config fails for that image; when it passes with the target's TE but not with the
+            image's, the fix names the nearest listed image whose TE it passes with.
+    """
+    from ..catalog.known_issues import find_container
+    from ..checks.known_issues import installed_versions
+    from ..emit import config_findings, validate_config
+    from ..errors import InfeasibleConfig
+
+    versions, notes = job_versions(image, overlay)
+    try:
+        return validate_config(cfg, hardware, world_size, name, versions) + notes
+    except InfeasibleConfig as exc:
+        found = find_container(image) if image else None
+
+        def passes(v) -> bool:
+            return not any(f.severity == "error" for f in config_findings(cfg, hardware, world_size, name, v))
+
+        if found is None or not passes(installed_versions()):
+            raise
+        near = nearest_image(found, lambda c: c.versions["transformer-engine"] is not None and
+                             passes(job_versions(c.image, overlay)[0]))
+        te = found.versions["transformer-engine"]
+        fix = (f"use {near.image} ({near.release}, Transformer Engine {near.versions['transformer-engine']}), the "
+               f"nearest listed image this config passes with; or {exc.fix}" if near else exc.fix)
+        raise InfeasibleConfig(f"{exc.message} (with {image}'s Transformer Engine {te})", fix, exc.findings) from None

@@ -1,0 +1,192 @@
+"""Run a config: :func:`run` runs one config :func:`lcmoe_recipes.jobs.prepare.prepare` wrote (torchrun here, a Slurm
+job, a Kubeflow Trainer job); :func:`submit` takes any ConfigContainer (or a YAML ``launch`` wrote), validates it for
+its target, writes it and runs it -- the Python API (``lcmoe_recipes.launch.submit``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from pathlib import Path
+
+from ..catalog import get_hardware
+from ..checks.known_issues import job_versions
+from ..errors import LcmoeError
+from .executors.common import EXECUTORS, LaunchResult, nodes_for, train_arguments
+from .executors.kubeflow import KubeflowSettings, check_kubeflow_settings, kube_job_overrides, run_kubeflow
+from .executors.local import run_local
+from .executors.slurm import SlurmSettings, check_settings, run_slurm
+from .job_checks import JobCheck
+from .prepare import Built, slurm_job_check
+
+
+def run(one: Built, executor: str = "local", settings: SlurmSettings | KubeflowSettings | None = None, *,
+        smoke: bool = False, smoke_ranks: int = 2, smoke_nodes: int = 1, nproc_per_node: int | None = None,
+        dry_run: bool = False, wait: bool = True, replan: bool = False, after_job: str | None = None,
+        echo: bool = True) -> LaunchResult:
+    """Run one built config: torchrun here (``local``), a Slurm job (``slurm``, with its ``settings``; a later phase
+    waits for ``after_job``: ``afterok``), or a Kubeflow Trainer job (``kubeflow``; ``dry_run`` gives its manifest).
+
+    Raises:
+        LaunchError: too few GPUs here, or sbatch / Kubernetes refused the job.
+    """
+    # data and save folders are in the YAML already; the job's exit duration goes on the ranks' command line
+    train_args = train_arguments(smoke=smoke, replan=replan, overrides=one.job.overrides if one.job else ())
+    if executor == "local":
+        return run_local(one.output, one.meta, dict(one.cfg.env_vars or {}), smoke=smoke, smoke_ranks=smoke_ranks,
+                         nproc_per_node=nproc_per_node, dry_run=dry_run, train_args=train_args, echo=echo)
+    if executor == "kubeflow":
+        return run_kubeflow(one.output, one.meta, dict(one.cfg.env_vars or {}), settings, smoke=smoke,
+                            smoke_ranks=smoke_ranks, dry_run=dry_run, train_args=train_args,
+                            notes=one.job.notes if one.job else [])[0]
+    if after_job:
+        settings = dataclasses.replace(settings, sbatch={**settings.sbatch, "dependency": f"afterok:{after_job}"})
+    return run_slurm(one.output, one.meta, dict(one.cfg.env_vars or {}), settings, smoke=smoke,
+                     smoke_ranks=smoke_ranks, smoke_nodes=smoke_nodes, dry_run=dry_run, wait=wait,
+                     train_args=train_args, notes=one.job.notes if one.job else [])
+
+
+def _target(found: dict, world_size: int | None, hardware: str | None, where: str) -> dict:
+    meta = dict(found)
+    for key, given in (("world_size", world_size), ("hardware", hardware)):
+        if given is None:
+            continue
+        if meta.get(key) not in (None, given):
+            raise LcmoeError(f"{where} was planned for {key}={meta[key]}, not {given}",
+                             "plan it again for that target: python -m lcmoe_recipes.launch MODEL --seq N --gpus N "
+                             "--hardware H --dry-run")
+        meta[key] = given
+    missing = [key for key in ("world_size", "hardware") if not meta.get(key)]
+    if missing:
+        raise LcmoeError(f"{where} does not say which cluster it is for ({' and '.join(missing)} unknown)",
+                         "pass world_size= and hardware=, or build it with lcmoe_recipes (a factory, build_recipe, "
+                         "or launch --dry-run)")
+    meta.setdefault("recipe", "config")
+    from ..emit.stack import installed_stack
+
+    for key, version in installed_stack().items():  # validated here, with these versions
+        meta.setdefault(key, version)
+    return meta
+
+
+def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = (), check_job=None, versions=None):
+    """(YAML path, env_vars, what ``check_job`` returned) for ``cfg``: validated for its target ``meta`` with the
+    ranks' ``extra`` overrides applied (to a copy; they travel on the ranks' command line; known upstream bugs judged
+    for ``versions``, default the installed ones), then ``check_job(that config)``, and only then the YAML written
+    (when ``cfg`` is a ConfigContainer or a YAML without our header)."""
+    import copy
+
+    from .. import emit
+
+    path = Path(cfg) if isinstance(cfg, (str, os.PathLike)) else None
+    loaded, found = emit.read_yaml(path) if path else (cfg, {})
+    effective = emit.apply_overrides(copy.deepcopy(loaded), list(extra)) if extra else loaded
+    emit.validate_config(effective, meta["hardware"], meta["world_size"], meta["recipe"], versions)
+    job = check_job(effective) if check_job else None
+    env_vars = dict(loaded.env_vars or {})
+    if path:
+        if found.get("world_size") and found.get("hardware") and output is None:
+            return path, env_vars, job
+        target = Path(output or f"out/{path.stem}.{meta['hardware']}x{meta['world_size']}.yaml")
+        return emit.write_yaml(loaded, target, meta), env_vars, job
+    if output is None:
+        staged = emit.write_yaml(cfg, Path("out") / f".{meta['recipe']}.staged.yaml", meta)
+        digest = hashlib.sha1(staged.read_bytes()).hexdigest()[:8]
+        target = staged.with_name(f"{meta['recipe']}-{digest}.yaml")
+        os.replace(staged, target)
+    else:
+        target = emit.write_yaml(cfg, output, meta)
+    return target, env_vars, job
+
+
+def _settings_of(executor) -> SlurmSettings:
+    """The settings a ready ``nemo_run.SlurmExecutor`` stands for (time, container, mounts, tunnel, job folder), for
+    the same checks as ours."""
+    import nemo_run as run
+
+    tunnel = executor.tunnel
+    return SlurmSettings(account=executor.account, time=executor.time, container_image=executor.container_image,
+                         container_mounts=tuple(executor.container_mounts or ()),
+                         tunnel="local" if tunnel is None or isinstance(tunnel, run.LocalTunnel) else "ssh",
+                         host=getattr(tunnel, "host", None), user=getattr(tunnel, "user", None),
+                         job_dir=tunnel.job_dir if tunnel is not None else executor.job_dir)
+
+
+def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False, wait: bool = True,
+           world_size: int | None = None, hardware: str | None = None, output: str | Path | None = None,
+           nproc_per_node: int | None = None, smoke_ranks: int = 2, smoke_nodes: int = 1,
+           data_path: list[str] | None = None,
+           tokenizer: str | None = None, save_dir: str | None = None, replan: bool = False) -> LaunchResult:
+    """Validate ``cfg`` for its target and run it with torchrun here, or as a Slurm or Kubeflow Trainer job through
+    NeMo-Run.
+
+    Args:
+        cfg: a ConfigContainer from lcmoe_recipes (a factory such as ``dsv3_128k_h100()``, ``build_recipe``: it
+            remembers its target; a ``copy.deepcopy`` of it does not), any other ConfigContainer (then give
+            ``world_size`` and ``hardware``), or the path of a YAML written by ``launch``.
+        executor: ``"local"``, ``"slurm"`` (settings from the environment: ``SBATCH_ACCOUNT``), a
+            :class:`~lcmoe_recipes.jobs.executors.slurm.SlurmSettings`, a ready ``nemo_run.SlurmExecutor``, or a
+            :class:`~lcmoe_recipes.jobs.executors.kubeflow.KubeflowSettings` (a Kubeflow Trainer job; ``dry_run``: its manifest).
+        smoke: CPU-only check with ``smoke_ranks`` ranks (gloo all-reduce, no training; no GPU needed); under Slurm
+            on ``smoke_nodes`` nodes, each checking that the config's paths exist there.
+        dry_run: build the torchrun command / sbatch script and return it without running anything.
+        wait: Slurm: wait for the job and read its state and logs.
+        output: where to write the YAML (default for a ConfigContainer: ``out/<recipe>-<first 8 hex of the YAML's
+            SHA-1>.yaml``, so two different configs never share a file; for a YAML with our header: that file).
+        nproc_per_node: local: ranks (default the planned world size).
+        data_path, tokenizer: real data for the ranks (see :func:`lcmoe_recipes.emit.data_overrides`).
+        save_dir: absolute folder for the run's checkpoints and logs (see :func:`lcmoe_recipes.emit.save_overrides`).
+        replan: let the ranks plan again when they find another world size or GPU type.
+
+    Returns:
+        :class:`~lcmoe_recipes.jobs.executors.common.LaunchResult`: state, job id, log path, first error line, the command or
+        sbatch script; for Slurm, ``notes`` (the exit duration from ``time``, the job folder rule, warnings about
+        the job's paths).
+
+    Raises:
+        LcmoeError: the config fails validation for its target, its target is unknown, an unknown executor, a GPU
+            count that does not fill whole nodes, a Slurm time without hours, a path the Slurm job cannot use
+            (:func:`lcmoe_recipes.jobs.job_checks.slurm_job`).
+        LaunchError: too few GPUs here for a local run, or sbatch refused the job. (A job that runs and fails is
+            not raised: ``result.ok`` is False and ``result.first_error`` says why.)
+    """
+    from .. import emit
+
+    if isinstance(executor, str) and executor not in EXECUTORS:
+        raise LcmoeError(f"unknown executor '{executor}'", f"use one of {', '.join(EXECUTORS)}")
+    # Everything that can be refused without building is refused before the YAML is written.
+    extra = emit.save_overrides(save_dir) + emit.data_overrides(data_path, tokenizer)  # bad input fails here
+    kube = executor if isinstance(executor, KubeflowSettings) else None
+    settings = executor if isinstance(executor, SlurmSettings) else SlurmSettings() if executor == "slurm" else None
+    if settings is not None:
+        check_settings(settings)
+    if kube is not None:
+        check_kubeflow_settings(kube)
+    if isinstance(cfg, (str, os.PathLike)):
+        meta = _target(emit.read_meta(cfg), world_size, hardware, f"'{cfg}'")
+    else:
+        meta = _target(emit.target_of(cfg), world_size, hardware, "this ConfigContainer")
+    nodes_for(meta["world_size"], get_hardware(meta["hardware"]).gpus_per_node)
+    image = (kube.image if kube is not None else settings.container_image if settings is not None
+             else getattr(executor, "container_image", None))
+    versions = job_versions(image)[0]  # the container's versions if listed (the pinned ones through an overlay)
+    if executor == "local":
+        yaml, env_vars, _ = _materialize(cfg, meta, output, extra, versions=versions)
+        args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer, save_dir=save_dir)
+        return run_local(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, nproc_per_node=nproc_per_node,
+                         dry_run=dry_run, train_args=args)
+    if kube is not None:
+        yaml, env_vars, job = _materialize(cfg, meta, output, extra, lambda c: JobCheck(*kube_job_overrides(c, kube, smoke)),
+                                           versions)
+        args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer,
+                               save_dir=save_dir, overrides=job.overrides)
+        return run_kubeflow(yaml, meta, env_vars, kube, smoke=smoke, smoke_ranks=smoke_ranks, dry_run=dry_run,
+                            train_args=args, notes=job.notes)[0]
+    check = slurm_job_check(settings or _settings_of(executor), meta, smoke, smoke_nodes)
+    yaml, env_vars, job = _materialize(cfg, meta, output, extra, check, versions)
+    args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer, save_dir=save_dir,
+                           overrides=job.overrides)
+    return run_slurm(yaml, meta, env_vars, settings, smoke=smoke, smoke_ranks=smoke_ranks, smoke_nodes=smoke_nodes,
+                     dry_run=dry_run, wait=wait,
+                     train_args=args, executor=None if settings is not None else executor,
+                     notes=job.notes + [f"{f.severity}: {f.rule}: {f.message}; fix: {f.fix}" for f in job.findings])

@@ -1,0 +1,197 @@
+"""The named long-context MoE recipes: a Plan per published reference configuration.
+
+Layouts, precision, dispatcher and recompute follow the published long-context runs (Megatron-Bridge skill
+``nemo-mbridge-perf-moe-long-context``, SKILL.md + card.yaml, measured table in docs/recipes.md). Everything else --
+the upstream recipe it starts from, positions, token budget and GBS, schedule, pipeline layout string, weights --
+comes from the rules every run shares (:func:`lcmoe_recipes.rules.extension.extension_fields`). Where the published
+configuration is silent (Qwen3-Next's TP/PP/EP), the choice and its reason are recorded in ``Plan.reasons``. Each public factory (``dsv3_128k_h100()``, ...) returns a validated megatron-bridge
+``ConfigContainer``; ``recipe_plan(name)`` returns the Plan without importing megatron.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, fields
+from typing import Callable
+
+from ..catalog import get_hardware, get_model
+from ..checks import check_plan, raise_for_errors
+from ..core.layout import ParallelLayout
+from ..core.plan import Plan, Reason
+from ..core.request import RunOptions
+from ..errors import UnknownName
+from ..rules.extension import extension_fields, with_cp_comm, with_ep_overlap
+
+SKILL = "Megatron-Bridge skill nemo-mbridge-perf-moe-long-context (SKILL.md, card.yaml)"
+RUN_OPTIONS = tuple(f.name for f in fields(RunOptions))
+
+
+@dataclass(frozen=True)
+class NamedRecipe:
+    """A named recipe: what it is for and how its Plan is built."""
+
+    name: str
+    model: str
+    seq_length: int
+    hardware: str
+    num_gpus: int
+    summary: str
+    build: Callable[..., Plan]
+    options: tuple[str, ...] = ()
+
+
+def _named(name: str, model: str, hardware: str, seq_length: int, layout: ParallelLayout, precision: str,
+           options: RunOptions, reasons: dict[str, Reason], **knobs) -> Plan:
+    """A named recipe's Plan: its pinned layout and knobs (``knobs``, ``reasons``) plus the decisions every run takes
+    for its layout (:func:`lcmoe_recipes.rules.extension.extension_fields`)."""
+    spec, hw = get_model(model), get_hardware(hardware)
+    common, why = extension_fields(spec, hw, seq_length, layout, precision, options)
+    plan = Plan(name=name, model=model, hardware=hardware, seq_length=seq_length, layout=layout, precision=precision,
+                mtp_num_layers=spec.mtp_num_layers, **{**common, **knobs}, reasons={**why, **reasons})
+    return with_cp_comm(with_ep_overlap(plan))
+
+
+def _dsv3_h100(seq_length: int, num_gpus: int, cp: int, name: str, options: RunOptions) -> Plan:
+    layout = ParallelLayout(world=num_gpus, tp=1, pp=8, vpp=4, cp=cp, ep=32, etp=1)
+    return _named(
+        name, "dsv3", "h100", seq_length, layout, "fp8_blockwise", options,
+        moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep",
+        recompute_granularity="selective", recompute_modules=("mla_up_proj", "layernorm", "moe", "mlp"),
+        optimizer_cpu_offload=True, optimizer_offload_fraction=1.0, use_distributed_optimizer=True,
+        use_precision_aware_optimizer=True, sequence_parallel=False,
+        reasons={
+            "layout": Reason(f"published DSV3 {seq_length // 1024}K H100 layout TP1 CP{cp} EP32 PP8 VPP4 "
+                             f"(CP = seq_length/4096 = {seq_length // 4096})", SKILL),
+            "precision": Reason("FP8 blockwise (128x128 weights, 1x128 activations): the published FP8 class, and the "
+                                "precision DeepSeek-V3 was trained in (technical report arXiv 2412.19437 §3.3)", SKILL),
+            "dispatcher": Reason("flex + DeepEP: H100 (SM90) is DeepEP's platform", SKILL),
+            "recompute": Reason("selective up_proj (mla_up_proj), norm (layernorm), moe, mlp: the published set; "
+                                "no core_attn recompute at long context", SKILL + "; megatron-core 0.19.2 "
+                                "TransformerConfig.recompute_modules (mla_up_proj is MLA's up-projection)"),
+            "optimizer_cpu_offload": Reason("'All DSV3 long-context configs require --optimizer-cpu-offload' "
+                                            "(fraction 1.0; needs distributed + precision-aware optimizer)", SKILL),
+            "sequence_parallel": Reason("TP=1: nothing to split", "megatron-bridge sets SP off when TP<=1"),
+            "cuda_graphs": Reason("no CUDA graphs, as in the published DSV3 long-context runs and megatron-bridge's DSV3 "
+                                  "H100 perf recipes", SKILL),
+        })
+
+
+def _qwen3_235b_gb200(options: RunOptions, precision: str = "bf16", seq_length: int = 131072, num_gpus: int = 128,
+                      name: str = "qwen3_235b_128k_gb200") -> Plan:
+    layout = ParallelLayout(world=num_gpus, tp=4, pp=4, vpp=12, cp=4, ep=32, etp=1)
+    return _named(
+        name, "qwen3_235b", "gb200", seq_length, layout, precision, options,
+        moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
+        recompute_granularity="selective", recompute_modules=("moe_act", "layernorm"),
+        cuda_graph_impl="transformer_engine", cuda_graph_modules=("attn", "moe_router", "moe_preprocess"),
+        sequence_parallel=True,
+        reasons={
+            "layout": Reason("published Qwen3-235B 128K GB200 layout TP4 CP4 EP32 PP4 VPP12: on NVL72, TP4 "
+                             "stands in for part of CP (CP4 instead of seq/4096 = 32)", SKILL),
+            "precision": Reason(f"{precision} (BF16 published; MXFP8 selectable with precision='mxfp8')", SKILL),
+            "dispatcher": Reason("flex + HybridEP: NVL72 GB200, EP32 inside one NVLink domain", SKILL),
+            "recompute": Reason("selective moe_act + norm (layernorm), the published set", SKILL),
+            "cuda_graphs": Reason("TE CUDA graphs on attn, moe_router, moe_preprocess: shapes are static "
+                                  "(fixed seq_length and MBS, no packed sequences)", SKILL),
+            "sequence_parallel": Reason("TP=4 with EP>1 needs sequence parallel", "megatron-core TransformerConfig"),
+        })
+
+
+# Qwen3-Next on 32 GB200: only CP (1/4/16) is published. TP1 (CP16 needs TP·CP to divide the 16 linear key heads),
+# PP2 VPP4 as in Megatron-Bridge's Qwen3-Next GB200 perf recipe, EP16 = 32/(ETP·PP) so EDP = 1.
+_QWEN3_NEXT_RECOMPUTE = {
+    8192: (("layernorm", "moe_act"), "DP16 shards the dense optimizer state 16 ways; norm + expert activation "
+                                     "recompute is enough (published peak ~150 GB of 186)"),
+    32768: (("layernorm", "moe"), "DP falls to 4 (4x larger optimizer shard) at the same 8K tokens per rank: "
+                                  "recompute the whole MoE layer (published peak ~135 GB)"),
+    65536: (("layernorm", "moe"), "DP falls to 1; 4K tokens per rank, but attention K/V all-gathered over CP16: "
+                                  "recompute the whole MoE layer (published peak ~160 GB)"),
+}
+
+
+def _qwen3_next_gb200(seq_length: int, cp: int, name: str, options: RunOptions, num_gpus: int = 32) -> Plan:
+    layout = ParallelLayout(world=num_gpus, tp=1, pp=2, vpp=4, cp=cp, ep=16, etp=1)
+    modules, why = _QWEN3_NEXT_RECOMPUTE[seq_length]
+    return _named(
+        name, "qwen3_next", "gb200", seq_length, layout, "bf16", options,
+        moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
+        recompute_granularity="selective", recompute_modules=modules, sequence_parallel=False,
+        reasons={
+            "layout": Reason(f"published CP{cp} on 32 GB200; TP1 because gated DeltaNet needs its 16 linear key heads "
+                             f"divisible by TP·CP; PP2 VPP4 and EP16 (EDP1) fill the 32 GPUs",
+                             SKILL + "; megatron-core gated_delta_net rule; Bridge perf recipe qwen3_next_80b_a3b_pretrain_64gpu_gb200"),
+            "precision": Reason("BF16, as published", SKILL),
+            "dispatcher": Reason("flex + HybridEP on NVL72 GB200", SKILL),
+            "recompute": Reason(why, SKILL),
+            "cuda_graphs": Reason("no CUDA graphs: the published long-context runs state none, and megatron-core 0.19.2 "
+                                  "forbids TE graphs of the moe_router scope with 'moe' recompute, which 32K/64K need",
+                                  SKILL + "; megatron-core 0.19.2 TransformerConfig.__post_init__"),
+        })
+
+
+NAMED_RECIPES: dict[str, NamedRecipe] = {
+    r.name: r
+    for r in (
+        NamedRecipe("dsv3_128k_h100", "dsv3", 131072, "h100", 256, "DeepSeek-V3 at 128K on 256 H100",
+                    lambda options: _dsv3_h100(131072, 256, 32, "dsv3_128k_h100", options)),
+        NamedRecipe("dsv3_256k_h100", "dsv3", 262144, "h100", 512, "DeepSeek-V3 at 256K on 512 H100",
+                    lambda options: _dsv3_h100(262144, 512, 64, "dsv3_256k_h100", options)),
+        NamedRecipe("qwen3_235b_128k_gb200", "qwen3_235b", 131072, "gb200", 128, "Qwen3-235B-A22B at 128K on 128 GB200",
+                    lambda options, precision="bf16": _qwen3_235b_gb200(options, precision), options=("precision",)),
+        NamedRecipe("qwen3_next_8k_gb200", "qwen3_next", 8192, "gb200", 32, "Qwen3-Next-80B-A3B at 8K on 32 GB200",
+                    lambda options: _qwen3_next_gb200(8192, 1, "qwen3_next_8k_gb200", options)),
+        NamedRecipe("qwen3_next_32k_gb200", "qwen3_next", 32768, "gb200", 32, "Qwen3-Next-80B-A3B at 32K on 32 GB200",
+                    lambda options: _qwen3_next_gb200(32768, 4, "qwen3_next_32k_gb200", options)),
+        NamedRecipe("qwen3_next_64k_gb200", "qwen3_next", 65536, "gb200", 32, "Qwen3-Next-80B-A3B at 64K on 32 GB200",
+                    lambda options: _qwen3_next_gb200(65536, 16, "qwen3_next_64k_gb200", options)),
+    )
+}
+
+
+def recipe_plan(name: str, **options) -> Plan:
+    """The checked Plan of a named recipe (no megatron import).
+
+    Args:
+        options: the recipe's own options (``precision`` for qwen3_235b_128k_gb200) and any run option of
+            :class:`lcmoe_recipes.core.request.RunOptions` (``rope``, ``tokens_per_step``, ``global_batch_size``,
+            ``lr``, ``train_iters``, ``pretrained_checkpoint``).
+
+    Raises:
+        UnknownName: the name is not a named recipe, or an unknown option.
+        LcmoeError: a bad option value.
+        InfeasibleConfig: the plan breaks a rule (a bug in the recipe unless an option caused it).
+    """
+    recipe = NAMED_RECIPES.get(name)
+    if recipe is None:
+        close = difflib.get_close_matches(name, list(NAMED_RECIPES), n=1)
+        raise UnknownName(f"unknown recipe '{name}'",
+                          (f"did you mean '{close[0]}'? " if close else "") + f"named recipes: {', '.join(NAMED_RECIPES)}")
+    unknown = sorted(set(options) - set(recipe.options) - set(RUN_OPTIONS))
+    if unknown:
+        raise UnknownName(f"recipe {name} has no option {', '.join(repr(o) for o in unknown)}",
+                          f"its options: {', '.join(recipe.options + RUN_OPTIONS)}")
+    run = RunOptions(**{k: v for k, v in options.items() if k in RUN_OPTIONS})
+    plan = recipe.build(run, **{k: v for k, v in options.items() if k in recipe.options})
+    raise_for_errors(check_plan(plan), f"recipe {name}")
+    return plan
+
+
+def find_named_recipe(model: str, seq_length: int, num_gpus: int | None = None, hardware: str | None = None) -> NamedRecipe:
+    """The named recipe for (model, seq_length[, GPUs, hardware]).
+
+    Raises:
+        UnknownName: bad model/hardware name, or no named recipe matches (the message lists the ones that exist for
+            that model, and what to change).
+    """
+    spec = get_model(model)
+    hw = get_hardware(hardware).key if hardware else None
+    for recipe in NAMED_RECIPES.values():
+        if (recipe.model == spec.key and recipe.seq_length == seq_length
+                and num_gpus in (None, recipe.num_gpus) and hw in (None, recipe.hardware)):
+            return recipe
+    same_model = [r for r in NAMED_RECIPES.values() if r.model == spec.key]
+    listed = ", ".join(f"--seq {r.seq_length} --gpus {r.num_gpus} --hardware {r.hardware}" for r in same_model)
+    asked = (f"{spec.key} at seq_length {seq_length}" + (f" on {num_gpus}" if num_gpus else "")
+             + (f" {hw}" if hw and num_gpus else f" on {hw}" if hw else ""))
+    raise UnknownName(f"no named recipe for {asked}",
+                      f"named recipes for {spec.key}: {listed or 'none'}; or give --gpus and --hardware to plan one")

@@ -1,0 +1,676 @@
+"""The search: every legal layout for a TrainingRequest, the rules for each knob, the checks and the cost model;
+the fastest layout that fits wins; among layouts the step model cannot tell apart, the fastest still wins unless it
+leaves too little memory headroom. (The Plan it returns is :class:`lcmoe_recipes.core.plan.Plan`; its command line is
+``python -m lcmoe_recipes.plan``, :mod:`lcmoe_recipes.cli.plan`.)
+
+No torch / megatron import.
+
+1. layouts: TP in {1, 2, 4, 8} (heads and query groups split, TP inside one node or NVLink block) and no wider than
+   the model's width supports (:func:`tp_width_limit`: hidden / TP >= :data:`MIN_TP_WIDTH`) unless no narrower
+   layout fits, CP from
+   :func:`rules.cp.cp_candidates` (powers of two around seq_length/4096), PP in {1, 2, 4, 8, 16}, VPP the finest
+   interleave that keeps two layers per chunk (the bubble is (PP-1)/VPP microbatches), EP a power of two dividing the
+   experts with ETP = 1; Megatron's folding rules (world % TP·PP·CP, world % ETP·EP·PP) and any fixed wish; MBS in
+   {1, 2, 4} unless the request fixes it (:func:`mbs_choices`), each (layout, MBS) a candidate;
+2. per layout: dispatcher and precision (rules), the decisions every run takes for its layout -- upstream base,
+   positions, token budget and GBS, schedule, pipeline layout (:func:`lcmoe_recipes.rules.extension.extension_fields`)
+   -- then the least recompute and the smallest optimizer offload that fit in the memory limit (HBM less
+   ``request.memory_margin``; rules.recompute ladder, rules.offload fractions), then CUDA graphs and the CP exchange
+   (rules); the checks (:func:`lcmoe_recipes.checks.check_plan`) drop what Megatron would reject, and
+   :func:`lcmoe_recipes.cost.host_findings` what a node's RAM cannot hold;
+3. rank by predicted step time. Candidates within the step error band of the fastest are a tie (the band of the
+   request's GPU and precision, :func:`lcmoe_recipes.cost.bands.band_for`: the held-out median error, wider where a
+   constant is borrowed). The rule that decides is recorded (:attr:`PlanResult.rule`, every tie in
+   :attr:`PlanResult.tie_break`): **fastest** -- the fastest candidate keeps at least
+   :data:`~lcmoe_recipes.cost.bands.MEMORY_ERROR_BAND` of the limit free, and wins; **headroom** -- it does not, and
+   the fastest tie that does wins; **most headroom** -- no tie does, and the one with the most headroom wins. Memory
+   is the whole HBM budget: the allocator's peak plus the buffers outside it (``MemoryBreakdown.hbm_total``: flex
+   dispatcher, CUDA context, NCCL) against HBM less the request's ``memory_margin`` (the fragmentation margin).
+
+Bounds, not shortcuts: every layout the rules allow is enumerated, then visited in order of a compute-time lower
+bound of its step (:func:`lcmoe_recipes.cost.bounds.compute_lower_bound`). A layout is skipped only when a lower
+bound of its step time -- that one, or the exact no-recompute bound (:func:`~lcmoe_recipes.cost.bounds.step_lower_bound`)
+-- is slower than the *cut*: the slower of the fastest fitting step found so far times (1 + the band) and the
+``top``-th fastest found. Such a layout can be neither the winner, nor a tie, nor one of the ``top`` shown; the
+memory ladder starts with its lower bound (full recompute and full offload). ``plan(request, exhaustive=True)``
+evaluates every layout; ``tests/test_search.py`` checks that both give the same winner and ranking.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+from ..catalog import Hardware, ModelSpec, get_hardware, get_model
+from ..catalog.upstream import base_recipe
+from ..checks import check_plan
+from ..checks.memory import host_findings
+from ..core.layout import ParallelLayout
+from ..core.plan import Plan, Reason
+from ..core.request import DEFAULT_MEMORY_MARGIN, TrainingRequest
+from ..cost import estimate_step
+from ..cost.bands import MEMORY_ERROR_BAND, band_for
+from ..cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
+from ..cost.memory import GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants, rank_memory
+from ..cost.shapes import shapes
+from ..cost.step import StepEstimate
+from ..errors import InfeasibleConfig
+from ..rules.batch import choose_batch, tokens_per_step
+from ..rules.cp import (a2a_heads_fit, choose_cp_comm_type, cp_candidates, cp_first_guess, cp_split_limit,
+                        hierarchical_split)
+from ..rules.cuda_graphs import choose_cuda_graphs
+from ..rules.dispatcher import choose_dispatcher
+from ..rules.extension import extension_fields, with_cp_comm, with_ep_overlap
+from ..rules.offload import offload_fractions, offload_reason
+from ..rules.precision import choose_precision
+from ..rules.recompute import recompute_ladder, recompute_reason
+
+VPP_CHOICES = (16, 12, 8, 6, 4, 3, 2)
+MBS_CHOICES = (1, 2, 4)
+# A TP-split GEMM over a 4K-token microbatch keeps one wave of 128x256 output tiles on an H100's 132 SMs while each
+# rank's share of the hidden size is at least 1024 columns ((4096/128) x (1024/256) = 128 tiles); narrower shares
+# leave SMs idle and add TP traffic for nothing (the split is exposed: tp_comm_overlap is off in our recipes).
+MIN_TP_WIDTH = 1024
+SOURCE = "lcmoe_recipes.planner.search: checks + cost model; error bands lcmoe_recipes.cost.bands (docs/planner.md)"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One fitting layout with its knobs, predicted memory and step."""
+
+    plan: Plan
+    memory: MemoryBreakdown
+    step: StepEstimate
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """The search's answer.
+
+    Attributes:
+        best: the winner (its ``plan.reasons["layout"]`` says why).
+        ranked: the winner, then the fastest other fitting layouts (``top`` in all).
+        considered: layouts enumerated (every one the rules allow).
+        rejected: rule -> layouts it rejected, among those evaluated.
+        why: the winner's reason.
+        evaluated: layouts whose knobs, checks and memory were worked out (all with ``exhaustive=True``).
+        pruned: layouts skipped because a lower bound of their step time is slower than the cut.
+        limit: bytes a rank's HBM use may reach (HBM less the memory margin: the fragmentation margin).
+        fastest: the fastest fitting candidate (the winner unless its memory headroom said otherwise).
+        ties: fitting candidates within the step error band of the fastest, the winner among them.
+        band: the step error band the ties were called with (fraction), and ``band_reason`` why.
+        rule: the rule that decided: "fastest", "headroom" or "most headroom" (module doc).
+        tie_break: every tie, fastest first: (layout, MBS, step s, HBM headroom bytes, keeps the memory band free,
+            is the winner).
+        tp_note: why TP exceeds the width limit ("" when it does not).
+    """
+
+    request: TrainingRequest
+    best: Candidate
+    ranked: list[Candidate]
+    considered: int
+    rejected: dict[str, int] = field(default_factory=dict)
+    why: str = ""
+    evaluated: int = 0
+    pruned: int = 0
+    limit: float = 0.0
+    fastest: Candidate | None = None
+    ties: int = 1
+    band: float = 0.0
+    band_reason: str = ""
+    rule: str = "fastest"
+    tie_break: tuple[tuple[str, int, float, float, bool, bool], ...] = ()
+    tp_note: str = ""
+
+
+def _vpp(num_layers: int, mtp: int, pp: int) -> int | None:
+    """The finest interleave whose chunks still hold two slots each (decoder layers + embedding + MTP + loss)."""
+    if pp == 1:
+        return None
+    slots = num_layers + 2 + mtp
+    for v in VPP_CHOICES:
+        if slots >= 2 * pp * v:
+            return v
+    return None
+
+
+def tp_width_limit(model: ModelSpec) -> int:
+    """The widest TP the model's hidden size supports: the largest power of two with hidden / TP >= MIN_TP_WIDTH
+    (module constant; at least 1)."""
+    tp = 1
+    while model.hidden_size // (2 * tp) >= MIN_TP_WIDTH:
+        tp *= 2
+    return tp
+
+
+def mbs_choices(request: TrainingRequest) -> tuple[int, ...]:
+    """MBS values the search prices: the request's when it sets one (or packs variable-length sequences, which
+    takes MBS 1 per packed sequence), else :data:`MBS_CHOICES`."""
+    if "micro_batch_size" in request.model_fields_set or request.variable_length:
+        return (request.micro_batch_size,)
+    return MBS_CHOICES
+
+
+def enumerate_layouts(request: TrainingRequest, max_tp: int | None = None) -> list[ParallelLayout]:
+    """Every layout Megatron can fold for the request (before memory and the finer checks), with TP at most
+    ``max_tp`` unless the request fixes TP."""
+    model, hw = get_model(request.model), get_hardware(request.hardware)
+    world, seq = request.num_gpus, request.seq_length
+    heads, groups = model.num_attention_heads, model.num_query_groups
+    tps = [t for t in (1, 2, 4, 8) if heads % t == 0 and (groups % t == 0 or t % groups == 0)
+           and t <= hw.gpus_per_node * (1 if hw.nvlink_domain <= 8 else 2) and (max_tp is None or t <= max_tp)]
+    cps = cp_candidates(seq, world)
+    # variable-length batches with PP > 1 deadlock or swap shapes (Megatron-LM #5100, docs/known_issues.md)
+    pps = [1] if request.variable_length else [p for p in (1, 2, 4, 8, 16) if 2 * p <= model.num_layers]
+    eps = [e for e in (1, 2, 4, 8, 16, 32, 64, 128, 256) if model.num_moe_experts % e == 0] if model.is_moe else [1]
+    out = []
+    for tp in [request.tp] if request.tp else tps:
+        for cp in [request.cp] if request.cp else cps:
+            if model.gated_delta_net and any(h % (tp * cp) for h in model.linear_num_heads):
+                continue
+            if model.attention_sinks and cp > 1 and not a2a_heads_fit(model, tp, cp):
+                continue  # sinks need the a2a CP exchange, which splits heads over CP
+            for pp in [request.pp] if request.pp else pps:
+                if world % (tp * pp * cp):
+                    continue
+                for ep in [request.ep] if request.ep else eps:
+                    if world % (ep * pp) or ep > world // pp:
+                        continue
+                    out.append(ParallelLayout(world=world, tp=tp, pp=pp, cp=cp, ep=ep, etp=1,
+                                              vpp=_vpp(model.num_layers, model.mtp_num_layers, pp)))
+    return out
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What every layout of one request shares: the request, its model and GPU, the memory limit, the recompute
+    ladder, the offload fractions allowed, and the rules that do not depend on the layout."""
+
+    request: TrainingRequest
+    model: ModelSpec
+    hw: Hardware
+    limit: float
+    ladder: list[tuple[str | None, tuple[str, ...]]]
+    fractions: tuple[float, ...]
+    precision: tuple[str, Reason]
+    cp_guess: tuple[int, Reason]
+    tokens: int
+    band: tuple[float, str]
+    table: dict | None = None                 # step constants in place of the fitted ones (a calibration profile's)
+    memory_constants: MemoryConstants | None = None
+    optimizer: str | None = None              # the base recipe's optimizer (None: the template's Adam)
+    memo: dict = field(default_factory=dict)  # memory priced for this request: per (plan, PP rank), per split
+
+    @property
+    def table_key(self):
+        """``table`` as sorted (key, value) pairs: hashable, for the cached bounds."""
+        return tuple(sorted(self.table.items())) if self.table else None
+
+
+def _context(request: TrainingRequest, step_table: dict | None = None,
+             memory_constants: MemoryConstants | None = None) -> _Request:
+    model, hw = get_model(request.model), get_hardware(request.hardware)
+    precision = choose_precision(model, hw, request.precision)
+    recipe, _ = base_recipe(model, hw, precision[0], request.num_gpus)
+    optimizer = recipe.record.get("optimizer") if recipe is not None else None
+    return _Request(request, model, hw, memory_limit(model, hw, request.memory_margin), recompute_ladder(model),
+                    offload_fractions(request.allow_cpu_offload, optimizer), precision,
+                    cp_first_guess(request.seq_length),
+                    tokens_per_step(model, shapes(model).total_params, request.tokens_per_step)[0],
+                    band_for(hw.key, precision[0], model.gated_delta_net, step_table), step_table, memory_constants,
+                    optimizer=optimizer)
+
+
+def _base(ctx: _Request, layout: ParallelLayout, mbs: int, reject: dict) -> tuple[Plan, tuple[Reason, dict]] | None:
+    """The layout's plan before recompute / offload / CUDA graphs, with the reasons of its dispatcher and of the
+    decisions every run takes (:func:`~lcmoe_recipes.rules.extension.extension_fields`); None (rejected) when the
+    model cannot fill its pipeline stages."""
+    request, model, hw = ctx.request, ctx.model, ctx.hw
+    try:
+        common, why_common = extension_fields(model, hw, request.seq_length, layout, ctx.precision[0],
+                                              replace(request.run_options(), micro_batch_size=mbs))
+    except InfeasibleConfig as exc:
+        _reject(reject, "pipeline/too-many-stages", exc.fix)
+        return None
+    (dispatcher, backend), why_dispatch = choose_dispatcher(hw, layout, request.dispatcher, model.is_moe)
+    exchange, _ = choose_cp_comm_type(model, layout.tp, layout.cp)  # what the model's features require (ring or
+    # hierarchical is decided once the plan fits: with_cp_comm)
+    base = Plan(
+        name="planned", model=model.key, hardware=hw.key, seq_length=request.seq_length, layout=layout,
+        precision=ctx.precision[0], moe_token_dispatcher_type=dispatcher, moe_flex_dispatcher_backend=backend,
+        sequence_parallel=layout.tp > 1, mtp_num_layers=model.mtp_num_layers, variable_length=request.variable_length,
+        cp_comm_type=exchange, **common)
+    return base, (why_dispatch, why_common)
+
+
+def _reasons(ctx: _Request, plan: Plan, rules: tuple[Reason, Reason], level: int, fraction: float) -> dict[str, Reason]:
+    """Every knob's reason for a fitting plan (built only for the layouts that fit)."""
+    (guess, why_cp), layout, (granularity, modules) = ctx.cp_guess, plan.layout, ctx.ladder[level]
+    why_dispatch, why_common = rules
+    return {
+        **why_common,
+        "layout": Reason(f"the fastest fitting layout the model predicts (first CP guess {guess})", why_cp.source),
+        "cp": Reason(f"CP={layout.cp}" + (f": the first guess, {why_cp.why}" if layout.cp == guess else
+                                          f", not the first guess {guess} ({why_cp.why}): the search priced every CP "
+                                          "candidate (see layout)"), why_cp.source),
+        "sequence_parallel": Reason("on: TP>1 (MoE with TP>1 needs it)" if layout.tp > 1 else "off: TP=1",
+                                    "megatron-core TransformerConfig"),
+        "dispatcher": why_dispatch, "precision": ctx.precision[1],
+        "recompute": recompute_reason(level, len(ctx.ladder), granularity, modules),
+        "optimizer_cpu_offload": offload_reason(fraction, ctx.optimizer),
+        "cuda_graphs": choose_cuda_graphs(ctx.hw, ctx.request.variable_length, granularity, modules,
+                                          plan.moe_flex_dispatcher_backend, ctx.model.is_moe)[1],
+    }
+
+
+def _checked(base: Plan, reject: dict) -> bool:
+    errors = [f for f in check_plan(base) if f.severity == "error"]
+    if errors:
+        _reject(reject, errors[0].rule, errors[0].fix)
+    return not errors
+
+
+def _fits_at_all(ctx: _Request, base: Plan, reject: dict) -> bool:
+    """The memory lower bound: False (rejected) when ``base`` cannot fit even with the most recompute and offload
+    there is. Only the first and last PP ranks are priced: a layout that passes may still not fit, which its
+    ladder (ending with that most-recompute, most-offload choice) then finds."""
+    worst = _with_knobs(base, ctx.ladder[-1], ctx.fractions[-1], ctx.hw, ctx.request)
+    pp = base.layout.pp
+    if any(_rank_peak(ctx, worst, r).hbm_total > ctx.limit for r in dict.fromkeys((0, pp - 1))):
+        _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
+        return False
+    return True
+
+
+def _parameters_exceed(ctx: _Request, base: Plan) -> bool:
+    """Whether the memory lower bound of parameters and gradients alone exceeds the limit (priced once per split)."""
+    lay = base.layout
+    key = ("parameters", lay.tp, lay.ep, lay.etp, lay.pp, lay.vpp, base.mtp_num_layers, base.grad_dtype)
+    if key not in ctx.memo:
+        ctx.memo[key] = memory_lower_bound(base)
+    return ctx.memo[key] > ctx.limit
+
+
+def _rank_peak(ctx: _Request, plan: Plan, pp_rank: int) -> MemoryBreakdown:
+    """:func:`~lcmoe_recipes.cost.memory.rank_memory`, priced once per request."""
+    memory = ctx.memo.get((plan, pp_rank))
+    if memory is None:
+        memory = ctx.memo[(plan, pp_rank)] = (rank_memory(plan, pp_rank, ctx.memory_constants)
+                                              if ctx.memory_constants else rank_memory(plan, pp_rank))
+    return memory
+
+
+def _rank_peaks(ctx: _Request, plan: Plan):
+    """Each PP rank's memory: the first rank (most microbatches in flight) and the last (logits) first."""
+    pp = plan.layout.pp
+    return (_rank_peak(ctx, plan, r) for r in dict.fromkeys((0, pp - 1, *range(1, pp - 1))))
+
+
+def _exceeds(ctx: _Request, plan: Plan) -> bool:
+    """Whether the HBM use of the most loaded rank (``hbm_total``: the allocator's peak and what lives outside it)
+    exceeds the limit; the first rank over it answers, without pricing the others."""
+    return any(m.hbm_total > ctx.limit for m in _rank_peaks(ctx, plan))
+
+
+def _peak(ctx: _Request, plan: Plan) -> MemoryBreakdown:
+    """``estimate_memory(plan)`` (the most loaded rank; the lowest rank on a tie), from the ranks priced once."""
+    return max(sorted(_rank_peaks(ctx, plan), key=lambda m: m.pp_rank), key=lambda m: m.total)
+
+
+def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) -> Candidate | None:
+    """The least recompute, then the smallest offload, that fits ``base`` in the memory limit, with its predicted
+    step; None (rejected) when the checks refuse every fitting choice."""
+    for level, fraction in _fitting_knobs(ctx, base):
+        plan = _with_knobs(base, ctx.ladder[level], fraction, ctx.hw, ctx.request)
+        if not _exceeds(ctx, plan):
+            if any(f.severity == "error" for f in check_plan(plan) + host_findings(plan)):  # + a node's RAM
+                continue
+            plan = with_cp_comm(with_ep_overlap(plan.with_changes(reasons=_reasons(ctx, plan, rules, level, fraction))))
+            return Candidate(plan, _peak(ctx, plan), estimate_step(plan, ctx.table))
+    _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
+    return None
+
+
+MEMORY_FIX_OTHERS = "a shorter seq_length, or a GPU with more HBM"
+MEMORY_FIX = "use more GPUs, " + MEMORY_FIX_OTHERS
+# gated DeltaNet (Qwen3-Next): with gated DeltaNet priced from megatron-core's implementation the memory model predicts
+# 0.45-0.78 of the published peaks (docs/accuracy.md N1-N3, layouts and method unpublished); plan such models as if the
+# prediction were at its most optimistic measured ratio.
+UNCALIBRATED_FACTOR = GDN_MEASURED_RATIOS[1]
+
+
+def memory_limit(model, hw, memory_margin: float = DEFAULT_MEMORY_MARGIN) -> float:
+    """Bytes the search lets a rank's HBM use reach (``MemoryBreakdown.hbm_total``: the allocator's peak plus the
+    dispatcher buffers, CUDA context and NCCL buffers outside it): HBM less ``memory_margin`` of it -- the
+    fragmentation margin, default 5% (the 95% the memory check allows) -- times UNCALIBRATED_FACTOR for models whose
+    memory the model under-predicts."""
+    return (1 - memory_margin) * hw.hbm_bytes * (UNCALIBRATED_FACTOR if model.gated_delta_net else 1.0)
+
+
+def _reject(reject: dict, rule: str, fix: str) -> None:
+    count, first_fix = reject.get(rule, (0, fix))
+    reject[rule] = (count + 1, first_fix)
+
+
+def _fitting_knobs(ctx: _Request, base: Plan):
+    """(recompute level, offload fraction) pairs to try, cheapest first: every selective level without offload;
+    then, level by level, the smallest offload fraction that fits (the optimizer state on the GPU falls linearly
+    with the fraction, so one estimate at fraction 1 gives it); then full recompute the same way."""
+    ladder, fractions, limit, hw, request = ctx.ladder, ctx.fractions, ctx.limit, ctx.hw, ctx.request
+    selective = [i for i, (g, _) in enumerate(ladder) if g != "full"]
+    full = [i for i, (g, _) in enumerate(ladder) if g == "full"]
+    for level in selective:
+        yield level, 0.0
+    if len(fractions) == 1:
+        yield from ((level, 0.0) for level in full)
+        return
+    for level in selective + full:
+        at_one_plan = _with_knobs(base, ladder[level], 1.0, hw, request)
+        if _exceeds(ctx, at_one_plan):
+            continue
+        at_one = _peak(ctx, at_one_plan)
+        state = at_one.detail["optimizer_shard_params"] * (4 + 2 * (4 if base.moment_dtype == "fp32" else 2))
+        need = next((f for f in fractions[1:] if at_one.hbm_total + state * (1 - f) <= limit), 1.0)
+        yield level, need
+        if level in full:
+            return
+    yield from ((level, 0.0) for level in full)
+
+
+def _with_knobs(base: Plan, recompute: tuple, fraction: float, hw, request: TrainingRequest) -> Plan:
+    """``base`` on one rung of the ladder: recompute, offload, and the CUDA graphs the rule allows with them."""
+    return base.with_changes(**dict(_rung((recompute[0], tuple(recompute[1])), fraction, hw.key,
+                                          request.variable_length, base.moe_flex_dispatcher_backend,
+                                          base.model_spec.is_moe, base.use_precision_aware_optimizer)))
+
+
+@lru_cache(maxsize=1024)
+def _rung(recompute: tuple, fraction: float, hw_key: str, variable_length: bool, backend: str | None, is_moe: bool,
+          precision_aware: bool) -> tuple[tuple[str, object], ...]:
+    granularity, modules = recompute
+    (impl, graphs), _ = choose_cuda_graphs(get_hardware(hw_key), variable_length, granularity, modules, backend, is_moe)
+    return (("recompute_granularity", granularity), ("recompute_modules", modules),
+            ("recompute_method", "uniform" if granularity == "full" else None),
+            ("recompute_num_layers", 1 if granularity == "full" else None),
+            ("optimizer_cpu_offload", fraction > 0), ("optimizer_offload_fraction", fraction),
+            # CPU offload runs through the precision-aware optimizer (megatron-core HybridDeviceOptimizer)
+            ("use_precision_aware_optimizer", precision_aware or fraction > 0),
+            ("cuda_graph_impl", impl), ("cuda_graph_modules", graphs))
+
+
+def _seq_split_note(request: TrainingRequest, guess: int) -> tuple[str, str | None]:
+    """('; why', fix) when seq_length itself keeps CP below the first guess (2·CP equal chunks), else ('', None)."""
+    seq, limit = request.seq_length, cp_split_limit(request.seq_length)
+    if request.cp or limit >= guess:
+        return "", None
+    step = 2 * guess
+    longer = -(-seq // step) * step
+    return (f"; seq_length {seq:,} splits into 2·CP equal chunks only for CP <= {limit} (CP={guess}, the first guess "
+            f"for this length, needs a multiple of {step})",
+            f"use a seq_length divisible by {step}, e.g. {longer} (or {longer - step})" if longer - step > 0 else
+            f"use a seq_length divisible by {step}, e.g. {longer}")
+
+
+def _why_no_layout(request: TrainingRequest):
+    """The first error of the checks on the layout the fixed wishes force (when no layout could be enumerated)."""
+    from ..checks import Finding
+
+    model = get_model(request.model)
+    tp, pp, cp, ep = request.tp or 1, request.pp or 1, request.cp or 1, request.ep or 1
+    world = request.num_gpus
+    lay = ParallelLayout(world=world, tp=tp, pp=pp, cp=cp, ep=ep, etp=1)
+    probe = Plan(name="probe", model=model.key, hardware=request.hardware, seq_length=request.seq_length, layout=lay,
+                 pipeline_model_parallel_layout=None, micro_batch_size=1, global_batch_size=world,
+                 precision="bf16", moe_token_dispatcher_type="alltoall", moe_flex_dispatcher_backend=None,
+                 sequence_parallel=tp > 1)
+    errors = [f for f in check_plan(probe) if f.severity == "error" and not f.rule.startswith(("batch/", "pipeline/"))]
+    fixed = [f"--{k} {getattr(request, k)}" for k in ("tp", "pp", "cp", "ep") if getattr(request, k)]
+    return errors[0] if errors else Finding(
+        "error", "rank-folding", f"no TP/PP/CP/EP combination folds into {world} GPUs for this model",
+        "change the GPU count" + (f", or drop {' / '.join(fixed)}" if fixed else ""))
+
+
+def _step_bound(base: Plan, table: dict | None = None) -> float:
+    """:func:`~lcmoe_recipes.cost.bounds.step_lower_bound` of ``base`` under either CP exchange :func:`_fit` may
+    choose (the ring, or hierarchical a2a+p2p where the layout allows it): the smaller of the two."""
+    bound = step_lower_bound(base, table)
+    if base.layout.cp > 1 and base.cp_comm_type == "p2p":
+        split = hierarchical_split(base)
+        if split is not None:
+            bound = min(bound, step_lower_bound(base.with_changes(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=split),
+                                                table))
+    return bound
+
+
+def plan(request: TrainingRequest, top: int = 5, exhaustive: bool = False, step_table: dict | None = None,
+         memory_constants: MemoryConstants | None = None) -> PlanResult:
+    """Search the request's layouts and MBS values; return the winner and the ``top`` fastest fitting candidates
+    (see the module doc).
+
+    Args:
+        top: candidates in ``ranked`` (the winner first).
+        exhaustive: evaluate every candidate instead of skipping those a step-time lower bound rules out (same
+            winner and ranking, slower; for tests and the benchmark).
+        step_table, memory_constants: a calibration profile's constants (``CalibrationProfile.step_table()``,
+            ``.memory_constants()``) in place of the published fit: the search ranks and fits with them (the CP
+            exchange rule -- ring or hierarchical -- still compares with the published constants).
+
+    Raises:
+        InfeasibleConfig: no layout is legal and fits, naming the constraint that rejected most of them.
+    """
+    ctx = _context(request, step_table, memory_constants)
+    limit_tp = None if request.tp else tp_width_limit(ctx.model)
+    result = _search(ctx, enumerate_layouts(request, limit_tp), top, exhaustive)
+    if isinstance(result, PlanResult) or limit_tp is None or limit_tp >= 8:
+        return _result_or_raise(ctx, result)
+    wide = _search(ctx, enumerate_layouts(request), top, exhaustive)  # nothing narrower fits: allow wider TP
+    if isinstance(wide, PlanResult):
+        note = (f"TP={wide.best.plan.layout.tp} is wider than {ctx.model.display}'s hidden size "
+                f"{ctx.model.hidden_size} supports at {MIN_TP_WIDTH} columns per rank (TP <= {limit_tp}): no layout "
+                f"with TP <= {limit_tp} fits")
+        reasons = {**wide.best.plan.reasons,
+                   "layout": Reason(wide.why + "; " + note, SOURCE)}
+        best = Candidate(wide.best.plan.with_changes(reasons=reasons), wide.best.memory, wide.best.step)
+        return replace(wide, best=best, ranked=[best] + wide.ranked[1:], why=wide.why + "; " + note, tp_note=note)
+    return _result_or_raise(ctx, wide)
+
+
+def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: bool):
+    """The search over ``layouts`` x :func:`mbs_choices`: a PlanResult, or (candidates considered, rejections) when
+    nothing fits."""
+    request = ctx.request
+    units = [(lay, mbs) for lay in layouts for mbs in mbs_choices(request)]
+    order = list(range(len(units)))
+    if not exhaustive:  # cheapest bound first: the fast candidates are found early and the cut falls quickly
+        bounds = [_compute_bound(ctx, *unit) for unit in units]
+        order.sort(key=lambda i: (bounds[i], i))
+    rejected: dict[str, tuple[int, str]] = {}
+    fits: list[tuple[float, int, Candidate]] = []
+    steps: list[float] = []  # sorted step times of the fits
+    pruned = 0
+    band = ctx.band[0]
+    outcome: dict[tuple[ParallelLayout, int], str] = {}  # per unit: "fit", "pruned" or "rejected"
+    cause: dict[tuple[ParallelLayout, int], tuple[str, str]] = {}  # per rejected unit: the (rule, fix) that did it
+    last: list = []  # the unit evaluated last and the rejection counts before it
+
+    def settle() -> None:  # the rule that rejected the unit evaluated last, for its larger MBS to inherit
+        if last and outcome.get(last[0]) == "rejected":
+            grown = [rule for rule, (count, _) in rejected.items() if count > last[1].get(rule, 0)]
+            if grown:
+                cause[last[0]] = (grown[0], rejected[grown[0]][1])
+        last.clear()
+
+    for n, i in enumerate(order):
+        settle()
+        if not exhaustive:
+            cut = _cut(steps, top, band)
+            if bounds[i] > cut:  # sorted by this bound: every later candidate is out too
+                pruned += len(order) - n
+                break
+        lay, mbs = units[i]
+        smaller = outcome.get((lay, mbs // 2), "fit") if mbs > 1 else "fit"
+        if smaller != "fit":  # twice the activations of a unit that did not fit (or was slower than the cut)
+            outcome[units[i]] = smaller
+            if smaller == "pruned":
+                pruned += 1
+            else:  # refused by the rule that refused the smaller MBS (the layout's own rule, or memory)
+                cause[units[i]] = cause.get((lay, mbs // 2), ("memory/exceeds-hbm", MEMORY_FIX))
+                _reject(rejected, *cause[units[i]])
+            continue
+        outcome[units[i]] = "rejected"
+        last[:] = [units[i], {rule: count for rule, (count, _) in rejected.items()}]
+        made = _base(ctx, *units[i], rejected)
+        if made is None or not _checked(made[0], rejected):
+            continue
+        if not exhaustive:
+            if _parameters_exceed(ctx, made[0]):
+                _reject(rejected, "memory/exceeds-hbm", MEMORY_FIX)
+                continue
+            if _step_bound(made[0], ctx.table) > cut:
+                outcome[units[i]] = "pruned"
+                pruned += 1
+                continue
+        if not _fits_at_all(ctx, made[0], rejected):
+            continue
+        candidate = _fit(ctx, *made, rejected)
+        if candidate is not None:
+            outcome[units[i]] = "fit"
+            fits.append((candidate.step.step_seconds, i, candidate))
+            bisect.insort(steps, candidate.step.step_seconds)
+    if not fits:
+        return len(units), rejected
+    fits.sort(key=lambda f: f[:2])
+    ranked_fits = [c for _, _, c in fits]
+    fastest = ranked_fits[0]
+    ties = [c for c in ranked_fits if c.step.step_seconds <= fastest.step.step_seconds * (1 + band)]
+    safe = MEMORY_ERROR_BAND * ctx.limit
+
+    def headroom(c: Candidate) -> float:
+        return ctx.limit - c.memory.hbm_total
+
+    safe_ties = [c for c in ties if headroom(c) >= safe]
+    if headroom(fastest) >= safe:
+        best, rule = fastest, "fastest"
+    elif safe_ties:
+        best, rule = safe_ties[0], "headroom"
+    else:
+        best, rule = max(ties, key=headroom), "most headroom"
+    tie_break = tuple((c.plan.layout.describe(), c.plan.micro_batch_size, c.step.step_seconds, headroom(c),
+                       headroom(c) >= safe, c is best) for c in ties)
+    why = _why(best, fastest, ties, ctx.limit, safe, rule, ctx.band) + (
+        f"; {len(units)} candidates (layout x MBS) considered, {len(fits)} fitting ones priced"
+        + (f" ({pruned} skipped: a lower bound of their step time is slower than every candidate kept)"
+           if pruned else ""))
+    reasons = {**best.plan.reasons, "layout": Reason(why, SOURCE)}
+    name = f"{request.model}_{request.seq_length // 1024}k_{request.num_gpus}x{request.hardware}"
+    winner = Candidate(best.plan.with_changes(reasons=reasons, name=name), best.memory, best.step)
+    ranked = [winner] + [c for c in ranked_fits if c is not best][: max(0, top - 1)]
+    return PlanResult(request, winner, ranked, len(units), {k: v[0] for k, v in rejected.items()}, why,
+                      len(units) - pruned, pruned, ctx.limit, fastest, len(ties), band, ctx.band[1], rule, tie_break)
+
+
+def _result_or_raise(ctx: _Request, result) -> PlanResult:
+    """``result`` when it is a PlanResult; else the InfeasibleConfig naming what rejected most candidates."""
+    if isinstance(result, PlanResult):
+        return result
+    considered, rejected = result
+    request = ctx.request
+    asked = f"{request.model} at seq_length {request.seq_length} on {request.num_gpus} x {request.hardware}"
+    if not considered:
+        finding = _why_no_layout(request)
+        split, fix = _seq_split_note(request, ctx.cp_guess[0])
+        raise InfeasibleConfig(f"no layout for {asked}: {finding.message} ({finding.rule}){split}", fix or finding.fix)
+    main = max(rejected, key=lambda k: rejected[k][0])
+    split, fix = _seq_split_note(request, ctx.cp_guess[0])
+    if fix is None and main == "memory/exceeds-hbm":
+        count, near, highest = _smallest_count_that_fits(ctx)
+        if count and count <= near:
+            fix = (f"use {count} GPUs (the fewest whole nodes above {request.num_gpus} with a layout that fits), "
+                   + MEMORY_FIX_OTHERS)
+        elif count:
+            fix = (f"use {count} GPUs (a layout fits there; no count from {request.num_gpus} to {near} does), "
+                   + MEMORY_FIX_OTHERS)
+        else:
+            fix = f"use more than {highest} GPUs (none of the counts tried up to {highest} fits), " + MEMORY_FIX_OTHERS
+    raise InfeasibleConfig(
+        f"no layout for {asked}: {considered} candidates considered, most rejected by {main} "
+        f"({', '.join(f'{k}: {v[0]}' for k, v in sorted(rejected.items(), key=lambda kv: -kv[1][0]))}){split}",
+        fix or rejected[main][1])
+
+
+NEXT_COUNTS, SCALED_COUNTS = 4, (1.25, 1.5, 2, 3, 4, 8, 16, 32)  # GPU counts the memory fix tries (below)
+
+
+def _counts_to_try(n: int, node: int) -> tuple[tuple[int, ...], int]:
+    """(whole-node GPU counts above ``n`` to try, ascending: the next :data:`NEXT_COUNTS` nodes' worth, then ``n``
+    scaled by :data:`SCALED_COUNTS` rounded up to whole nodes; how many of them are contiguous from ``n``)."""
+    first = n // node + 1
+    near = [(first + i) * node for i in range(NEXT_COUNTS)]
+    far = {-(-int(n * f) // node) * node for f in SCALED_COUNTS}
+    return tuple(sorted(set(near) | {c for c in far if c > near[-1]})), NEXT_COUNTS
+
+
+def _smallest_count_that_fits(ctx: _Request) -> tuple[int | None, int, int]:
+    """(the smallest GPU count of :func:`_counts_to_try` at which the search finds a layout -- the request's wishes
+    kept -- or None, the last of the contiguous whole-node counts tried, the highest count tried)."""
+    request = ctx.request
+    counts, contiguous = _counts_to_try(request.num_gpus, ctx.hw.gpus_per_node)
+    near = counts[contiguous - 1]
+    for count in counts:
+        wider = request.replace(num_gpus=count)
+        if isinstance(_search(_context(wider, ctx.table, ctx.memory_constants), enumerate_layouts(wider), 1, False),
+                      PlanResult):
+            return count, near, counts[-1]
+    return None, near, counts[-1]
+
+
+def _compute_bound(ctx: _Request, layout: ParallelLayout, mbs: int) -> float:
+    """:func:`~lcmoe_recipes.cost.bounds.compute_lower_bound` of ``layout`` at MBS ``mbs`` for the request."""
+    request = ctx.request
+    gbs, _ = choose_batch(request.seq_length, layout, mbs, ctx.tokens, request.global_batch_size)
+    return compute_lower_bound(ctx.model.key, ctx.hw.key, ctx.precision[0], request.seq_length,
+                               ctx.model.mtp_num_layers, mbs, layout, max(1, gbs // (mbs * layout.dp)), ctx.table_key)
+
+
+def _cut(steps: list[float], top: int, band: float) -> float:
+    """Step time above which a candidate can be neither a tie with the fastest nor among the ``top`` fastest."""
+    if len(steps) < top:
+        return float("inf")
+    return max(steps[0] * (1 + band), steps[top - 1])
+
+
+def _why(best: Candidate, fastest: Candidate, ties: list[Candidate], limit: float, safe: float, rule: str,
+         band: tuple[float, str]) -> str:
+    """The winner's reason: its prediction, the band, and the rule that decided among the ties."""
+    lay, step, gib = best.plan.layout, best.step, 2**30
+    free = (limit - best.memory.hbm_total) / gib
+    text = (f"{lay.describe()}, MBS {best.plan.micro_batch_size}: predicted {step.step_seconds:.2f} s per step "
+            f"({step.tflops_per_gpu:.0f} TFLOP/s/GPU), HBM {best.memory.hbm_total / gib:.1f} of the "
+            f"{limit / gib:.1f} GiB limit")
+    band_text = f"the step model's error band {band[1]}"
+    if len(ties) == 1:
+        return text + f"; the fastest fitting candidate, and no other within {band_text}"
+    memory_note = f"the memory model's {MEMORY_ERROR_BAND:.1%} worst error ({safe / gib:.1f} GiB)"
+    if rule == "fastest":
+        return (text + f"; rule 'fastest': the fastest of {len(ties)} candidates within {band_text}, and it keeps "
+                f"{memory_note} free ({free:.1f} GiB free)")
+    if rule == "headroom":
+        return (text + f"; rule 'headroom': {step.step_seconds / fastest.step.step_seconds - 1:+.1%} on the fastest "
+                f"({fastest.plan.layout.describe()}, MBS {fastest.plan.micro_batch_size}, "
+                f"{fastest.step.step_seconds:.2f} s), within {band_text}, which leaves less than {memory_note} free; "
+                f"this is the fastest of the {len(ties)} ties that keeps it ({free:.1f} GiB free)")
+    return (text + f"; rule 'most headroom': none of the {len(ties)} candidates within {band_text} keeps "
+            f"{memory_note} free; this one keeps the most ({free:.1f} GiB)")
+
+
+def seq_sweep(request: TrainingRequest, seq_lengths: tuple[int, ...] = (4096, 8192, 16384, 32768, 65536, 131072,
+                                                                         262144)) -> list[tuple[int, Candidate]]:
+    """The search's winner for ``request`` at each of ``seq_lengths`` (those where some layout fits)."""
+    out = []
+    for seq in seq_lengths:
+        try:
+            out.append((seq, plan(request.model_copy(update={"seq_length": seq}), top=1).best))
+        except InfeasibleConfig:
+            continue
+    return out
