@@ -19,7 +19,7 @@ from lcmoe_recipes.errors import InfeasibleConfig
 from lcmoe_recipes.report.text import TABLE_COLUMNS, format_table, table_rows
 from lcmoe_recipes.core.ranks import placement
 from lcmoe_recipes.core.request import TrainingRequest
-from lcmoe_recipes.planner.search import plan
+from lcmoe_recipes.planner.search import search_layouts
 
 ROOT = Path(__file__).resolve().parent.parent
 MD, CSV = ROOT / "docs" / "mesh_decision_table.md", ROOT / "docs" / "mesh_decision_table.csv"
@@ -28,7 +28,7 @@ COMMAND = "python -m lcmoe_recipes.plan course_moe --seq 32768 --gpus 64 --hardw
 
 
 def build() -> tuple[str, str]:
-    result = plan(REQUEST, top=10, exhaustive=True)  # every layout priced, so the rejection counts are complete
+    result = search_layouts(REQUEST, top=10, exhaustive=True)  # every layout priced, so the rejection counts are complete
     best = result.best
     csv_text = io.StringIO()
     import csv
@@ -41,7 +41,7 @@ def build() -> tuple[str, str]:
     hw = best.plan.hardware_spec
     spans = placement(lay, hw.gpus_per_node, hw.job_block)
     try:
-        course = plan(REQUEST.model_copy(update={"tp": 4, "ep": 2, "cp": 1, "pp": 1}), top=1)
+        course = search_layouts(REQUEST.model_copy(update={"tp": 4, "ep": 2, "cp": 1, "pp": 1}), top=1)
         course_line = (f"the model predicts {course.best.step.step_seconds:.2f} s per step "
                        f"({course.best.step.tflops_per_gpu:.0f} TFLOP/s/GPU) for it, against "
                        f"{best.step.step_seconds:.2f} s for the winner")
@@ -112,7 +112,7 @@ def build_agreement() -> str:
         named = recipe_plan(name)
         request = TrainingRequest(model=named.model, seq_length=named.seq_length, hardware=named.hardware,
                                   num_gpus=named.layout.world)
-        result = plan(request)
+        result = search_layouts(request)
         best = result.best
         ns, nm = estimate_step(named), estimate_memory(named)
         delta = best.step.step_seconds / ns.step_seconds - 1

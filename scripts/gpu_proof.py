@@ -115,10 +115,10 @@ def logits(model: str, hf: Path, megatron: Path) -> dict:
 def proof_plan(model: str, seq_length: int, global_batch_size: int):
     """The proxy planned by our planner for 1 x H200 in BF16 with the all-to-all dispatcher (no DeepEP/HybridEP
     and no FP8 without Transformer Engine)."""
-    from lcmoe_recipes.planner.search import plan
+    from lcmoe_recipes.planner.search import search_layouts
     from lcmoe_recipes.core.request import TrainingRequest
 
-    return plan(TrainingRequest(model=model, seq_length=seq_length, hardware="h200", num_gpus=1, precision="bf16",
+    return search_layouts(TrainingRequest(model=model, seq_length=seq_length, hardware="h200", num_gpus=1, precision="bf16",
                                 dispatcher="alltoall", global_batch_size=global_batch_size)).best.plan
 
 

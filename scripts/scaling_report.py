@@ -23,7 +23,7 @@ from lcmoe_recipes.cost.shapes import shapes
 from lcmoe_recipes.errors import InfeasibleConfig
 from lcmoe_recipes.core.request import TrainingRequest
 from lcmoe_recipes.rules.batch import tokens_per_step
-from lcmoe_recipes.planner.search import plan
+from lcmoe_recipes.planner.search import search_layouts
 
 ROOT = Path(__file__).resolve().parent.parent
 MD, PNG = ROOT / "docs" / "scaling.md", ROOT / "docs" / "scaling.png"
@@ -40,7 +40,7 @@ def points(model: str, seq: int, hardware: str) -> tuple[int, list[tuple[int, ob
     out = []
     for gpus in GPUS:
         try:
-            out.append((gpus, plan(TrainingRequest(model=model, seq_length=seq, hardware=hardware, num_gpus=gpus,
+            out.append((gpus, search_layouts(TrainingRequest(model=model, seq_length=seq, hardware=hardware, num_gpus=gpus,
                                                    global_batch_size=gbs), top=1).best))
         except InfeasibleConfig as exc:
             out.append((gpus, exc))

@@ -25,7 +25,7 @@ ROUTING = 0.015  # MoE layers: measured / table - 1 in [0, ROUTING) (module doc)
 def plans():
     from lcmoe_recipes.emit.stack import load_bridge
     from lcmoe_recipes.core.request import TrainingRequest
-    from lcmoe_recipes.planner.search import plan as search
+    from lcmoe_recipes.planner.search import search_layouts as search
 
     load_bridge(quiet=True)
     return {model: search(TrainingRequest(model=model, seq_length=4096, hardware="h200", num_gpus=1,

@@ -44,11 +44,11 @@ RETARGET = ("qwen3_30b_a3b_pretrain_64gpu_b200_bf16_config", "b200", 64, 131072)
 def built(configs):
     """name -> (BuildReport, seconds, Plan) for every named recipe, the retarget and every planner output."""
     from lcmoe_recipes import build_recipe
-    from lcmoe_recipes.planner import resolve
+    from lcmoe_recipes import resolve
     from lcmoe_recipes.emit import config_from_plan
     from lcmoe_recipes.emit.probe.build import build_ranks
     from lcmoe_recipes.core.request import TrainingRequest
-    from lcmoe_recipes.planner.search import plan as search
+    from lcmoe_recipes.planner.search import search_layouts as search
 
     out = {}
 
@@ -61,7 +61,7 @@ def built(configs):
         build(name, plan, cfg, plan.hardware, plan.layout.world)
     source, hardware, gpus, seq = RETARGET  # launch --from SOURCE --seq N --gpus G --hardware H
     request = TrainingRequest.parse(from_config=source, seq_length=seq, hardware=hardware, num_gpus=gpus)
-    build("retargeted", resolve(request), build_recipe(request), hardware, gpus)
+    build("retargeted", resolve(request).plan, build_recipe(request), hardware, gpus)
     for model, gpus, hardware, seq in PLANNED:
         plan = search(TrainingRequest(model=model, seq_length=seq, hardware=hardware, num_gpus=gpus)).best.plan
         build(_name(model, gpus, hardware, seq), plan, config_from_plan(plan, validate=False, quiet=True), hardware, gpus)

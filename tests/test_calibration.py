@@ -136,16 +136,16 @@ def test_replan_with_a_profile():
     """The search ranks and fits with the profile's constants: every candidate's step is estimate_step with them,
     and the bounds still never cut what the exhaustive search keeps."""
     from lcmoe_recipes.core.request import TrainingRequest
-    from lcmoe_recipes.planner.search import plan
+    from lcmoe_recipes.planner.search import search_layouts
 
     profile = calibrate([(PLAN, read_log(BRIDGE), "qwen3_235b_128k_gb200")])
     request = TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=128)
-    mine = plan(request, step_table=profile.step_table(), memory_constants=profile.memory_constants())
+    mine = search_layouts(request, step_table=profile.step_table(), memory_constants=profile.memory_constants())
     for c in mine.ranked:
         assert c.step.step_seconds == estimate_step(c.plan, profile.step_table()).step_seconds
         assert c.memory.total == estimate_memory(c.plan, profile.memory_constants()).total
-    published = plan(request)
+    published = search_layouts(request)
     assert mine.best.step.step_seconds != published.best.step.step_seconds
-    full = plan(request, exhaustive=True, step_table=profile.step_table(),
+    full = search_layouts(request, exhaustive=True, step_table=profile.step_table(),
                 memory_constants=profile.memory_constants())
     assert [c.plan for c in full.ranked] == [c.plan for c in mine.ranked]

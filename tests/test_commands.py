@@ -101,11 +101,11 @@ def test_phases_on_slurm_chain_name_and_time(tmp_path, monkeypatch, capsys, nemo
     assert "#SBATCH --dependency='afterok:<job id of qwen3_30b_32k_64xh100-phase1>'" in out
     assert out.count("  phase: 1000 steps x ") == 2 and "time/phase-long" in out  # each phase's wall clock, 1 h budget
     from lcmoe_recipes import TrainingRequest, phase_requests
-    from lcmoe_recipes.planner import resolve
+    from lcmoe_recipes import resolve
     from lcmoe_recipes.cost.wallclock import save_intervals
 
     first = resolve(phase_requests(TrainingRequest(model="qwen3_30b", phases=(32768, 65536), num_gpus=64,
-                                                   hardware="h100", fs_gbps=0.1))[0])
+                                                   hardware="h100", fs_gbps=0.1))[0]).plan
     saved = yaml.safe_load((tmp_path / "ext-phase1.yaml").read_text().split("\n", 1)[1])["checkpoint"]
     # at 0.1 GB/s one save takes longer than 50 steps (upstream's interval): saves are one write apart
     assert first.fs_gbps == 0.1 and saved["save_interval"] == save_intervals(first).persistent > 50

@@ -134,10 +134,10 @@ def test_every_reason_cites_what_a_user_can_open():
     they name exists (as in the docs)."""
     from lcmoe_recipes.planner.recipes import NAMED_RECIPES, recipe_plan
     from lcmoe_recipes.core.request import TrainingRequest
-    from lcmoe_recipes.planner.search import plan
+    from lcmoe_recipes.planner.search import search_layouts
 
     plans = [recipe_plan(name) for name in NAMED_RECIPES]
-    plans += [plan(TrainingRequest(model=m, seq_length=s, hardware=h, num_gpus=n)).best.plan
+    plans += [search_layouts(TrainingRequest(model=m, seq_length=s, hardware=h, num_gpus=n)).best.plan
               for m, s, h, n in (("kimi_k2", 131072, "h100", 512), ("gpt_oss_120b", 65536, "gb200", 16),
                                  ("glm45_air", 32768, "h100", 32))]
     text = "\n".join(f"{r.why} [{r.source}]" for p in plans for r in p.reasons.values())

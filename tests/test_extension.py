@@ -40,14 +40,14 @@ def test_every_named_recipe_covers_its_seq_length(name):
 
 
 def test_planned_recipes_cover_their_seq_length():
-    from lcmoe_recipes.planner.search import plan
+    from lcmoe_recipes.planner.search import search_layouts
     from lcmoe_recipes.core.request import TrainingRequest
 
     rng = random.Random(7)
     for _ in range(6):
         model = rng.choice(["qwen3_30b", "moonlight", "qwen3_235b", "course_moe"])
         seq = rng.choice([16384, 65536, 131072])
-        best = plan(TrainingRequest(model=model, seq_length=seq, hardware="gb200", num_gpus=128)).best.plan
+        best = search_layouts(TrainingRequest(model=model, seq_length=seq, hardware="gb200", num_gpus=128)).best.plan
         assert coverage(best.model_spec, best.positions) >= seq, (model, seq, best.positions)
 
 
@@ -116,8 +116,8 @@ def test_token_budget_follows_deepseek_v3_phases():
     assert recipe_plan("dsv3_256k_h100").global_batch_size == 240
     plan = recipe_plan("dsv3_128k_h100", tokens_per_step=2**23)
     assert plan.global_batch_size == 64 and "8.4M tokens per step, as requested" in plan.reasons["global_batch_size"].why
-    with pytest.raises(LcmoeError, match="--tokens-per-step 0 is not a positive number of tokens"):
-        recipe_plan("dsv3_128k_h100", tokens_per_step=0)
+    with pytest.raises(LcmoeError, match="tokens_per_step 0 must be greater than 0; use e.g. 8388608"):
+        recipe_plan("dsv3_128k_h100", tokens_per_step=0)  # a named recipe's options are a request's, checked alike
 
 
 def test_extension_schedule_defaults_and_wishes():
@@ -130,10 +130,10 @@ def test_extension_schedule_defaults_and_wishes():
 
 
 def test_planned_extension_keeps_the_base_models_precision():
-    from lcmoe_recipes.planner.search import plan
+    from lcmoe_recipes.planner.search import search_layouts
     from lcmoe_recipes.core.request import TrainingRequest
 
-    best = plan(TrainingRequest(model="qwen3_30b", seq_length=65536, hardware="h100", num_gpus=64)).best.plan
+    best = search_layouts(TrainingRequest(model="qwen3_30b", seq_length=65536, hardware="h100", num_gpus=64)).best.plan
     assert best.precision == "bf16" and "publishes no low-precision training" in best.reasons["precision"].why
     assert best.schedule.lr == 3e-5 and best.positions.factor == 2.0  # YaRN 2 over 32,768 (model card's native)
     # MFU is counted against the peak of the precision used (BF16: 989 TFLOP/s on H100)

@@ -141,7 +141,7 @@ def test_small_ram_system_refused_by_check(small_ram_h100, capsys):
 
 
 def test_planner_avoids_plans_that_overflow_host_ram(monkeypatch):
-    from lcmoe_recipes.planner.search import plan as search
+    from lcmoe_recipes.planner.search import search_layouts as search
     from lcmoe_recipes.core.request import TrainingRequest
 
     # a quarter of HBM kept free: the winner offloads half its optimizer state to the host (all of it while MLA's

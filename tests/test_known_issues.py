@@ -489,10 +489,10 @@ PLANNER_FINDINGS = {
 def test_planner_outputs_get_exactly_these_findings(configs):  # configs: megatron-bridge loaded once per session
     from lcmoe_recipes.emit import config_from_plan
     from lcmoe_recipes.core.request import TrainingRequest
-    from lcmoe_recipes.planner.search import plan
+    from lcmoe_recipes.planner.search import search_layouts
 
     for (model, seq, hardware, gpus), expected in PLANNER_FINDINGS.items():
-        best = plan(TrainingRequest(model=model, seq_length=seq, hardware=hardware, num_gpus=gpus)).best.plan
+        best = search_layouts(TrainingRequest(model=model, seq_length=seq, hardware=hardware, num_gpus=gpus)).best.plan
         cfg = config_from_plan(best, quiet=True)
         assert rules(cfg, installed_versions(), hardware) == expected, (model, best.layout)
 
@@ -515,7 +515,7 @@ def test_te_gated_issue_is_judged_for_the_images_transformer_engine(configs):
     """Our recipes fuse the cross-entropy with TE as megatron-bridge's do: fine with the target's TE 2.20.2, warned
     about on nemo:26.06 through the overlay (the pinned megatron with the image's TE 2.16)."""
     from lcmoe_recipes.emit import config_findings
-    from lcmoe_recipes.jobs.overlay import job_versions
+    from lcmoe_recipes.checks.known_issues import job_versions
 
     plan, cfg = configs["qwen3_next_8k_gb200"]
     here = {f.rule for f in config_findings(cfg, plan.hardware_spec, plan.layout.world, plan.name)}

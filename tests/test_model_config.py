@@ -17,7 +17,7 @@ from lcmoe_recipes.checks.memory import memory_findings
 from lcmoe_recipes.cost.shapes import shapes
 from lcmoe_recipes.errors import LcmoeError, ModelConfigError
 from lcmoe_recipes.core.layout import ParallelLayout
-from lcmoe_recipes.planner.search import plan
+from lcmoe_recipes.planner.search import search_layouts
 from lcmoe_recipes.core.request import TrainingRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,7 +102,7 @@ def test_user_config_becomes_a_catalogue_entry(tmp_path):
     assert (spec.num_moe_experts, spec.moe_router_topk, spec.num_dense_layers, spec.qk_layernorm) == (32, 4, 0, True)
     # the same values elsewhere give the same key; a path in place of a model name works too
     assert get_model(str(_write(tmp_path / "b", MADE_UP) / "config.json")).key == req.model
-    best = plan(req).best.plan
+    best = search_layouts(req).best.plan
     assert best.model == req.model and not [f for f in check_plan(best) if f.severity == "error"]
 
 
@@ -111,7 +111,7 @@ def test_dense_model_degenerate_case(tmp_path):
                           num_gpus=16)
     spec = get_model(req.model)
     assert not spec.is_moe and spec.moe_router_topk == 0 and spec.num_dense_layers == 32
-    best = plan(req).best.plan
+    best = search_layouts(req).best.plan
     assert best.layout.ep == 1 and (best.moe_token_dispatcher_type, best.moe_flex_dispatcher_backend) == ("alltoall", None)
     assert best.cuda_graph_impl == "none" and "moe" not in best.recompute_modules
     bad = best.with_changes(layout=ParallelLayout(world=16, tp=1, pp=1, cp=8, ep=2, etp=1))
@@ -148,7 +148,7 @@ def test_cli_refuses_bad_config_with_exit_2(tmp_path):
 
 
 def test_cp_exchange_follows_features():
-    oss = plan(TrainingRequest(model="gpt_oss_20b", seq_length=65536, hardware="gb200", num_gpus=8, cp=4)).best.plan
+    oss = search_layouts(TrainingRequest(model="gpt_oss_20b", seq_length=65536, hardware="gb200", num_gpus=8, cp=4)).best.plan
     assert oss.layout.cp > 1 and oss.cp_comm_type == "a2a"  # attention sinks: a2a only
     rules = lambda p: [f.rule for f in check_plan(p) if f.severity == "error"]  # noqa: E731
     assert {"cp/attention-sinks-exchange", "cp/sliding-window-exchange"} <= set(rules(oss.with_changes(cp_comm_type="p2p")))
@@ -159,7 +159,7 @@ def test_cp_exchange_follows_features():
 def test_feature_not_modelled_is_said():
     from lcmoe_recipes.checks.memory import memory_findings as findings
 
-    p = plan(TrainingRequest(model="minimax_m2", seq_length=32768, hardware="gb200", num_gpus=32)).best.plan
+    p = search_layouts(TrainingRequest(model="minimax_m2", seq_length=32768, hardware="gb200", num_gpus=32)).best.plan
     warn = [f for f in findings(p) if f.rule == "model/feature-not-modelled"]
     assert len(warn) == 1 and "num_mtp_modules" in warn[0].message and "no MTP layers" in warn[0].fix
     assert memory_findings is findings
@@ -175,7 +175,7 @@ CASES = [(m, seq, hw, n[i]) for m, n in TARGETS.items() for seq in (32768, 13107
 
 @lru_cache(maxsize=None)
 def _planned(model, seq, hw, n):
-    return plan(TrainingRequest(model=model, seq_length=seq, hardware=hw, num_gpus=n)).best.plan
+    return search_layouts(TrainingRequest(model=model, seq_length=seq, hardware=hw, num_gpus=n)).best.plan
 
 
 @pytest.mark.slow

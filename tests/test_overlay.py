@@ -14,7 +14,10 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 import image_env
+from lcmoe_recipes.checks.known_issues import job_versions
 from lcmoe_recipes.jobs import overlay as ov
+from lcmoe_recipes.jobs.node import activate
+from lcmoe_recipes.jobs.prepare import validate_for_image
 from lcmoe_recipes.catalog.known_issues import containers, find_container
 from lcmoe_recipes.errors import LcmoeError
 
@@ -119,7 +122,7 @@ def test_stack_beside_the_target():
 
 
 def test_job_versions_keep_the_images_transformer_engine():
-    versions, notes = ov.job_versions("nvcr.io/nvidia/nemo:26.06")
+    versions, notes = job_versions("nvcr.io/nvidia/nemo:26.06")
     assert versions.versions == {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.16"}
     assert versions.origin.endswith("with an overlay of megatron-core 0.19.2 / megatron-bridge 0.6.2") and notes == []
 
@@ -135,7 +138,7 @@ def test_activate_refuses_an_image_whose_megatron_shadows_the_overlay(tmp_path):
     (image / "megatron" / "core").mkdir(parents=True)
     (image / "megatron" / "__init__.py").write_text("")
     (image / "megatron" / "core" / "__init__.py").write_text("")
-    code = "from lcmoe_recipes.jobs.overlay import activate; print(activate())"
+    code = "from lcmoe_recipes.jobs.node import activate; print(activate())"
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}", ov.ENV_VAR: str(overlay)}
     ok = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert ok.returncode == 0 and ok.stdout.strip() == str(overlay), ok.stderr
@@ -144,7 +147,7 @@ def test_activate_refuses_an_image_whose_megatron_shadows_the_overlay(tmp_path):
     assert f"megatron.core imports from {image}/megatron/core/__init__.py, not from the overlay in {overlay}" in bad.stderr
     (overlay / ov.MANIFEST).write_text(json.dumps({"python": "3.10"}))
     with pytest.raises(LcmoeError, match=f"the overlay in {overlay} was built for Python 3.10, this job runs 3.12"):
-        ov.activate({ov.ENV_VAR: str(overlay)})
+        activate({ov.ENV_VAR: str(overlay)})
 
 
 @pytest.fixture(scope="session")
@@ -154,16 +157,16 @@ def nemo_26_06_env(tmp_path_factory):
 
 @pytest.mark.slow
 def test_overlay_for_nemo_26_06_runs_the_entry_script_there(nemo_26_06_env, tmp_path):
-    """Built for real (pip, for x86_64 / CPython 3.12) and installed into an environment holding megatron-core
+    """Configured for real (pip, for x86_64 / CPython 3.12) and installed into an environment holding megatron-core
     0.18.0, megatron-bridge 0.5.0 and hydra-core 1.3.2 as nemo:26.06 does: without it the entry script refuses
     the versions; with it, it passes its version check and its one-rank smoke check (config validated)."""
     assert image_env.versions(nemo_26_06_env) == image_env.IMAGE_PACKAGES
     plan = ov.plan_overlay(_stack("26.06"))
-    built = ov.build(plan, tmp_path / "overlays")
+    built = ov.install(plan, tmp_path / "overlays")
     assert built.path.name == plan.key and built.manifest["python"] == "3.12"
     assert [p["name"] for p in built.manifest["packages"]] == [p.name for p in plan.packages]
     assert abs(built.bytes - plan.estimated_bytes()) < 0.1 * built.bytes  # the dry run's size is the built size
-    assert ov.build(plan, tmp_path / "overlays").path == built.path  # reused, not rebuilt
+    assert ov.install(plan, tmp_path / "overlays").path == built.path  # reused, not rebuilt
     code = tmp_path / "code"  # NeMo-Run's code archive: the YAML and this package
     code.mkdir()
     (code / "lcmoe_recipes").symlink_to(ROOT / "src" / "lcmoe_recipes")
@@ -193,9 +196,9 @@ def test_te_gates_are_judged_for_the_images_transformer_engine(fresh_config):
     plan, cfg = fresh_config("qwen3_235b_128k_gb200")  # TE CUDA graphs
     apply_overrides(cfg, ["comm_overlap.overlap_moe_expert_parallel_comm=true", "comm_overlap.delay_wgrad_compute=true"])
     args = (cfg, plan.hardware_spec, plan.layout.world, plan.name)
-    assert not [f for f in ov.validate_for_image(*args, "nvcr.io/nvidia/nemo:26.06") if f.severity == "error"]
+    assert not [f for f in validate_for_image(*args, "nvcr.io/nvidia/nemo:26.06") if f.severity == "error"]
     with pytest.raises(InfeasibleConfig) as caught:
-        ov.validate_for_image(*args, "nvcr.io/nvidia/nemo:25.09")
+        validate_for_image(*args, "nvcr.io/nvidia/nemo:25.09")
     # the first error is the TE gate; TE 2.7 also has the catalogued fused cross-entropy bug (TE < 2.8)
     assert "CUDA graph with delay_wgrad_compute requires TE version >= 2.12.0." in caught.value.message
     assert caught.value.message.endswith("(with nvcr.io/nvidia/nemo:25.09's Transformer Engine 2.7.0)")

@@ -17,7 +17,7 @@ from lcmoe_recipes.cost.bands import MEMORY_ERROR_BAND
 from lcmoe_recipes.errors import InfeasibleConfig, LcmoeError
 from lcmoe_recipes.core.layout import ParallelLayout
 from lcmoe_recipes.cli.plan import main
-from lcmoe_recipes.planner.search import plan
+from lcmoe_recipes.planner.search import search_layouts
 from lcmoe_recipes.core.request import TrainingRequest
 from lcmoe_recipes.rules.batch import choose_batch, tokens_per_step
 from lcmoe_recipes.rules.cp import cp_first_guess
@@ -76,7 +76,7 @@ def test_planner_agrees_with_named_recipes(name):
     named = recipe_plan(name)
     request = TrainingRequest(model=named.model, seq_length=named.seq_length, hardware=named.hardware,
                               num_gpus=named.layout.world)
-    result = plan(request)
+    result = search_layouts(request)
     best = result.best
     named_step = estimate_step(named).step_seconds
     print(f"{name}: published {named.layout.describe()} {named_step:.1f} s; planner {best.plan.layout.describe()} "
@@ -90,7 +90,7 @@ def test_planner_agrees_with_named_recipes(name):
 
 
 def test_tie_rule_and_reasons():
-    result = plan(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64), top=200)
+    result = search_layouts(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64), top=200)
     best, fastest = result.best, result.fastest
     assert best.step.step_seconds <= fastest.step.step_seconds * (1 + result.band)
     safe = MEMORY_ERROR_BAND * result.limit
@@ -107,17 +107,17 @@ def test_tie_rule_and_reasons():
 
 def test_infeasible_request_names_the_constraint():
     with pytest.raises(InfeasibleConfig) as err:
-        plan(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=8))
+        search_layouts(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=8))
     assert "most rejected by memory/exceeds-hbm" in err.value.message
     assert err.value.fix.startswith("use 128 GPUs (a layout fits there; no count from 8 to 40 does)")
     with pytest.raises(InfeasibleConfig) as err:  # 60 GPUs fold 128 experts into EP 4 at most; 64 fold EP 64
-        plan(TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=60))
+        search_layouts(TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=60))
     assert err.value.fix.startswith("use 64 GPUs (the fewest whole nodes above 60 with a layout that fits)")
     with pytest.raises(InfeasibleConfig) as err:  # no layout can be enumerated: the forced one is explained
-        plan(TrainingRequest(model="qwen3_next", seq_length=65536, hardware="gb200", num_gpus=32, tp=2, cp=16))
+        search_layouts(TrainingRequest(model="qwen3_next", seq_length=65536, hardware="gb200", num_gpus=32, tp=2, cp=16))
     assert "gated DeltaNet linear heads" in err.value.message and "(divisibility/linear-heads-tp-cp)" in err.value.message
     with pytest.raises(InfeasibleConfig) as err:  # a dispatcher wish the hardware lacks gets that rule's fix
-        plan(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64, dispatcher="deepep"))
+        search_layouts(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64, dispatcher="deepep"))
     assert "most rejected by dispatcher/deepep-hardware" in err.value.message and "hybridep" in err.value.fix
     with pytest.raises(ValidationError, match=r"100 GPUs do not fill whole h100 nodes of 8 \(nor divide one\); use 96 or 104"):
         TrainingRequest(model="dsv3", seq_length=4096, hardware="h100", num_gpus=100)
@@ -142,8 +142,8 @@ def test_planning_is_light_and_module_runs():
     out = subprocess.run([sys.executable, "-m", "lcmoe_recipes.plan", "dsv3", "--seq", "32768", "--gpus", "128",
                           "--hardware", "h100", "--top", "2"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "winner:" in out.stdout and "RuntimeWarning" not in out.stderr
-    code = ("import sys; from lcmoe_recipes.planner.search import plan; from lcmoe_recipes.core.request import TrainingRequest;"
-            "plan(TrainingRequest(model='dsv3', seq_length=32768, hardware='h100', num_gpus=128));"
+    code = ("import sys; from lcmoe_recipes.planner.search import search_layouts; from lcmoe_recipes.core.request import TrainingRequest;"
+            "search_layouts(TrainingRequest(model='dsv3', seq_length=32768, hardware='h100', num_gpus=128));"
             "print(any(m.split('.')[0] in ('torch', 'megatron') for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
@@ -175,7 +175,7 @@ def test_random_requests_emit_valid_configs_or_clear_errors():
     built = refused = 0
     for request in _random_requests(24):
         try:
-            best = plan(request).best
+            best = search_layouts(request).best
         except InfeasibleConfig as exc:
             assert "most rejected by" in exc.message and exc.fix
             refused += 1
@@ -205,7 +205,7 @@ def test_launch_plans_unnamed_requests(capsys, tmp_path):
     assert (tmp_path / "out" / "qwen3_235b_64k_64xgb200.yaml").is_file()
     with pytest.raises(LcmoeError):
         from lcmoe_recipes import TrainingRequest
-        from lcmoe_recipes.planner import resolve
+        from lcmoe_recipes import resolve
         resolve(TrainingRequest(model="qwen3_235b", seq_length=65536))
 
 
@@ -216,9 +216,9 @@ def test_no_offload_where_the_base_optimizer_is_not_adam():
     from lcmoe_recipes.emit import config_from_plan
 
     with pytest.raises(InfeasibleConfig) as err:  # fits only with offload at 256 H100
-        plan(TrainingRequest(model="kimi_k2", seq_length=65536, hardware="h100", num_gpus=256))
+        search_layouts(TrainingRequest(model="kimi_k2", seq_length=65536, hardware="h100", num_gpus=256))
     assert err.value.fix.startswith("use 512 GPUs")
-    best = plan(TrainingRequest(model="kimi_k2", seq_length=65536, hardware="h100", num_gpus=512), top=1).best.plan
+    best = search_layouts(TrainingRequest(model="kimi_k2", seq_length=65536, hardware="h100", num_gpus=512), top=1).best.plan
     assert not best.optimizer_cpu_offload and not best.use_precision_aware_optimizer
     assert "optimizer dist_muon cannot run on the precision-aware" in best.reasons["optimizer_cpu_offload"].why
     assert config_from_plan(best, quiet=True).optimizer.optimizer == "dist_muon"  # megatron-bridge validates it

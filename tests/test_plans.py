@@ -144,7 +144,7 @@ def test_find_named_recipe():
     with pytest.raises(UnknownName) as err:
         find_named_recipe("dsv3", 131072, 512)
     assert "no named recipe for dsv3 at seq_length 131072 on 512" in err.value.message
-    assert "--seq 131072 --gpus 256 --hardware h100" in err.value.fix
+    assert "seq_length=131072 num_gpus=256 hardware=h100" in err.value.fix  # fields; the CLI writes flags
 
 
 def test_planning_imports_no_torch_or_megatron():

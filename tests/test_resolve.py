@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from lcmoe_recipes import NAMED_RECIPES, LcmoeError, TrainingRequest, dsv3_128k_h100, phase_requests, recipe_plan
-from lcmoe_recipes.planner import resolve
+from lcmoe_recipes import resolve
 from lcmoe_recipes.catalog import get_model
-from lcmoe_recipes.cli.common import request_from_args
+from lcmoe_recipes.cli.common import as_flags, request_from_args
 from lcmoe_recipes.cli.launch import _parser as launch_parser
 from lcmoe_recipes.cli.launch import main as launch
 from lcmoe_recipes.cli.plan import main as plan_main
@@ -29,27 +29,44 @@ def _request(*argv: str) -> TrainingRequest:
 # --- one resolver ------------------------------------------------------------------------------------------------
 
 def test_a_named_recipe_resolves_to_its_plan_by_name_or_by_request():
-    assert resolve(TrainingRequest(recipe="dsv3_128k_h100")) == recipe_plan("dsv3_128k_h100")
+    by_name = resolve(TrainingRequest(recipe="dsv3_128k_h100"))
+    assert by_name.plan == recipe_plan("dsv3_128k_h100")
+    assert (by_name.recipe.name, by_name.options, by_name.source, by_name.weights.pretrained) == (
+        "dsv3_128k_h100", {}, None, None)
     by_model = resolve(TrainingRequest(model="deepseek-v3", seq_length=131072))
-    assert by_model == recipe_plan("dsv3_128k_h100")
-    assert resolve(_request("qwen3_235b", "--seq", "131072", "--precision", "mxfp8")) == recipe_plan(
-        "qwen3_235b_128k_gb200", precision="mxfp8")
+    assert by_model.plan == recipe_plan("dsv3_128k_h100")
+    mxfp8 = resolve(_request("qwen3_235b", "--seq", "131072", "--precision", "mxfp8", "--tokens-per-step", "4194304"))
+    assert mxfp8.plan == recipe_plan("qwen3_235b_128k_gb200", precision="mxfp8", tokens_per_step=4194304)
+    # what the YAML header records, so `check` rebuilds the same recipe
+    assert mxfp8.options == {"precision": "mxfp8", "tokens_per_step": 4194304}
 
 
 def test_layout_wishes_plan_the_named_recipes_target():
-    plan = resolve(_request("qwen3_next_8k_gb200", "--tp", "2"))
+    resolution = resolve(_request("qwen3_next_8k_gb200", "--tp", "2"))
+    plan = resolution.plan
     assert (plan.layout.world, plan.hardware, plan.layout.tp) == (32, "gb200", 2)
-    assert plan.reasons["layout"].why.startswith("planned for the named recipe's target (32 x gb200) because --tp "
-                                                 "ask(s) for what qwen3_next_8k_gb200 pins")
+    assert plan.reasons["layout"].why.startswith("planned for the named recipe's target (32 x gb200) because the "
+                                                 "wishes tp ask for what qwen3_next_8k_gb200 pins")
+    assert resolution.recipe is None and resolution.options == {}  # searched: no named recipe's options to record
 
 
 def test_a_request_no_recipe_covers_is_searched_or_refused_with_the_fix():
-    plan = resolve(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64))
+    plan = resolve(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64)).plan
     assert plan.name == "qwen3_235b_64k_64xgb200" and plan.layout.world == 64
     with pytest.raises(LcmoeError) as err:
         resolve(TrainingRequest(model="qwen3_235b", seq_length=65536))
     assert "no named recipe for qwen3_235b at seq_length 65536" in err.value.message
-    assert "or give --gpus and --hardware to plan one" in err.value.fix
+    # the library names the request's fields; a command line shows its flags
+    assert "or give num_gpus and hardware to plan one" in err.value.fix
+    assert set(err.value.fields) >= {"num_gpus", "hardware"}
+    assert as_flags(err.value.fix, err.value.fields).endswith("or give --gpus and --hardware to plan one")
+    assert "seq_length=131072 num_gpus=128 hardware=gb200" in err.value.fix
+    assert "--seq 131072 --gpus 128 --hardware gb200" in as_flags(err.value.fix, err.value.fields)
+    with pytest.raises(LcmoeError) as err:
+        resolve(TrainingRequest(model="qwen3_235b"))
+    assert (err.value.message, err.value.fields) == ("seq_length is required with model 'qwen3_235b'", ("seq_length",))
+    assert as_flags(err.value.message, err.value.fields) == "--seq is required with model 'qwen3_235b'"
+    assert as_flags(err.value.fix, err.value.fields) == "e.g. --seq 131072 (a named recipe sets its own)"
     with pytest.raises(LcmoeError, match="unknown recipe 'dsv3_128k_h10'"):
         resolve(TrainingRequest(recipe="dsv3_128k_h10"))
     with pytest.raises(LcmoeError, match="one plan per phase"):
@@ -60,10 +77,15 @@ def test_phases_are_one_request_each_on_one_target():
     phases = phase_requests(TrainingRequest(model="dsv3", phases=(32768, 131072)))
     assert [(p.seq_length, p.phase, p.num_gpus, p.hardware) for p in phases] == [(32768, 1, 256, "h100"),
                                                                                  (131072, 2, 256, "h100")]
-    first = resolve(phases[0])
+    # the phase whose length gave the target names its recipe: it is not looked up again
+    assert [p.recipe for p in phases] == [None, "dsv3_128k_h100"]
+    first = resolve(phases[0]).plan
     assert first.name == "dsv3_32k_256xh100-phase1"
-    second = resolve(phases[1].replace(pretrained_checkpoint="/ckpt/phase1"))
+    resolved = resolve(phases[1].replace(pretrained_checkpoint="/ckpt/phase1"))
+    second = resolved.plan
     assert second.pretrained_checkpoint == "/ckpt/phase1" and second.name == "dsv3_128k_h100-phase2"
+    assert resolved.weights.entry == {"from_checkpoint": "/ckpt/phase1"}
+    assert resolved.options == {"pretrained_checkpoint": "/ckpt/phase1"}
     assert second.reasons["pretrained_checkpoint"].why.startswith("model weights from phase 1's checkpoints "
                                                                   "(/ckpt/phase1)")
 
@@ -125,8 +147,8 @@ def test_a_config_json_equal_to_a_catalogue_model_takes_its_published_facts(tmp_
     spec = get_model(str(path))
     assert spec.same_as == "qwen3_30b" and spec.published_id == "Qwen/Qwen3-30B-A3B"
     request = dict(seq_length=131072, hardware="h100", num_gpus=64)
-    mine = resolve(TrainingRequest(model_config=str(path), **request))
-    catalogue = resolve(TrainingRequest(model="qwen3_30b", **request))
+    mine = resolve(TrainingRequest(model_config=str(path), **request)).plan
+    catalogue = resolve(TrainingRequest(model="qwen3_30b", **request)).plan
     assert mine.positions == catalogue.positions
     assert (mine.positions.factor, mine.positions.original_max_position_embeddings) == (4.0, 32768)
     assert "your config.json has exactly the values of Qwen3-30B-A3B's published config.json" in mine.reasons["model"].why
@@ -134,7 +156,7 @@ def test_a_config_json_equal_to_a_catalogue_model_takes_its_published_facts(tmp_
     edited = tmp_path / "edited" / "config.json"
     edited.parent.mkdir()
     edited.write_text(json.dumps({**QWEN3_30B, "max_position_embeddings": 65536}))
-    other = resolve(TrainingRequest(model_config=str(edited), **request))
+    other = resolve(TrainingRequest(model_config=str(edited), **request)).plan
     assert get_model(str(edited)).same_as is None
     assert (other.positions.factor, other.positions.original_max_position_embeddings) == (2.0, 65536)
     assert f"your config.json ({edited.resolve()}) max_position_embeddings" in other.reasons["positions"].source

@@ -16,7 +16,7 @@ from lcmoe_recipes.cost.bounds import compute_lower_bound, memory_lower_bound, s
 from lcmoe_recipes.errors import InfeasibleConfig
 from lcmoe_recipes.cli.plan import main
 from lcmoe_recipes.core.request import TrainingRequest
-from lcmoe_recipes.planner.search import MIN_TP_WIDTH, _context, _with_knobs, enumerate_layouts, plan, tp_width_limit
+from lcmoe_recipes.planner.search import MIN_TP_WIDTH, _context, _with_knobs, enumerate_layouts, search_layouts, tp_width_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ REQUESTS += [dict(model="dsv3", seq_length=131072, hardware="h100", num_gpus=102
 
 def _outcome(request: TrainingRequest, exhaustive: bool):
     try:
-        return plan(request, exhaustive=exhaustive)
+        return search_layouts(request, exhaustive=exhaustive)
     except InfeasibleConfig as exc:
         return exc.message
 
@@ -53,7 +53,7 @@ def test_pruned_search_finds_the_exhaustive_winner_and_ranking(fields):
 
 
 def test_pruning_skips_most_layouts_at_scale():
-    result = plan(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=16384))
+    result = search_layouts(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=16384))
     # 1,080 layouts (TP <= 4: DeepSeek-V3's hidden 7168 / 1024) x MBS 1, 2, 4
     assert result.considered == 3240 and result.pruned > 3240 // 2, (result.considered, result.pruned)  # most
     assert f"({result.pruned} skipped: a lower bound of their step time is slower" in result.why
@@ -65,7 +65,7 @@ def test_pruning_skips_most_layouts_at_scale():
 def test_bounds_never_exceed_the_prediction(fields):
     """Every bound is at most the predicted step / memory of every knob choice the search can make for a layout."""
     request = TrainingRequest(**fields)
-    result = plan(request, top=40, exhaustive=True)
+    result = search_layouts(request, top=40, exhaustive=True)
     ctx = _context(request)
     checked = 0
     for candidate in result.ranked:
@@ -90,7 +90,7 @@ def test_ties_are_decided_by_the_fastest_unless_headroom():
     """Qwen3-235B at 64K on 64 GB200: candidates within the step error band of the fastest are a tie; the fastest
     wins unless it leaves less than the memory band free, and then the fastest tie that keeps it wins; the rule that
     decided and every tie (layout, MBS, step, headroom, safe, chosen) are recorded."""
-    result = plan(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64), top=5)
+    result = search_layouts(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64), top=5)
     fastest, best, gib = result.fastest, result.best, 2**30
     assert result.band == STEP_ERROR_BAND  # every gb200 bf16 constant fitted on gb200 rows: no widening
     ties = result.tie_break
@@ -119,9 +119,9 @@ def test_tp_no_wider_than_the_width_supports():
     assert tp_width_limit(get_model("dsv3")) == 4 and tp_width_limit(get_model("qwen3_235b")) == 4
     request = TrainingRequest(model="moonlight", seq_length=32768, hardware="h100", num_gpus=32)
     assert {lay.tp for lay in enumerate_layouts(request, 2)} <= {1, 2}
-    result = plan(request, top=20)
+    result = search_layouts(request, top=20)
     assert all(c.plan.layout.tp <= 2 for c in result.ranked) and not result.tp_note
-    wished = plan(request.model_copy(update={"tp": 4}), top=1)
+    wished = search_layouts(request.model_copy(update={"tp": 4}), top=1)
     assert wished.best.plan.layout.tp == 4
 
 
@@ -129,11 +129,11 @@ def test_mbs_searched_unless_given():
     from lcmoe_recipes.catalog import get_model
 
     request = TrainingRequest(model="qwen3_30b", seq_length=8192, hardware="gb200", num_gpus=8)
-    searched = plan(request, top=30, exhaustive=True)
+    searched = search_layouts(request, top=30, exhaustive=True)
     layouts = len(enumerate_layouts(request, tp_width_limit(get_model("qwen3_30b"))))
     assert searched.considered == 3 * layouts
     assert {c.plan.micro_batch_size for c in searched.ranked} >= {1, 2}
-    given = plan(TrainingRequest(model="qwen3_30b", seq_length=8192, hardware="gb200", num_gpus=8,
+    given = search_layouts(TrainingRequest(model="qwen3_30b", seq_length=8192, hardware="gb200", num_gpus=8,
                                  micro_batch_size=2), top=30)
     assert given.considered == layouts and {c.plan.micro_batch_size for c in given.ranked} == {2}
 
@@ -153,7 +153,7 @@ def test_error_bands_are_the_held_out_spread():
 
 def test_memory_margin():
     request = TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=128)
-    default, roomy = plan(request), plan(request.model_copy(update={"memory_margin": 0.45}))
+    default, roomy = search_layouts(request), search_layouts(request.model_copy(update={"memory_margin": 0.45}))
     hbm = get_hardware("gb200").hbm_bytes
     assert default.limit == pytest.approx(0.95 * hbm) and roomy.limit == pytest.approx(0.55 * hbm)
     assert all(c.memory.hbm_total <= 0.55 * hbm for c in roomy.ranked)
@@ -184,7 +184,7 @@ def test_compare_hardware_at_one_precision(capsys):
     assert data["precision"] == "bf16" and [t["hardware"] for t in data["targets"]] == ["h100", "gb200"]
     h100 = data["targets"][0]
     assert h100["precision"] == "bf16" and h100["memory_gib"] <= h100["limit_gib"]
-    expected = plan(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=256, precision="bf16"),
+    expected = search_layouts(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=256, precision="bf16"),
                     top=1).best
     assert h100["step_seconds"] == pytest.approx(expected.step.step_seconds)
     assert h100["layout"]["dp"] == expected.plan.layout.dp
@@ -209,7 +209,7 @@ def test_search_never_imports_the_plots():
             "import lcmoe_recipes.report.plots; print(a, 'lcmoe_recipes.planner.search' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
-    imports = [line for line in (ROOT / "src" / "lcmoe_recipes" / "plots.py").read_text().splitlines()
+    imports = [line for line in (ROOT / "src" / "lcmoe_recipes" / "report" / "plots.py").read_text().splitlines()
                if line.strip().startswith(("import ", "from "))]
     assert not [line for line in imports if "search" in line or "planner" in line or "request" in line], imports
 
@@ -222,15 +222,15 @@ def test_scaling_doc_is_current():
 
 def test_launch_takes_memory_margin():
     """launch plans a request no named recipe covers with the same flag (nothing built: the Plan only)."""
-    from lcmoe_recipes.planner import resolve
+    from lcmoe_recipes import resolve
     from lcmoe_recipes.cli.common import request_from_args
     from lcmoe_recipes.cli.launch import _parser
 
     args = _parser().parse_intermixed_args(["qwen3_235b", "--seq", "65536", "--gpus", "64", "--hardware", "gb200",
                                             "--memory-margin", "0.3", "--dry-run"])
-    planned = resolve(request_from_args(args))
+    planned = resolve(request_from_args(args)).plan
     assert estimate_memory(planned).hbm_total <= 0.7 * get_hardware("gb200").hbm_bytes
-    assert planned.layout == plan(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64,
+    assert planned.layout == search_layouts(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64,
                                                   memory_margin=0.3), top=1).best.plan.layout
 
 

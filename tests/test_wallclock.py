@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from lcmoe_recipes import recipe_plan
+from lcmoe_recipes.checks.wallclock import phase_findings
 from lcmoe_recipes.cost import estimate_step
 from lcmoe_recipes.cost import wallclock as wc
 from lcmoe_recipes.cost.shapes import shapes
 from lcmoe_recipes.core.request import TrainingRequest
-from lcmoe_recipes.planner.search import plan as search
+from lcmoe_recipes.planner.search import search_layouts as search
 
 
 def test_checkpoint_size_and_cadence_for_deepseek_v3():
@@ -65,7 +66,7 @@ def test_a_phase_that_runs_for_days_is_warned_about_with_the_batch_that_fits():
     assert plan.tokens_per_step == 960 * 65536 and plan.schedule.train_iters == 1000
     time = wc.phase_time(plan)
     assert 10 * 86400 < time.total < 14 * 86400
-    (finding,) = wc.phase_findings(plan, budget_hours=48)
+    (finding,) = phase_findings(plan, budget_hours=48)
     assert finding.rule == "time/phase-long" and finding.severity == "warning"
     assert "days), modelled" in finding.message and "over a budget of 48 h at 62.9M tokens per step" in finding.message
     tokens = wc.tokens_per_step_for(plan, 48 * 3600)
@@ -75,4 +76,4 @@ def test_a_phase_that_runs_for_days_is_warned_about_with_the_batch_that_fits():
     step = plan.layout.dp * (plan.layout.pp if plan.layout.vpp else 1)
     assert wc.phase_time(fits.with_changes(global_batch_size=fits.global_batch_size + step)).total > 48 * 3600 or \
         tokens // 65536 >= 16 * step  # the next batch up no longer fits (finer steps below 16 units)
-    assert wc.phase_findings(plan, budget_hours=24 * 30) == []
+    assert phase_findings(plan, budget_hours=24 * 30) == []

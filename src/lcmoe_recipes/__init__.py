@@ -9,7 +9,7 @@ Named recipes (each returns a validated ``megatron.bridge.training.config.Config
 Any request -- a model, a sequence length, a GPU type and count, wishes and run options -- goes through one resolver::
 
     from lcmoe_recipes import TrainingRequest, resolve, build_recipe
-    plan = resolve(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64))
+    plan = resolve(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64)).plan
     cfg = build_recipe(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64)
 
 Planning and checking (``resolve``, ``recipe_plan``, ``check_plan``) import neither torch nor megatron; building a
@@ -18,23 +18,24 @@ ConfigContainer loads megatron-bridge on first use (~15-40 s) and says so on std
 
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 from .checks import Finding, check_plan
 from .core.plan import Plan
-from .core.request import TrainingRequest
+from .core.request import RUN_OPTIONS, TrainingRequest
 from .errors import InfeasibleConfig, LcmoeError, ModelConfigError, OverrideError, UnknownName
 from .planner.recipes import NAMED_RECIPES, recipe_plan
-from .planner.resolve import phase_requests, resolve
+from .planner.resolve import Resolution, phase_requests, resolve
 
 __version__ = "0.1.0"
 
 
 def config_from_plan(plan: Plan, validate: bool = True):
     """The validated megatron-bridge ``ConfigContainer`` for ``plan`` (see :func:`lcmoe_recipes.emit.config_from_plan`)."""
-    from .emit import config_from_plan as _build
+    from .emit import config_from_plan as _config
 
-    return _build(plan, validate=validate)
+    return _config(plan, validate=validate)
 
 
 def _request(request: TrainingRequest | dict | None, fields: dict) -> TrainingRequest:
@@ -65,7 +66,7 @@ def build_recipe(request: TrainingRequest | dict | None = None, overrides: Seque
     request = _request(request, fields)
     if overrides:
         request = request.replace(overrides=tuple(request.overrides) + tuple(overrides))
-    return configure(resolve(request), request, request.overrides).cfg
+    return configure(resolve(request), request.overrides).cfg
 
 
 def build_phases(model: str, lengths: Sequence[int], num_gpus: int, hardware: str, **options) -> list:
@@ -106,32 +107,34 @@ def build_ranks(config, gpus: int | None = None, hardware: str | None = None):
     Returns:
         :class:`lcmoe_recipes.emit.probe.build.BuildReport` (``.table()``, ``.stages``, ``.findings``, ``.ok``).
     """
-    from .planner.examine import build
+    from .planner.examine import build_ranks as _build_ranks
 
-    return build(config, gpus, hardware)
+    return _build_ranks(config, gpus, hardware)
+
+
+# the keywords every named recipe's factory takes: precision and the run options (TrainingRequest's own fields, with
+# its defaults and descriptions), then overrides
+FACTORY_OPTIONS = ("precision",) + tuple(o for o in RUN_OPTIONS if o != "micro_batch_size")
 
 
 def _named_factory(name: str):
     recipe = NAMED_RECIPES[name]
+    fields = TrainingRequest.model_fields
+    signature = inspect.Signature(
+        [inspect.Parameter(o, inspect.Parameter.KEYWORD_ONLY, default=fields[o].default) for o in FACTORY_OPTIONS]
+        + [inspect.Parameter("overrides", inspect.Parameter.KEYWORD_ONLY, default=())])
 
-    def factory(*, precision: str | None = None, rope: str = "auto", tokens_per_step: int | None = None,
-                global_batch_size: int | None = None, lr: float | None = None, train_iters: int | None = None,
-                pretrained_checkpoint: str | None = None, overrides: Sequence[str] = ()):
-        return build_recipe(TrainingRequest.parse(
-            recipe=name, precision=precision, rope=rope, tokens_per_step=tokens_per_step,
-            global_batch_size=global_batch_size, lr=lr, train_iters=train_iters,
-            pretrained_checkpoint=pretrained_checkpoint), overrides)
+    def factory(*args, **kwargs):
+        options = signature.bind(*args, **kwargs).arguments  # TypeError for a positional or unknown argument
+        overrides = options.pop("overrides", ())
+        return build_recipe(TrainingRequest.parse(recipe=name, **options), overrides)
 
     factory.__name__ = factory.__qualname__ = name
+    factory.__signature__ = signature
+    args = "".join(f"    {o}: {fields[o].description}.\n" for o in FACTORY_OPTIONS)
     factory.__doc__ = (
         f"{recipe.summary}: a validated megatron-bridge ConfigContainer for {recipe.num_gpus} x {recipe.hardware}, "
-        f"seq_length {recipe.seq_length}.\n\nArgs:\n"
-        "    precision: bf16, fp8_blockwise, fp8_cs or mxfp8 (default: the recipe's; another one is checked).\n"
-        "    rope: positions, auto | yarn | abf | keep (default auto: YaRN where seq_length exceeds the trained range).\n"
-        "    tokens_per_step: tokens per optimizer step (default: the base model's published batch, else ~8M/~4M).\n"
-        "    global_batch_size: a fixed GBS instead of the token budget.\n"
-        "    lr, train_iters: learning rate and steps of the phase (default: the final pre-training LR, 1000).\n"
-        "    pretrained_checkpoint: a Megatron checkpoint whose weights the run starts from.\n"
+        f"seq_length {recipe.seq_length}.\n\nArgs:\n{args}"
         "    overrides: Hydra overrides on megatron-bridge field names, applied and checked again.\n\n"
         f"The layout, knobs and the reason for each: ``lcmoe_recipes.recipe_plan('{name}')``.\n\nRaises:\n"
         "    LcmoeError: a bad option (named, with its fix); OverrideError: a bad override; InfeasibleConfig: an "
@@ -149,7 +152,8 @@ qwen3_next_64k_gb200 = _named_factory("qwen3_next_64k_gb200")
 __all__ = [
     "dsv3_128k_h100", "dsv3_256k_h100", "qwen3_235b_128k_gb200",
     "qwen3_next_8k_gb200", "qwen3_next_32k_gb200", "qwen3_next_64k_gb200",
-    "TrainingRequest", "resolve", "phase_requests", "NAMED_RECIPES", "recipe_plan", "config_from_plan", "build_recipe",
+    "TrainingRequest", "resolve", "Resolution", "phase_requests", "NAMED_RECIPES", "recipe_plan", "config_from_plan",
+    "build_recipe",
     "build_phases", "build_ranks", "check", "check_plan", "Plan", "Finding",
     "LcmoeError", "InfeasibleConfig", "ModelConfigError", "OverrideError", "UnknownName",
 ]

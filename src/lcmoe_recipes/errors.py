@@ -12,22 +12,16 @@ class LcmoeError(ValueError):
     Attributes:
         message: what is wrong, naming the bad value(s).
         fix: what to do instead (a valid alternative), or "" where the message already says it.
+        fields: the :class:`~lcmoe_recipes.core.request.TrainingRequest` fields the message and fix name (e.g.
+            ``("seq_length",)``): a library error speaks in fields; each command line shows them as its flags
+            (:func:`lcmoe_recipes.cli.common.as_flags`).
     """
 
     exit_code = 2
 
-    def __init__(self, message: str, fix: str = "") -> None:
-        self.message, self.fix = message, fix
+    def __init__(self, message: str, fix: str = "", fields: tuple[str, ...] = ()) -> None:
+        self.message, self.fix, self.fields = message, fix, tuple(fields)
         super().__init__(f"{message}{'; ' + fix if fix else ''}")
-
-    def report(self) -> int:
-        """Print 'error: ...' and '  fix: ...' on stderr, as every command line does; returns the exit code."""
-        import sys
-
-        print(f"error: {self.message}", file=sys.stderr)
-        if self.fix:
-            print(f"  fix: {self.fix}", file=sys.stderr)
-        return self.exit_code
 
 
 class UnknownName(LcmoeError):
@@ -42,8 +36,8 @@ class ModelConfigError(LcmoeError):
 class InfeasibleConfig(LcmoeError):
     """A plan or ConfigContainer that breaks a rule (ours or Megatron's). ``findings`` holds every error found."""
 
-    def __init__(self, message: str, fix: str = "", findings: list | None = None) -> None:
-        super().__init__(message, fix)
+    def __init__(self, message: str, fix: str = "", findings: list | None = None, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message, fix, fields)
         self.findings = list(findings or [])
 
 

@@ -17,7 +17,7 @@ from ..calibration import calibrate, read_log, write_profile
 from ..catalog import HARDWARE, get_hardware, load_model_config
 from ..errors import LcmoeError
 from ..planner.examine import config_plan
-from .common import ArgumentParser
+from .common import ArgumentParser, report_error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = config_plan(args.config, args.gpus, args.hardware)
         profile = calibrate([(plan, read_log(log), args.config) for log in args.logs])
     except LcmoeError as exc:
-        return exc.report()
+        return report_error(exc)
     out = write_profile(profile, args.out or f"calibration_{profile.hardware}_{profile.precision}.yaml")
     print(f"calibration profile for {profile.hardware} at {profile.precision} from {len(profile.runs)} run(s): {out}")
     for (gpu, kind), value in profile.step_constants.items():

@@ -22,7 +22,7 @@ from ..errors import LcmoeError
 from ..planner.examine import examine
 from ..planner.recipes import NAMED_RECIPES
 from ..report.text import format_findings
-from .common import ArgumentParser, calibrated_line
+from .common import ArgumentParser, calibrated_line, report_error
 
 
 def list_known_issues(container_image: str | None = None) -> int:
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         found = examine(args.config, args.gpus, args.hardware, args.container_image, args.model_config,
                         overlay=not args.no_overlay)
     except LcmoeError as exc:
-        return exc.report()
+        return report_error(exc)
     plan, findings = found.plan, found.findings
     if args.container_image:
         from ..jobs.overlay import compare_stack, format_stack
@@ -104,14 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(calibrated_line(plan, args.calibration))
         except LcmoeError as exc:
-            return exc.report()
+            return report_error(exc)
     built_ok = True
     if args.build and found.errors:
         print("\nbuild: not attempted -- fix the errors above first")
     elif args.build:
-        from ..planner.examine import build
+        from ..planner.examine import build_ranks
 
-        report = build(args.config, plan.layout.world, plan.hardware_spec.key)
+        report = build_ranks(args.config, plan.layout.world, plan.hardware_spec.key)
         print("\n" + report.table())
         built_ok = report.ok
     return 1 if found.errors or not built_ok else 0

@@ -102,6 +102,25 @@ def request_arguments(parser, target: bool = True, several_gpus: bool = False) -
 # parsed flag -> TrainingRequest field, for the flags whose names differ
 _FIELDS = {"gbs": "global_batch_size", "mbs": "micro_batch_size", "gpus": "num_gpus", "model_config": "model_config",
            "seq": "seq_length", "from_config": "from_config"}
+# TrainingRequest field -> its flag, where the two differ beyond '_' -> '-' (and the fields with no flag of their own)
+FLAGS = {"global_batch_size": "--gbs", "micro_batch_size": "--mbs", "num_gpus": "--gpus", "seq_length": "--seq",
+         "from_config": "--from", "allow_cpu_offload": "--no-offload", "recipe": "RECIPE", "model": "MODEL"}
+
+
+def flag_of(field: str) -> str:
+    """The command-line flag of a TrainingRequest ``field`` (``seq_length`` -> ``--seq``)."""
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def as_flags(text: str, fields) -> str:
+    """``text`` (a library error's message or fix) with each of ``fields`` written as its flag: ``seq_length=131072``
+    -> ``--seq 131072``, ``seq_length`` -> ``--seq``; a field followed by a number (``at seq_length 100000``) states a
+    value and stays."""
+    for name in sorted(fields, key=len, reverse=True):
+        flag = flag_of(name)
+        text = re.sub(rf"(?<![\w.-]){re.escape(name)}=(?=\S)", f"{flag} ", text)
+        text = re.sub(rf"(?<![\w.-]){re.escape(name)}\b(?!=| \d)", flag, text)  # 'seq_length 131072' is a value
+    return text
 _REQUEST_FLAGS = ("precision", "gbs", "mbs", "dispatcher", "tp", "pp", "cp", "ep", "memory_margin", "rope",
                   "tokens_per_step", "lr", "train_iters", "model_config", "variable_length", "gpus", "hardware", "seq",
                   "from_hf", "from_checkpoint", "convert_to", "from_config", "save_dir", "tokenizer", "fs_gbps",
@@ -153,17 +172,21 @@ def phase_lengths(text: str) -> tuple[int, ...]:
 
 
 def report_error(exc, as_json: bool = False, warnings: list = ()) -> int:
-    """Print an error (the other errors and the warnings found so far too) as text on stderr, or as JSON on stdout;
-    returns its exit code."""
+    """Print an error (the other errors and the warnings found so far too) as text on stderr -- ``error: ...`` and
+    ``  fix: ...``, the request fields it names written as this command line's flags (:func:`as_flags`) -- or as JSON
+    on stdout; returns its exit code."""
     import dataclasses
     import json
 
     others = list(getattr(exc, "findings", [])[1:])
+    message, fix = (as_flags(text, getattr(exc, "fields", ())) for text in (exc.message, exc.fix))
     if as_json:
-        print(json.dumps({"valid": False, "error": exc.message, "fix": exc.fix,
+        print(json.dumps({"valid": False, "error": message, "fix": fix,
                           "findings": [dataclasses.asdict(f) for f in others + list(warnings)]}, indent=2))
         return exc.exit_code
-    exc.report()
+    print(f"error: {message}", file=sys.stderr)
+    if fix:
+        print(f"  fix: {fix}", file=sys.stderr)
     for finding in others:
         print(f"  also: {finding}", file=sys.stderr)
     for finding in warnings:
@@ -180,7 +203,8 @@ def write_plot_files(plans: list, folder, request: TrainingRequest | None = None
         LcmoeError: matplotlib is missing.
     """
     from ..report.plots import write_plots
-    from ..planner.search import memory_limit, seq_sweep
+    from ..planner.resolve import seq_sweep
+    from ..planner.search import memory_limit
 
     first = plans[0]
     request = request or TrainingRequest(model=first.model, seq_length=first.seq_length, hardware=first.hardware,

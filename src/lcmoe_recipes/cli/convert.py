@@ -17,7 +17,7 @@ import sys
 from ..catalog import get_model
 from ..checks.weights import CheckpointError, check_hf_folder, matching_models, read_hf_config
 from ..errors import LcmoeError
-from .common import ArgumentParser
+from .common import ArgumentParser, report_error
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
         convert_hf_checkpoint(args.hf, args.out, spec, drop_mtp=args.drop_mtp)
     except LcmoeError as exc:
-        return exc.report()
+        return report_error(exc)
     return 0
 
 

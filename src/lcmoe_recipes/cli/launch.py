@@ -1,6 +1,6 @@
 """``python -m lcmoe_recipes.launch MODEL --seq N [...] [Hydra overrides...]``: the main job.
 
-Parses the flags into one :class:`~lcmoe_recipes.core.request.TrainingRequest`, builds it (:func:`lcmoe_recipes.jobs.prepare.build`:
+Parses the flags into one :class:`~lcmoe_recipes.core.request.TrainingRequest`, prepares it (:func:`lcmoe_recipes.jobs.prepare.prepare`:
 the named recipe or the search's plan, overridden, checked again for the target, written as YAML), prints a summary,
 and runs it (:func:`lcmoe_recipes.jobs.submit.run`): ``--executor local`` (torchrun on this node) or ``--executor slurm`` (a
 Slurm job through NeMo-Run); ``--dry-run`` prints the torchrun command or the sbatch script instead.
@@ -22,7 +22,7 @@ from ..errors import LcmoeError
 from ..jobs.executors.common import EXECUTORS
 from ..jobs.executors.kubeflow import KubeflowSettings, check_kubeflow_settings
 from ..jobs.executors.slurm import SlurmSettings, check_settings
-from ..jobs.prepare import Built, build
+from ..jobs.prepare import Configured, prepare
 from ..jobs.submit import run
 from ..planner.recipes import NAMED_RECIPES
 from ..report.text import Citations, format_plan
@@ -197,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise LcmoeError(f"{flag} {value} is not a positive count", f"e.g. {flag} 2")
         settings = settings_from_args(args) if args.executor != "local" else None
         if isinstance(settings, SlurmSettings):
-            check_settings(settings)  # before the 15-40 s build, and before anything is written
+            check_settings(settings)  # before megatron-bridge loads (15-40 s), and before anything is written
         elif settings is not None:
             check_kubeflow_settings(settings)
         request = request_from_args(args, named=tuple(NAMED_RECIPES))
-        built = build(request, container_image=args.container_image, output=args.output, settings=settings,
+        built = prepare(request, container_image=args.container_image, output=args.output, settings=settings,
                       smoke=args.smoke, smoke_nodes=args.smoke_nodes, budget_hours=args.budget_hours,
                       overlay=not args.no_overlay)
     except LcmoeError as exc:
@@ -225,10 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
 
     if args.build:
-        from ..planner.examine import build as build_model
+        from ..planner.examine import build_ranks
 
         for one in built:
-            report = build_model(one.cfg, one.plan.layout.world, one.plan.hardware_spec.key, one.plan.name)
+            report = build_ranks(one.cfg, one.plan.layout.world, one.plan.hardware_spec.key, one.plan.name)
             print(report.table(), file=sys.stderr if args.json else sys.stdout)
             if not report.ok:
                 return 1
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps({"valid": True, "yaml": str(one.output), "launch": {"error": exc.message,
                                       "fix": exc.fix}}, indent=2))
                 else:
-                    exc.report()
+                    report_error(exc)
                 return exc.exit_code
             results.append(result)
             if not result.ok:
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def _print_json(built: list[Built], results: list) -> None:
+def _print_json(built: list[Configured], results: list) -> None:
     from ..report.explain import explain_json
 
     docs = []
@@ -285,7 +285,7 @@ def _print_json(built: list[Built], results: list) -> None:
     print(json.dumps(docs[0] if len(docs) == 1 else {"phases": docs}, indent=2, default=str))
 
 
-def _print_built(one: Built, args: argparse.Namespace, citations: Citations) -> None:
+def _print_built(one: Configured, args: argparse.Namespace, citations: Citations) -> None:
     """The summary of one built config: target and checks passed, what a retargeting changed, the plan's rows with
     the decisions that matter (every reason with --explain), the prediction, the YAML and the cluster command."""
     if args.json:

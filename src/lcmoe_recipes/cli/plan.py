@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             written = write_plot_files([c.plan for c in result.ranked], args.plot, request)
         except LcmoeError as exc:
-            return exc.report()
+            return report_error(exc)
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     return 0
 

@@ -28,7 +28,7 @@ import argparse
 
 from ..errors import LcmoeError
 from ..jobs.node import as_rank, run_rank
-from .common import ArgumentParser
+from .common import ArgumentParser, report_error
 
 
 EPILOG = """\
@@ -99,4 +99,4 @@ def main(argv: list[str] | None = None) -> int:
                         save_dir=args.save_dir, replan_here=args.replan, smoke_only=args.smoke, metrics=args.metrics,
                         overrides=args.overrides)
     except LcmoeError as exc:
-        return exc.report()
+        return report_error(exc)

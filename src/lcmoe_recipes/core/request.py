@@ -7,8 +7,6 @@ its job is run (executor settings live with the executors).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..catalog import get_hardware, get_model
@@ -26,27 +24,10 @@ DEFAULT_MEMORY_MARGIN = round(1 - HBM_MARGIN, 6)
 LAYOUT_WISHES = ("tp", "pp", "cp", "ep", "dispatcher", "micro_batch_size", "variable_length", "allow_cpu_offload")
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """The options of a run that every plan takes, named recipe or planned (named-recipe factories take them as
-    keywords).
-
-    Attributes:
-        rope: "auto", "yarn", "abf" or "keep" (:func:`lcmoe_recipes.rules.positions.choose_positions`).
-        tokens_per_step: tokens per optimizer step (None: the rule's default).
-        global_batch_size: a fixed GBS instead of the token budget.
-        micro_batch_size: MBS.
-        lr, train_iters: the phase's learning rate and steps (None: extension defaults).
-        pretrained_checkpoint: Megatron checkpoint whose weights the run starts from (None: random init).
-    """
-
-    rope: str = "auto"
-    tokens_per_step: int | None = None
-    global_batch_size: int | None = None
-    micro_batch_size: int = 1
-    lr: float | None = None
-    train_iters: int | None = None
-    pretrained_checkpoint: str | None = None
+# The run options every plan takes, named recipe or planned (the named recipes' factories take them as keywords, with
+# precision): the fields of TrainingRequest that :func:`lcmoe_recipes.rules.extension.extension_fields` reads.
+RUN_OPTIONS = ("rope", "tokens_per_step", "global_batch_size", "micro_batch_size", "lr", "train_iters",
+               "pretrained_checkpoint")
 
 
 class TrainingRequest(BaseModel):
@@ -77,8 +58,10 @@ class TrainingRequest(BaseModel):
     hardware: str | None = Field(default=None, description="h100, h200, b200, gb200 or gb300")
     num_gpus: int | None = Field(default=None, description="world size")
     # --- wishes --------------------------------------------------------------------------------------------------
-    precision: str | None = Field(default=None, description=f"one of {', '.join(PRECISIONS)}")
-    global_batch_size: int | None = Field(default=None, description="GBS in samples (default: from tokens_per_step)")
+    precision: str | None = Field(default=None, description=f"one of {', '.join(PRECISIONS)} (default: the base "
+                                  "model's training precision on this GPU, else BF16; a named recipe's own)")
+    global_batch_size: int | None = Field(default=None, description="a fixed GBS in samples instead of the token "
+                                          "budget (default: tokens_per_step / seq_length)")
     micro_batch_size: int = Field(default=1, description="MBS in samples")
     dispatcher: str | None = Field(default=None, description=f"one of {', '.join(DISPATCHER_BACKENDS)}")
     tp: int | None = None
@@ -91,16 +74,22 @@ class TrainingRequest(BaseModel):
                                  "(default 0.05: the predicted HBM use, allocator peak and buffers outside it, may "
                                  "reach 95% of HBM)")
     # --- run options ---------------------------------------------------------------------------------------------
-    rope: str = Field(default="auto", description="positions: auto, yarn, abf or keep (rules/positions.py)")
-    tokens_per_step: int | None = Field(default=None, description="tokens per optimizer step")
-    lr: float | None = Field(default=None, description="learning rate of the phase")
-    train_iters: int | None = Field(default=None, description="optimizer steps of the phase")
+    rope: str = Field(default="auto", description="positions: auto (YaRN where seq_length exceeds the trained range), "
+                      "yarn, abf or keep (lcmoe_recipes.rules.positions)")
+    tokens_per_step: int | None = Field(default=None, description="tokens per optimizer step (default: the base "
+                                        "model's published pre-training batch, else ~8M above 100B parameters, ~4M "
+                                        "below)")
+    lr: float | None = Field(default=None, description="learning rate of the phase (default: the base model's final "
+                             "pre-training LR, constant after a short warm-up)")
+    train_iters: int | None = Field(default=None, description="optimizer steps of the phase (default: the base "
+                                    "model's published extension length where known, else 1000)")
     from_hf: str | None = Field(default=None, description="start from a local Hugging Face checkpoint folder")
     from_checkpoint: str | None = Field(default=None, description="start from a Megatron checkpoint folder")
     convert_to: str | None = Field(default=None, description="with from_hf: convert it once into this Megatron "
                                    "checkpoint folder at the job's start and start from that")
-    pretrained_checkpoint: str | None = Field(default=None, description="Megatron checkpoint whose weights the run "
-                                              "loads, unchecked (a previous phase's checkpoint.save)")
+    pretrained_checkpoint: str | None = Field(default=None, description="a Megatron checkpoint whose weights the run "
+                                              "starts from, unchecked (default: random initialisation; a later phase: "
+                                              "the previous phase's checkpoint.save)")
     from_config: str | None = Field(default=None, description="retarget this ConfigContainer YAML, or a "
                                     "megatron-bridge recipe by function name, to seq_length")
     overrides: tuple[str, ...] = Field(default=(), description="Hydra overrides on megatron-bridge field names, "
@@ -160,12 +149,6 @@ class TrainingRequest(BaseModel):
         """The fields that were given, by name (``model_config`` under its alias): what :meth:`replace` keeps, so a
         wish given at its default value (``micro_batch_size=1``: MBS fixed, not searched) stays given."""
         return self.model_dump(by_alias=True, exclude_unset=True)
-
-    def run_options(self) -> RunOptions:
-        """The per-run options every plan's common decisions take (:mod:`lcmoe_recipes.rules.extension`)."""
-        return RunOptions(rope=self.rope, tokens_per_step=self.tokens_per_step, global_batch_size=self.global_batch_size,
-                          micro_batch_size=self.micro_batch_size, lr=self.lr, train_iters=self.train_iters,
-                          pretrained_checkpoint=self.pretrained_checkpoint)
 
     def layout_wishes(self) -> list[str]:
         """The wishes (of :data:`LAYOUT_WISHES`) given: with any, a named recipe's target is planned instead."""

@@ -114,7 +114,7 @@ def replan(meta: dict, world_size: int, hardware: str, overrides: list[str]):
     from ..planner.resolve import resolve
 
     best = resolve(TrainingRequest(model=meta["model"], seq_length=meta["seq_length"], hardware=hardware,
-                                   num_gpus=world_size))
+                                   num_gpus=world_size)).plan
     cfg = emit.config_from_plan(best, validate=False, quiet=True)
     emit.apply_overrides(cfg, overrides)
     return cfg, emit.target_meta(best, overrides)

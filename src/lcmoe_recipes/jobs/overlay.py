@@ -419,7 +419,7 @@ def plan_overlay(stack: JobStack, image_requires: dict[str, list[str]] | None = 
 
 
 @dataclass
-class BuiltOverlay:
+class InstalledOverlay:
     """An overlay folder: ``path`` (here), its size in bytes, and its manifest."""
 
     path: Path
@@ -432,7 +432,7 @@ def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
-def build(overlay: Overlay, dest: str | os.PathLike) -> BuiltOverlay:
+def install(overlay: Overlay, dest: str | os.PathLike) -> InstalledOverlay:
     """Install ``overlay``'s wheels for its platform into ``dest/<key>`` (reused when already complete): ``pip
     install --no-deps --target`` with the nodes' platform and Python, then the manifest :data:`MANIFEST` (Python,
     platform, packages and why) written last, so a folder with a manifest is complete.
@@ -442,7 +442,7 @@ def build(overlay: Overlay, dest: str | os.PathLike) -> BuiltOverlay:
     """
     folder = Path(dest) / overlay.key
     if (folder / MANIFEST).is_file():
-        return BuiltOverlay(folder, folder_bytes(folder), json.loads((folder / MANIFEST).read_text()))
+        return InstalledOverlay(folder, folder_bytes(folder), json.loads((folder / MANIFEST).read_text()))
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{overlay.key}-", dir=folder.parent))
     try:
@@ -462,7 +462,7 @@ def build(overlay: Overlay, dest: str | os.PathLike) -> BuiltOverlay:
         os.replace(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return BuiltOverlay(folder, folder_bytes(folder), json.loads((folder / MANIFEST).read_text()))
+    return InstalledOverlay(folder, folder_bytes(folder), json.loads((folder / MANIFEST).read_text()))
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,17 @@
-"""Build and run: a :class:`~lcmoe_recipes.core.request.TrainingRequest` becomes validated ConfigContainer YAMLs (one per
-phase) and runs through torchrun here (``local``) or a Slurm job through NeMo-Run (``slurm``).
+"""Prepare a job: a :class:`~lcmoe_recipes.core.request.TrainingRequest` becomes validated ConfigContainer YAMLs, one
+per phase.
 
-* :func:`build` -- the request resolved (:func:`lcmoe_recipes.planner.resolve.resolve`, each phase of
-  :func:`~lcmoe_recipes.planner.resolve.phase_requests`), its ConfigContainer built, overridden (Hydra syntax, megatron-bridge's
-  own parser), checked again for the target (our checks, upstream ``validate()``, the known upstream bugs for the
-  versions the job runs), and written as YAML; a Slurm job's folder, paths and time limit checked too.
-* :func:`run` -- one built config run (the torchrun command or the sbatch script with ``dry_run``).
-* :func:`submit` -- any ConfigContainer (or a YAML ``build`` wrote) validated for its target and run.
+* :func:`configure` -- one :class:`~lcmoe_recipes.planner.resolve.Resolution` becomes its ConfigContainer (the source
+  config retargeted, or the plan's), overridden (Hydra syntax, megatron-bridge's own parser) and checked again for the
+  target (our checks, upstream ``validate()``, the known upstream bugs and megatron-core's Transformer Engine gates
+  for the versions the job's image runs: :func:`validate_for_image`); nothing is written, and nothing calls back into
+  the resolver: the resolution carries the weights, the source config and the named recipe's options.
+* :func:`configure_phases` -- every phase resolved once and configured, each starting from the previous one's saves.
+* :func:`prepare` -- those configs checked for the job too (a Slurm job's folder, paths and time limit; a Kubernetes
+  job's volume) and written as YAML, with the command each node runs.
 
-The command line is :mod:`lcmoe_recipes.cli.launch` (``python -m lcmoe_recipes.launch``).
+Running them is :mod:`lcmoe_recipes.jobs.submit`; the command line is :mod:`lcmoe_recipes.cli.launch`
+(``python -m lcmoe_recipes.launch``).
 """
 
 from __future__ import annotations
@@ -20,12 +23,11 @@ from pathlib import Path
 
 from ..catalog import get_hardware
 from ..checks.known_issues import job_versions
-from ..checks.weights import Weights, weights_of
+from ..checks.weights import Weights
 from ..core.plan import Plan, carry_reasons
 from ..core.request import TrainingRequest
 from ..errors import LcmoeError
-from ..planner.recipes import NAMED_RECIPES
-from ..planner.resolve import named_options, phase_requests, resolve, retarget_source
+from ..planner.resolve import Resolution, phase_requests, resolve
 from .executors.common import nodes_for
 from .executors.kubeflow import KubeflowSettings, kube_job_overrides
 from .executors.slurm import SlurmSettings, job_dir_of, overlay_step
@@ -38,23 +40,32 @@ CALIBRATION_RUN_OVERRIDES = ["logger.log_interval=1", "logger.log_throughput=tru
 
 
 @dataclasses.dataclass
-class Built:
-    """One config of a request: the plan asked for, the plan the config states (after overrides), the config, the
-    overrides applied, warnings, where its weights come from, and (``--from``) every field the retargeting changed;
-    once :func:`build` wrote it, also where its YAML went, its header, the command each node runs and the Slurm job
-    checks."""
+class Configured:
+    """One config of a request: what the resolver answered (the plan asked for, the weights, the named recipe's
+    options), the plan the config states (after overrides), the config, the overrides applied, warnings, and
+    (``--from``) every field the retargeting changed; once :func:`prepare` wrote it, also where its YAML went, its
+    header, the command each node runs and the job's checks."""
 
-    plan: Plan
+    resolution: Resolution
     shown: Plan
     cfg: object
     overrides: list
     warnings: list
-    weights: Weights
     changes: list = dataclasses.field(default_factory=list)
     output: Path | None = None
     meta: dict = dataclasses.field(default_factory=dict)
     command: str = ""
     job: object = None
+
+    @property
+    def plan(self) -> Plan:
+        """The plan asked for (before overrides)."""
+        return self.resolution.plan
+
+    @property
+    def weights(self) -> Weights:
+        """Where the run's weights come from (checked once, by the resolver)."""
+        return self.resolution.weights
 
 
 def torchrun_command(yaml_path: str | Path, world_size: int, gpus_per_node: int) -> str:
@@ -85,24 +96,25 @@ def _output(plan: Plan, overrides: list[str], output: str | Path | None) -> Path
     return output
 
 
-def configure(plan: Plan, request: TrainingRequest, overrides: list[str] = (),
-              container_image: str | None = None, overlay: bool = True) -> Built:
-    """``plan``'s ConfigContainer (``--from``: the source config retargeted), ``overrides`` applied with
+def configure(resolution: Resolution, overrides: list[str] = (), container_image: str | None = None,
+              overlay: bool = True) -> Configured:
+    """``resolution``'s ConfigContainer (``--from``: its source config retargeted), ``overrides`` applied with
     megatron-bridge's parser, then checked again for the target: our checks, upstream ``validate()``, the known
     upstream bugs and megatron-core's Transformer Engine gates for the versions a job on ``container_image`` runs
-    (:func:`lcmoe_recipes.jobs.prepare.validate_for_image`, through an overlay of the pinned megatron unless ``overlay``
-    is False; default: installed). Nothing is written.
+    (:func:`validate_for_image`, through an overlay of the pinned megatron unless ``overlay`` is False; default:
+    installed). Nothing is written; the resolver is not called again.
 
     Raises:
         OverrideError: a bad override. InfeasibleConfig: the config breaks a rule or upstream refuses it.
     """
     from .. import emit
 
+    plan = resolution.plan
     hw, world = plan.hardware_spec, plan.layout.world
     overrides = list(overrides)
     changes: list = []
-    if request.from_config:
-        cfg, changes = emit.retarget_config(retarget_source(request.from_config)[0], plan)
+    if resolution.source is not None:
+        cfg, changes = emit.retarget_config(resolution.source.cfg, plan)
     else:
         cfg = emit.config_from_plan(plan, validate=False)  # validated once, below, after the overrides
     shown = plan
@@ -111,17 +123,19 @@ def configure(plan: Plan, request: TrainingRequest, overrides: list[str] = (),
         shown = emit.plan_from_config(cfg, hw, world, plan.name)
         shown = shown.with_changes(reasons=carry_reasons(plan, shown))
     warnings = validate_for_image(cfg, hw, world, plan.name, container_image, overlay)
-    return Built(plan, shown, cfg, overrides, warnings, weights_of(request, plan.model), changes)
+    one = Configured(resolution, shown, cfg, overrides, warnings, changes)
+    one.meta = _header(one)
+    return one
 
 
 def configure_phases(request: TrainingRequest, container_image: str | None = None,
-                     before_build=None, overlay: bool = True) -> list[Built]:
-    """:func:`configure` for every phase of ``request`` (one without phases): each phase resolved
-    (:func:`lcmoe_recipes.planner.resolve.resolve`) and started from the previous phase's ``checkpoint.save``; its overrides
-    are ``save_dir`` (``DIR/phaseN_<len>k`` per phase), the request's own, then its data.
+                     before_config=None, overlay: bool = True) -> list[Configured]:
+    """:func:`configure` for every phase of ``request`` (one without phases): each phase resolved once
+    (:func:`lcmoe_recipes.planner.resolve.resolve`) and started from the previous phase's ``checkpoint.save``; its
+    overrides are ``save_dir`` (``DIR/phaseN_<len>k`` per phase), the request's own, then its data.
 
     Args:
-        before_build: called with each phase's Plan before its config is built (cheap checks that can refuse).
+        before_config: called with each phase's Plan before its config is made (cheap checks that can refuse).
 
     Raises:
         LcmoeError: anything :func:`~lcmoe_recipes.planner.resolve.resolve` or :func:`configure` refuses.
@@ -130,43 +144,38 @@ def configure_phases(request: TrainingRequest, container_image: str | None = Non
 
     phases = phase_requests(request)
     phased = len(phases) > 1
-    out: list[Built] = []
+    out: list[Configured] = []
     for index, phase in enumerate(phases):
         if index:
             phase = phase.replace(pretrained_checkpoint=out[-1].cfg.checkpoint.save)
-        plan = resolve(phase)
-        if before_build is not None:
-            before_build(plan)
+        resolution = resolve(phase)
+        if before_config is not None:
+            before_config(resolution.plan)
         save_dir = (f"{request.save_dir.rstrip('/')}/phase{index + 1}_{phase.seq_length // 1024}k"
                     if request.save_dir and phased else request.save_dir)
         overrides = (emit.save_overrides(save_dir) + (CALIBRATION_RUN_OVERRIDES if request.calibration_run else [])
                      + list(request.overrides) + emit.data_overrides(list(request.data_path) or None, request.tokenizer))
-        one = configure(plan, phase, overrides, container_image, overlay)
-        one.meta = _header(one, phase)
-        out.append(one)
+        out.append(configure(resolution, overrides, container_image, overlay))
     return out
 
 
-def _header(one: Built, request: TrainingRequest) -> dict:
+def _header(one: Configured) -> dict:
     """The YAML header of ``one``: its target and overrides, where its weights come from, what a named recipe was
-    built with (so ``check`` compares like with like), or what it was retargeted from."""
+    configs with (so ``check`` compares like with like), or what it was retargeted from."""
     from .. import emit
 
-    plan = one.plan
+    resolution = one.resolution
     meta = {**emit.target_meta(one.shown, one.overrides), **({"weights": one.weights.entry} if one.weights.entry else {})}
-    if request.from_config:
-        meta["retargeted_from"] = str(request.from_config)
-    elif plan.name in NAMED_RECIPES:
-        options = {**named_options(request, NAMED_RECIPES[plan.name]), "pretrained_checkpoint": plan.pretrained_checkpoint}
-        options = {k: v for k, v in options.items() if v is not None}
-        if options:
-            meta["options"] = options
+    if resolution.source is not None:
+        meta["retargeted_from"] = str(resolution.source.name)
+    elif resolution.options:
+        meta["options"] = dict(resolution.options)
     return meta
 
 
-def build(request: TrainingRequest, *, container_image: str | None = None, output: str | Path | None = None,
+def prepare(request: TrainingRequest, *, container_image: str | None = None, output: str | Path | None = None,
           settings: SlurmSettings | KubeflowSettings | None = None, smoke: bool = False, smoke_nodes: int = 1,
-          budget_hours: float | None = None, overlay: bool | None = None) -> list[Built]:
+          budget_hours: float | None = None, overlay: bool | None = None) -> list[Configured]:
     """The validated configs of ``request``, one per phase (:func:`configure_phases`), each written as YAML.
 
     Args:
@@ -200,31 +209,31 @@ def build(request: TrainingRequest, *, container_image: str | None = None, outpu
         container_image = settings.image if isinstance(settings, KubeflowSettings) else settings.container_image
     checks: list = []
 
-    def job_folder(plan: Plan) -> None:  # before the heavy build: the job's folder (Slurm) or volume (Kubernetes)
+    def job_folder(plan: Plan) -> None:  # before the config is made: the job's folder (Slurm) or volume (Kubernetes)
         if isinstance(settings, KubeflowSettings):
             checks.append(lambda cfg: JobCheck(*kube_job_overrides(cfg, settings, smoke)))
         else:
             checks.append(slurm_job_check(settings, {"world_size": plan.layout.world,
                                                      "hardware": plan.hardware_spec.key}, smoke, smoke_nodes))
-            overlay_step(settings, plan.hardware_spec, build=False)  # an image that cannot take one: refused now
+            overlay_step(settings, plan.hardware_spec, install=False)  # an image that cannot take one: refused now
 
     overlay = getattr(settings, "overlay", True) if overlay is None else overlay
-    built = configure_phases(request, container_image, job_folder if settings is not None else None, overlay)
-    for index, one in enumerate(built):  # every check first: nothing is written for a request that is refused
+    configs = configure_phases(request, container_image, job_folder if settings is not None else None, overlay)
+    for index, one in enumerate(configs):  # every check first: nothing is written for a request that is refused
         if settings is not None:
             one.job = checks[index](one.cfg)
             one.warnings = one.warnings + one.job.findings
         one.warnings = (one.warnings + list(one.weights.notes)
-                        + _time_findings(one, settings, smoke, chained=index < len(built) - 1)
+                        + _time_findings(one, settings, smoke, chained=index < len(configs) - 1)
                         + (phase_findings(one.shown, budget_hours or DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
-        one.output = _output(one.plan, one.overrides, _phase_output(output, one, index, len(built), request))
-    for one in built:
+        one.output = _output(one.plan, one.overrides, _phase_output(output, one, index, len(configs), request))
+    for one in configs:
         emit.write_yaml(one.cfg, one.output, one.meta)
         one.command = torchrun_command(one.output, one.plan.layout.world, one.plan.hardware_spec.gpus_per_node)
-    return built
+    return configs
 
 
-def _phase_output(output, one: Built, index: int, phases: int, request: TrainingRequest) -> str | Path | None:
+def _phase_output(output, one: Configured, index: int, phases: int, request: TrainingRequest) -> str | Path | None:
     """Where phase ``index`` of ``phases`` goes: ``output`` for one config; ``<stem>-phaseN<suffix>`` of it with
     phases; ``out/<plan>.yaml`` for a retargeted config; else None (:func:`_output`'s default)."""
     if output is not None:
@@ -257,7 +266,7 @@ def slurm_job_check(settings: SlurmSettings, meta: dict, smoke: bool = False, sm
     return check
 
 
-def _time_findings(one: Built, settings, smoke: bool, chained: bool) -> list:
+def _time_findings(one: Configured, settings, smoke: bool, chained: bool) -> list:
     """A Slurm or Kubernetes training job's predicted time against its time limit (:func:`lcmoe_recipes.jobs.job_checks.
     training_time_finding`): [] or one warning.
 

@@ -17,10 +17,10 @@ from .executors.kubeflow import KubeflowSettings, check_kubeflow_settings, kube_
 from .executors.local import run_local
 from .executors.slurm import SlurmSettings, check_settings, run_slurm
 from .job_checks import JobCheck
-from .prepare import Built, slurm_job_check
+from .prepare import Configured, slurm_job_check
 
 
-def run(one: Built, executor: str = "local", settings: SlurmSettings | KubeflowSettings | None = None, *,
+def run(one: Configured, executor: str = "local", settings: SlurmSettings | KubeflowSettings | None = None, *,
         smoke: bool = False, smoke_ranks: int = 2, smoke_nodes: int = 1, nproc_per_node: int | None = None,
         dry_run: bool = False, wait: bool = True, replan: bool = False, after_job: str | None = None,
         echo: bool = True) -> LaunchResult:

@@ -5,7 +5,6 @@ for the versions it will run with), and what was checked. The command line is :m
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from pathlib import Path
 
 from ..catalog import get_hardware, load_model_config
@@ -14,8 +13,8 @@ from ..checks.findings import all_findings
 from ..checks.known_issues import job_versions
 from ..core.plan import Plan
 from ..core.request import TrainingRequest
-from ..errors import LcmoeError
-from .recipes import NAMED_RECIPES, recipe_plan
+from ..errors import LcmoeError, UnknownName
+from .recipes import NAMED_RECIPES, named_recipe, recipe_plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +59,20 @@ def edits_of_named_recipe(cfg, meta: dict) -> list[tuple[str, object, object]]:
             if str(ours.get(path, missing)) != str(theirs.get(path, missing))]
 
 
+def _not_found(config: str) -> LcmoeError:
+    """The error for a CONFIG that names no file: a missing YAML, or a name that is no named recipe (with the closest
+    one, as :func:`lcmoe_recipes.planner.recipes.named_recipe` words it)."""
+    if Path(config).suffix in (".yaml", ".yml") or "/" in config:
+        return LcmoeError(f"config file '{config}' does not exist", "give the path of a ConfigContainer YAML, e.g. the "
+                          "out/<recipe>.yaml that launch --dry-run writes")
+    try:
+        named_recipe(config)
+    except UnknownName as exc:
+        return LcmoeError(f"'{config}' is neither a file nor a named recipe", f"{exc.fix}; or give a ConfigContainer "
+                          "YAML")
+    return LcmoeError(f"'{config}' is not a named recipe as written", f"write it as {named_recipe(config).name}")
+
+
 def read_config(config: str, gpus: int | None = None, hardware: str | None = None):
     """(ConfigContainer, YAML header, Hardware, world size) of a ConfigContainer YAML, for ``gpus`` x ``hardware``
     or, where not given, the target its header records.
@@ -69,12 +82,7 @@ def read_config(config: str, gpus: int | None = None, hardware: str | None = Non
             target the YAML does not record; UnknownName: unknown hardware.
     """
     if not Path(config).is_file():
-        if Path(config).suffix in (".yaml", ".yml") or "/" in config:
-            raise LcmoeError(f"config file '{config}' does not exist", "give the path of a ConfigContainer YAML, e.g. "
-                             "the out/<recipe>.yaml that launch --dry-run writes")
-        close = difflib.get_close_matches(config, list(NAMED_RECIPES), n=1)
-        raise LcmoeError(f"'{config}' is neither a file nor a named recipe", (f"did you mean '{close[0]}'? " if close
-                         else "") + f"give a ConfigContainer YAML, or one of: {', '.join(NAMED_RECIPES)}")
+        raise _not_found(config)
     from .. import emit
 
     meta = emit.read_meta(config)
@@ -163,7 +171,7 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
                        f"known upstream bugs for {versions.describe()}")
 
 
-def build(config, gpus: int | None = None, hardware: str | None = None, name: str | None = None):
+def build_ranks(config, gpus: int | None = None, hardware: str | None = None, name: str | None = None):
     """The real-model build of every pipeline stage (:func:`lcmoe_recipes.emit.probe.build.build_ranks`, docs/build.md) of
     ``config``: a ConfigContainer (its target the one :func:`lcmoe_recipes.config_from_plan` recorded, else ``gpus`` x
     ``hardware``), a ConfigContainer YAML (its header's target) or a named recipe.
@@ -175,7 +183,7 @@ def build(config, gpus: int | None = None, hardware: str | None = None, name: st
         LcmoeError: a missing file, an unknown recipe, or a target neither recorded nor given.
     """
     from .. import emit
-    from ..emit.probe.build import build_ranks
+    from ..emit.probe import build as probe
 
     if isinstance(config, str):
         if config in NAMED_RECIPES and not Path(config).exists():
@@ -184,12 +192,11 @@ def build(config, gpus: int | None = None, hardware: str | None = None, name: st
         elif Path(config).is_file():
             cfg, meta = emit.read_yaml(config)
         else:
-            raise LcmoeError(f"'{config}' is neither a file nor a named recipe",
-                             f"give a ConfigContainer YAML, or one of: {', '.join(NAMED_RECIPES)}")
+            raise _not_found(config)
         name = name or meta.get("recipe") or Path(config).stem
     else:
         cfg, meta = config, emit.target_of(config)
     world, hw = gpus or meta.get("world_size"), hardware or meta.get("hardware")
     if not world or not hw:
         raise LcmoeError("the config does not record the target it was planned for", "give the GPU count and type")
-    return build_ranks(cfg, get_hardware(hw), world, name or meta.get("recipe") or "config")
+    return probe.build_ranks(cfg, get_hardware(hw), world, name or meta.get("recipe") or "config")

@@ -10,20 +10,19 @@ configuration is silent (Qwen3-Next's TP/PP/EP), the choice and its reason are r
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable
 
 from ..catalog import get_hardware, get_model
 from ..checks import check_plan, raise_for_errors
 from ..core.layout import ParallelLayout
 from ..core.plan import Plan, Reason
-from ..core.request import RunOptions
+from ..catalog.lookup import lookup
+from ..core.request import RUN_OPTIONS, TrainingRequest
 from ..errors import UnknownName
 from ..rules.extension import extension_fields, with_cp_comm, with_ep_overlap
 
 SKILL = "Megatron-Bridge skill nemo-mbridge-perf-moe-long-context (SKILL.md, card.yaml)"
-RUN_OPTIONS = tuple(f.name for f in fields(RunOptions))
 
 
 @dataclass(frozen=True)
@@ -36,12 +35,12 @@ class NamedRecipe:
     hardware: str
     num_gpus: int
     summary: str
-    build: Callable[..., Plan]
+    make_plan: Callable[..., Plan]
     options: tuple[str, ...] = ()
 
 
 def _named(name: str, model: str, hardware: str, seq_length: int, layout: ParallelLayout, precision: str,
-           options: RunOptions, reasons: dict[str, Reason], **knobs) -> Plan:
+           options: TrainingRequest, reasons: dict[str, Reason], **knobs) -> Plan:
     """A named recipe's Plan: its pinned layout and knobs (``knobs``, ``reasons``) plus the decisions every run takes
     for its layout (:func:`lcmoe_recipes.rules.extension.extension_fields`)."""
     spec, hw = get_model(model), get_hardware(hardware)
@@ -51,7 +50,7 @@ def _named(name: str, model: str, hardware: str, seq_length: int, layout: Parall
     return with_cp_comm(with_ep_overlap(plan))
 
 
-def _dsv3_h100(seq_length: int, num_gpus: int, cp: int, name: str, options: RunOptions) -> Plan:
+def _dsv3_h100(seq_length: int, num_gpus: int, cp: int, name: str, options: TrainingRequest) -> Plan:
     layout = ParallelLayout(world=num_gpus, tp=1, pp=8, vpp=4, cp=cp, ep=32, etp=1)
     return _named(
         name, "dsv3", "h100", seq_length, layout, "fp8_blockwise", options,
@@ -76,7 +75,7 @@ def _dsv3_h100(seq_length: int, num_gpus: int, cp: int, name: str, options: RunO
         })
 
 
-def _qwen3_235b_gb200(options: RunOptions, precision: str = "bf16", seq_length: int = 131072, num_gpus: int = 128,
+def _qwen3_235b_gb200(options: TrainingRequest, precision: str = "bf16", seq_length: int = 131072, num_gpus: int = 128,
                       name: str = "qwen3_235b_128k_gb200") -> Plan:
     layout = ParallelLayout(world=num_gpus, tp=4, pp=4, vpp=12, cp=4, ep=32, etp=1)
     return _named(
@@ -109,7 +108,7 @@ _QWEN3_NEXT_RECOMPUTE = {
 }
 
 
-def _qwen3_next_gb200(seq_length: int, cp: int, name: str, options: RunOptions, num_gpus: int = 32) -> Plan:
+def _qwen3_next_gb200(seq_length: int, cp: int, name: str, options: TrainingRequest, num_gpus: int = 32) -> Plan:
     layout = ParallelLayout(world=num_gpus, tp=1, pp=2, vpp=4, cp=cp, ep=16, etp=1)
     modules, why = _QWEN3_NEXT_RECOMPUTE[seq_length]
     return _named(
@@ -161,19 +160,25 @@ def recipe_plan(name: str, **options) -> Plan:
         LcmoeError: a bad option value.
         InfeasibleConfig: the plan breaks a rule (a bug in the recipe unless an option caused it).
     """
-    recipe = NAMED_RECIPES.get(name)
-    if recipe is None:
-        close = difflib.get_close_matches(name, list(NAMED_RECIPES), n=1)
-        raise UnknownName(f"unknown recipe '{name}'",
-                          (f"did you mean '{close[0]}'? " if close else "") + f"named recipes: {', '.join(NAMED_RECIPES)}")
+    recipe = named_recipe(name)
     unknown = sorted(set(options) - set(recipe.options) - set(RUN_OPTIONS))
     if unknown:
         raise UnknownName(f"recipe {name} has no option {', '.join(repr(o) for o in unknown)}",
                           f"its options: {', '.join(recipe.options + RUN_OPTIONS)}")
-    run = RunOptions(**{k: v for k, v in options.items() if k in RUN_OPTIONS})
-    plan = recipe.build(run, **{k: v for k, v in options.items() if k in recipe.options})
+    run = TrainingRequest.parse(recipe=name, **{k: v for k, v in options.items() if k in RUN_OPTIONS})
+    plan = recipe.make_plan(run, **{k: v for k, v in options.items() if k in recipe.options})
     raise_for_errors(check_plan(plan), f"recipe {name}")
     return plan
+
+
+def named_recipe(name: str) -> NamedRecipe:
+    """The named recipe ``name`` (case-insensitive).
+
+    Raises:
+        UnknownName: "unknown recipe 'x'", with the closest name and every named recipe (:func:`lcmoe_recipes.
+            catalog.lookup.lookup`).
+    """
+    return lookup(name, NAMED_RECIPES, {key: key for key in NAMED_RECIPES}, "recipe")
 
 
 def find_named_recipe(model: str, seq_length: int, num_gpus: int | None = None, hardware: str | None = None) -> NamedRecipe:
@@ -190,8 +195,9 @@ def find_named_recipe(model: str, seq_length: int, num_gpus: int | None = None, 
                 and num_gpus in (None, recipe.num_gpus) and hw in (None, recipe.hardware)):
             return recipe
     same_model = [r for r in NAMED_RECIPES.values() if r.model == spec.key]
-    listed = ", ".join(f"--seq {r.seq_length} --gpus {r.num_gpus} --hardware {r.hardware}" for r in same_model)
+    listed = ", ".join(f"seq_length={r.seq_length} num_gpus={r.num_gpus} hardware={r.hardware}" for r in same_model)
     asked = (f"{spec.key} at seq_length {seq_length}" + (f" on {num_gpus}" if num_gpus else "")
              + (f" {hw}" if hw and num_gpus else f" on {hw}" if hw else ""))
     raise UnknownName(f"no named recipe for {asked}",
-                      f"named recipes for {spec.key}: {listed or 'none'}; or give --gpus and --hardware to plan one")
+                      f"named recipes for {spec.key}: {listed or 'none'}; or give num_gpus and hardware to plan one",
+                      fields=("seq_length", "num_gpus", "hardware"))

@@ -1,4 +1,5 @@
-"""The resolver: one :class:`~lcmoe_recipes.core.request.TrainingRequest` in, one :class:`~lcmoe_recipes.core.plan.Plan` out.
+"""The resolver: one :class:`~lcmoe_recipes.core.request.TrainingRequest` in, one :class:`Resolution` out; and the one
+door to the search (:func:`search`).
 
 Every command and the Python API come here. A request is answered by, in this order:
 
@@ -8,46 +9,77 @@ Every command and the Python API come here. A request is answered by, in this or
    options it takes (:func:`lcmoe_recipes.planner.recipes.recipe_plan`); a ``precision`` it does not pin is applied and
    checked; layout wishes (``tp``/``pp``/``cp``/``ep``/``dispatcher``/MBS/offload/variable length) plan the recipe's
    target with the search instead, since the recipe pins what they change;
-3. the search (:func:`lcmoe_recipes.planner.search.plan`) for any other model, length and target.
+3. the search for any other model, length and target.
+
+Every search goes through :func:`search` -- the decision table of ``plan``, the comparison of targets
+(:mod:`lcmoe_recipes.report.compare`), a retargeting, the sweep of lengths -- so a request's calibration profile
+(``calibration``) ranks and fits every one of them.
 
 Then the weights the run starts from (``from_hf``/``from_checkpoint``/``convert_to``, a previous phase's checkpoints)
-are checked where this machine sees them and recorded with their reason. A phased request (``phases``) is one request
-per phase: :func:`phase_requests`.
+are checked where this machine sees them and recorded with their reason. The :class:`Resolution` carries all of it --
+the plan, the weights, the source config of a retargeting, the named recipe and the options it was built with -- so
+what configures the run (:func:`lcmoe_recipes.jobs.prepare.configure`) and the commands read it and never call back.
+A phased request (``phases``) is one request per phase: :func:`phase_requests`.
 """
 
 from __future__ import annotations
 
 import difflib
-from functools import lru_cache
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalog import MODELS
 from ..checks import check_plan, raise_for_errors
-from ..checks.weights import weights_of
+from ..checks.weights import Weights, weights_of
 from ..core.plan import Plan, Reason, carry_reasons
-from ..core.request import TrainingRequest
-from ..errors import LcmoeError, UnknownName
-from .recipes import NAMED_RECIPES, NamedRecipe, find_named_recipe, recipe_plan
+from ..core.request import RUN_OPTIONS, TrainingRequest
+from ..errors import InfeasibleConfig, LcmoeError, UnknownName
+from .recipes import NamedRecipe, find_named_recipe, named_recipe, recipe_plan
+from .retarget import retarget_plan, retarget_request
+from .search import SearchResult, search_layouts
+
+SWEEP_LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072, 262144)
+
+
+@dataclass(frozen=True)
+class Source:
+    """The config a retargeting (``from_config``) starts from, read once.
+
+    Attributes:
+        name: what ``from_config`` named (a YAML path or a megatron-bridge recipe function).
+        cfg: its ConfigContainer; read-only (:func:`lcmoe_recipes.emit.settings.retarget_config` works on a copy).
+        meta: its YAML header (target, overrides), or the target a megatron-bridge recipe's name states.
+    """
+
+    name: str
+    cfg: object
+    meta: dict
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What the resolver learned answering one request.
+
+    Attributes:
+        request: the request as resolved (``pretrained_checkpoint`` set to the weights it starts from).
+        plan: the checked Plan.
+        weights: where the run's weights come from (:class:`lcmoe_recipes.checks.weights.Weights`), checked once.
+        recipe: the named recipe that answered (None: searched or retargeted).
+        options: the named recipe's options the request gave (what a YAML header records, so ``check`` rebuilds the
+            same recipe); {} otherwise.
+        source: the config a retargeting started from (None without ``from_config``).
+    """
+
+    request: TrainingRequest
+    plan: Plan
+    weights: Weights
+    recipe: NamedRecipe | None = None
+    options: dict = field(default_factory=dict)
+    source: Source | None = None
 
 
 def _model_key(request: TrainingRequest) -> str | None:
-    if request.recipe:
-        return named_recipe(request.recipe).model
-    return request.model
-
-
-def named_recipe(name: str) -> NamedRecipe:
-    """The named recipe ``name``.
-
-    Raises:
-        UnknownName: with the closest name and the list.
-    """
-    recipe = NAMED_RECIPES.get(name)
-    if recipe is None:
-        close = difflib.get_close_matches(name, list(NAMED_RECIPES), n=1)
-        raise UnknownName(f"unknown recipe '{name}'", (f"did you mean '{close[0]}'? " if close else "")
-                          + f"named recipes: {', '.join(NAMED_RECIPES)}")
-    return recipe
+    return named_recipe(request.recipe).model if request.recipe else request.model
 
 
 def _matching_recipe(request: TrainingRequest) -> NamedRecipe | None:
@@ -59,16 +91,16 @@ def _matching_recipe(request: TrainingRequest) -> NamedRecipe | None:
     seq, gpus, hw = request.seq_length, request.num_gpus, request.hardware
     if request.recipe:
         recipe = named_recipe(request.recipe)
-        if (seq, gpus, hw) == (None, None, None):
+        if all(v in (None, own) for v, own in ((seq, recipe.seq_length), (gpus, recipe.num_gpus), (hw, recipe.hardware))):
             return recipe
         try:
             return find_named_recipe(recipe.model, seq or recipe.seq_length, gpus or recipe.num_gpus, hw or recipe.hardware)
         except UnknownName as exc:  # the recipe's name cannot be planned: its model can
-            raise LcmoeError(exc.message, exc.fix.replace("give --gpus and --hardware", f"give the model "
-                             f"({recipe.model}) with --seq, --gpus and --hardware")) from None
+            raise LcmoeError(exc.message, f"plan it: give the model ({recipe.model}) with seq_length, num_gpus and "
+                             "hardware", fields=("seq_length", "num_gpus", "hardware")) from None
     if seq is None:
-        raise LcmoeError(f"--seq is required with model '{request.model}'",
-                         "e.g. --seq 131072 (or --list for named recipes)")
+        raise LcmoeError(f"seq_length is required with model '{request.model}'",
+                         "e.g. seq_length=131072 (a named recipe sets its own)", fields=("seq_length",))
     try:
         return find_named_recipe(request.model, seq, gpus, hw)
     except UnknownName as exc:
@@ -77,7 +109,7 @@ def _matching_recipe(request: TrainingRequest) -> NamedRecipe | None:
         return None
 
 
-def profile_of(request: TrainingRequest):
+def _profile(request: TrainingRequest):
     """The request's calibration profile (:func:`lcmoe_recipes.calibration.read_profile`), or None.
 
     Raises:
@@ -90,91 +122,89 @@ def profile_of(request: TrainingRequest):
     return read_profile(request.calibration)
 
 
-def search(request: TrainingRequest, top: int = 5):
-    """:func:`lcmoe_recipes.planner.search.plan` for ``request``, with its calibration profile's constants where it gives one."""
-    from .search import plan
+def search(request: TrainingRequest, top: int = 5) -> SearchResult:
+    """The search's decision table for ``request`` (:func:`lcmoe_recipes.planner.search.search_layouts`), ranked and
+    fitted with its calibration profile's constants where it names one: the one door to the search.
 
-    profile = profile_of(request)
+    Raises:
+        InfeasibleConfig: no legal layout fits (naming the constraint and the fix). CalibrationError: a bad profile.
+    """
+    profile = _profile(request)
     if profile is None:
-        return plan(request, top=top)
-    return plan(request, top=top, step_table=profile.step_table(), memory_constants=profile.memory_constants())
+        return search_layouts(request, top=top)
+    return search_layouts(request, top=top, step_table=profile.step_table(),
+                          memory_constants=profile.memory_constants())
 
 
-def _search(request: TrainingRequest) -> Plan:
-    return search(request).best.plan
+def seq_sweep(request: TrainingRequest, seq_lengths: tuple[int, ...] = SWEEP_LENGTHS) -> list[tuple[int, object]]:
+    """(seq_length, the search's winning candidate) for ``request`` at each of ``seq_lengths`` where a layout fits."""
+    out = []
+    for seq in seq_lengths:
+        try:
+            out.append((seq, search(request.replace(seq_length=seq), top=1).best))
+        except InfeasibleConfig:
+            continue
+    return out
+
+
+def _recipe_target(recipe: NamedRecipe, request: TrainingRequest) -> Plan:
+    """The named recipe's target searched with the request's layout wishes (the recipe pins what they change)."""
+    target = request.replace(recipe=None, model=recipe.model, model_config=None, seq_length=recipe.seq_length,
+                             num_gpus=recipe.num_gpus, hardware=recipe.hardware)
+    best = search(target).best.plan
+    note = (f"planned for the named recipe's target ({recipe.num_gpus} x {recipe.hardware}) because the wishes "
+            f"{', '.join(request.layout_wishes())} ask for what {recipe.name} pins; ")
+    return best.with_changes(reasons={**best.reasons, "layout": Reason(note + best.reasons["layout"].why,
+                                                                       best.reasons["layout"].source)})
 
 
 def _named_plan(recipe: NamedRecipe, request: TrainingRequest) -> Plan:
-    """The named recipe with the request's run options and precision; or, with layout wishes, its target planned."""
-    asked = request.layout_wishes()
-    if asked:  # the recipe pins what these wishes change: plan its target with them instead
-        target = request.replace(recipe=None, model=recipe.model, model_config=None, seq_length=recipe.seq_length,
-                                 num_gpus=recipe.num_gpus, hardware=recipe.hardware)
-        best = _search(target)
-        flags = ", ".join(_flag(a) for a in asked)
-        note = (f"planned for the named recipe's target ({recipe.num_gpus} x {recipe.hardware}) because {flags} "
-                f"ask(s) for what {recipe.name} pins; ")
-        return best.with_changes(reasons={**best.reasons, "layout": Reason(note + best.reasons["layout"].why,
-                                                                           best.reasons["layout"].source)})
+    """The named recipe with the request's run options and precision (one it does not pin: applied and checked)."""
     plan = recipe_plan(recipe.name, **named_options(request, recipe))
     if request.precision and request.precision != plan.precision:
         changed = plan.with_changes(precision=request.precision)
         plan = changed.with_changes(reasons={**carry_reasons(plan, changed), "precision": Reason(
-            f"{request.precision}, chosen with --precision", "your --precision")})
+            f"{request.precision}, chosen with precision={request.precision}", "your request")})
         raise_for_errors(check_plan(plan), f"recipe {recipe.name} with precision {request.precision}")
     return plan
 
 
 def named_options(request: TrainingRequest, recipe: NamedRecipe) -> dict:
-    """The options of ``recipe`` (:func:`lcmoe_recipes.planner.recipes.recipe_plan`'s keywords) that ``request`` gives: its run
-    options that differ from the defaults, and its precision where the recipe takes one."""
-    options = {k: v for k, v in vars(request.run_options()).items()
-               if v is not None and not (k == "rope" and v == "auto") and not (k == "micro_batch_size" and v == 1)}
+    """The options of ``recipe`` (:func:`lcmoe_recipes.planner.recipes.recipe_plan`'s keywords) that ``request``
+    gives: its run options (:data:`lcmoe_recipes.core.request.RUN_OPTIONS`) that differ from the defaults, and its
+    precision where the recipe takes one."""
+    defaults = type(request).model_fields
+    options = {k: getattr(request, k) for k in RUN_OPTIONS if getattr(request, k) != defaults[k].default}
     if request.precision and "precision" in recipe.options:
         options["precision"] = request.precision
     return options
 
 
-def _flag(wish: str) -> str:
-    """The command-line flag of a layout wish (:data:`lcmoe_recipes.core.request.LAYOUT_WISHES`)."""
-    return {"micro_batch_size": "--mbs", "allow_cpu_offload": "--no-offload"}.get(wish, "--" + wish.replace("_", "-"))
-
-
-def retarget_source(source: str):
-    """(ConfigContainer, header) of ``from_config``: a YAML file, else a megatron-bridge recipe by function name
-    (built offline from the catalogue's config.json; its target is the one its name states). Cached per file
-    version (the resolver and the builder both read it): treat it as read-only
-    (:func:`lcmoe_recipes.emit.settings.retarget_config` works on a copy).
+def read_source(name: str) -> Source:
+    """The config ``from_config`` names: a YAML file, else a megatron-bridge recipe by function name (built offline
+    from the catalogue's config.json; its target is the one its name states).
 
     Raises:
         LcmoeError: neither a file nor a recorded upstream recipe (with the closest recipe names), or a bad YAML.
     """
-    path = Path(source)
-    stamp = (str(path.resolve()), path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None
-    return _source(source, stamp)
-
-
-@lru_cache(maxsize=8)
-def _source(source: str, stamp: tuple | None):
     from .. import emit
     from ..catalog.upstream import find_upstream_recipe, upstream_recipes
 
-    if stamp is not None:
-        meta = emit.read_meta(source)
-        cfg, _ = emit.read_yaml(source)
-        return cfg, meta
-    recipe = find_upstream_recipe(source)
+    if Path(name).is_file():
+        return Source(name, emit.read_yaml(name)[0], emit.read_meta(name))
+    recipe = find_upstream_recipe(name)
     if recipe is None:
-        close = difflib.get_close_matches(source, sorted(r.name for r in upstream_recipes()), n=3, cutoff=0.5)
-        raise LcmoeError(f"--from '{source}' is neither a file nor a megatron-bridge recipe this catalogue records",
+        close = difflib.get_close_matches(name, sorted(r.name for r in upstream_recipes()), n=3, cutoff=0.5)
+        raise LcmoeError(f"from_config '{name}' is neither a file nor a megatron-bridge recipe this catalogue records",
                          "give a ConfigContainer YAML, or a recipe name" + (f", e.g. {', '.join(close)}" if close else
                                                                             " (see src/lcmoe_recipes/catalog/"
-                                                                            "upstream_recipes.json)"))
+                                                                            "upstream_recipes.json)"),
+                         fields=("from_config",))
     from ..catalog import models_by_hf_id
     from ..emit.upstream import upstream_config
 
-    return upstream_config(recipe.function, models_by_hf_id()[recipe.hf_id]), {"world_size": recipe.gpus,
-                                                                             "hardware": recipe.hardware}
+    return Source(name, upstream_config(recipe.function, models_by_hf_id()[recipe.hf_id]),
+                  {"world_size": recipe.gpus, "hardware": recipe.hardware})
 
 
 def retarget_name(request: TrainingRequest) -> str:
@@ -182,18 +212,22 @@ def retarget_name(request: TrainingRequest) -> str:
     return f"{Path(request.from_config).stem}-{request.seq_length // 1024}k"
 
 
-def _retargeted(request: TrainingRequest) -> Plan:
+def _retargeted(request: TrainingRequest) -> tuple[Plan, Source]:
+    """The plan of ``request.from_config`` retargeted to ``request.seq_length`` (the search through :func:`search`),
+    and the source it read."""
     from .. import emit
-    from .retarget import retarget_plan
 
-    cfg, meta = retarget_source(request.from_config)
-    gpus, hardware = request.num_gpus or meta.get("world_size"), request.hardware or meta.get("hardware")
-    missing = [flag for flag, value in (("--gpus N", gpus), ("--hardware NAME", hardware)) if not value]
+    source = read_source(request.from_config)
+    gpus, hardware = request.num_gpus or source.meta.get("world_size"), request.hardware or source.meta.get("hardware")
+    missing = [name for name, value in (("num_gpus", gpus), ("hardware", hardware)) if not value]
     if missing:
-        raise LcmoeError(f"'{request.from_config}' does not record its target", f"give {' and '.join(missing)}")
+        raise LcmoeError(f"'{request.from_config}' does not record its target", f"give {' and '.join(missing)}",
+                         fields=tuple(missing))
     name = retarget_name(request)
-    before = emit.plan_from_config(cfg, hardware, gpus, name)
-    return retarget_plan(before, request.replace(num_gpus=gpus, hardware=hardware), name)
+    before = emit.plan_from_config(source.cfg, hardware, gpus, name)
+    target = request.replace(num_gpus=gpus, hardware=hardware)
+    best = search(retarget_request(before, target)).best.plan
+    return retarget_plan(before, best, name, keep_precision=not request.precision), source
 
 
 def _model_reason(request: TrainingRequest, plan: Plan) -> Reason | None:
@@ -209,8 +243,8 @@ def _model_reason(request: TrainingRequest, plan: Plan) -> Reason | None:
                   "facts are known for it, so the rules' stated defaults apply", spec.config_source)
 
 
-def resolve(request: TrainingRequest) -> Plan:
-    """The checked Plan answering one request (see the module doc for the order).
+def resolve(request: TrainingRequest) -> Resolution:
+    """The :class:`Resolution` answering one request (see the module doc for the order).
 
     Raises:
         LcmoeError: a request that names no model, a phased request (use :func:`phase_requests` and resolve each),
@@ -220,14 +254,21 @@ def resolve(request: TrainingRequest) -> Plan:
     if request.phases is not None:
         raise LcmoeError("a request with phases has one plan per phase", "resolve each of phase_requests(request), "
                          "or use lcmoe_recipes.build_phases")
+    recipe, options, source = None, {}, None
     if request.from_config:
-        plan = _retargeted(request)
+        plan, source = _retargeted(request)
+        weights = Weights(request.pretrained_checkpoint)
     else:
         weights = weights_of(request, _model_key(request))
         if weights.pretrained != request.pretrained_checkpoint:
             request = request.replace(pretrained_checkpoint=weights.pretrained)
         recipe = _matching_recipe(request)
-        plan = _search(request) if recipe is None else _named_plan(recipe, request)
+        if recipe is None:
+            plan = search(request).best.plan
+        elif request.layout_wishes():  # the recipe pins what these wishes change: its target is searched instead
+            plan, recipe = _recipe_target(recipe, request), None
+        else:
+            plan, options = _named_plan(recipe, request), named_options(request, recipe)
         if weights.reason is not None:
             plan = plan.with_changes(reasons={**plan.reasons, "pretrained_checkpoint": weights.reason})
     if (why := _model_reason(request, plan)) is not None:
@@ -240,14 +281,14 @@ def resolve(request: TrainingRequest) -> Plan:
         from ..calibration import calibration_run_plan
 
         plan = calibration_run_plan(plan)
-    return plan
+    return Resolution(request, plan, weights, recipe, options, source)
 
 
 def phase_requests(request: TrainingRequest) -> list[TrainingRequest]:
     """One request per phase of ``request.phases`` (or ``[request]`` without phases), every phase on the same target:
-    the one given, else the target of a named recipe that covers one of the lengths. Phase ``i`` > 1 starts from
-    phase ``i - 1``'s checkpoints: set its ``pretrained_checkpoint`` (the previous config's ``checkpoint.save``)
-    before resolving it.
+    the one given, else the target of a named recipe that covers one of the lengths (that phase then names the recipe,
+    so it is not looked up again). Phase ``i`` > 1 starts from phase ``i - 1``'s checkpoints: set its
+    ``pretrained_checkpoint`` (the previous config's ``checkpoint.save``) before resolving it.
 
     Raises:
         LcmoeError: no target given and no named recipe covers any of the lengths.
@@ -256,17 +297,20 @@ def phase_requests(request: TrainingRequest) -> list[TrainingRequest]:
         return [request]
     lengths = list(request.phases)
     model = _model_key(request)
-    gpus, hardware = request.num_gpus, request.hardware
+    gpus, hardware, found = request.num_gpus, request.hardware, None
     if not (gpus and hardware):
         for length in reversed(lengths):
             try:
-                recipe = find_named_recipe(model, length, gpus, hardware)
+                found = find_named_recipe(model, length, gpus, hardware)
             except UnknownName:
                 continue
-            gpus, hardware = recipe.num_gpus, recipe.hardware
+            gpus, hardware = found.num_gpus, found.hardware
             break
         else:
-            raise LcmoeError(f"--phases {','.join(map(str, lengths))}: no named recipe gives the target of these "
-                             "phases", "give --gpus N and --hardware NAME (every phase runs on them)")
+            raise LcmoeError(f"phases {','.join(map(str, lengths))}: no named recipe gives the target of these phases",
+                             "give num_gpus and hardware (every phase runs on them)", fields=("phases", "num_gpus",
+                                                                                              "hardware"))
     first = request.replace(phases=None, recipe=None, model=model, num_gpus=gpus, hardware=hardware)
-    return [first.replace(seq_length=length, phase=index + 1) for index, length in enumerate(lengths)]
+    return [first.replace(seq_length=length, phase=index + 1,
+                          **({"recipe": found.name} if found is not None and length == found.seq_length else {}))
+            for index, length in enumerate(lengths)]

@@ -1,11 +1,12 @@
 """Retarget your own ConfigContainer to a longer sequence length: ``launch --from CONFIG.yaml --seq N``.
 
 The config (an upstream 4K recipe dumped to YAML, or one of your own) is read back into a Plan (by the emitter); the
-planner plans the same model, precision and GPUs for N; then only the settings long context requires are written onto
-*your* config (:func:`lcmoe_recipes.emit.settings.retarget_config`) -- layout and CP (and its communication),
-pipeline layout, seq_length, positions, batch, recompute, optimizer offload, CUDA graphs, the dispatcher and its
-environment, the loss normalisation and the attention mask -- with the same settings groups (and reasons) our own
-recipes use. Everything else stays yours: data, tokenizer, optimizer and schedule, checkpointing, logging, kernels.
+planner plans the same model, precision and GPUs for N (the resolver's search, :func:`lcmoe_recipes.planner.resolve.
+search`, with :func:`retarget_request`); then only the settings long context requires are written onto *your* config
+(:func:`lcmoe_recipes.emit.settings.retarget_config`) -- layout and CP (and its communication), pipeline layout,
+seq_length, positions, batch, recompute, optimizer offload, CUDA graphs, the dispatcher and its environment, the loss
+normalisation and the attention mask -- with the same settings groups (and reasons) our own recipes use. Everything
+else stays yours: data, tokenizer, optimizer and schedule, checkpointing, logging, kernels (:func:`retarget_plan`).
 """
 
 from __future__ import annotations
@@ -15,30 +16,30 @@ from ..core.request import TrainingRequest
 from ..rules.extension import with_ep_overlap
 
 
-def retarget_plan(before: Plan, request: TrainingRequest, name: str) -> Plan:
-    """The Plan of ``before`` (a config read back) retargeted to ``request.seq_length`` on ``request``'s target.
+def retarget_request(before: Plan, request: TrainingRequest) -> TrainingRequest:
+    """What to search for when ``before`` (a config read back) is retargeted to ``request.seq_length`` on
+    ``request``'s target (its ``hardware`` and ``num_gpus`` set): the same model, the config's own precision unless
+    ``request.precision`` is given, its weights; the request's wishes and run options apply as for any request."""
+    return request.replace(model=before.model, model_config=None, from_config=None, recipe=None,
+                           precision=request.precision or before.precision,
+                           pretrained_checkpoint=before.pretrained_checkpoint)
+
+
+def retarget_plan(before: Plan, best: Plan, name: str, keep_precision: bool = True) -> Plan:
+    """The Plan of ``before`` retargeted: the search's ``best`` plan for :func:`retarget_request`, with the config's
+    own schedule, weights, data loading and EP-overlap choice kept.
 
     Args:
         before: the config's own Plan (:func:`lcmoe_recipes.emit.plan_from_config`).
-        request: the request (its ``seq_length``, ``hardware``, ``num_gpus`` set); its wishes and run options apply
-            as for any request; the config's own precision is kept unless ``request.precision`` is given.
+        best: the search's winner for ``retarget_request(before, request)``.
         name: the new plan's name.
-
-    Raises:
-        LcmoeError: no layout fits (InfeasibleConfig, naming the constraint).
+        keep_precision: the precision is the config's own (no precision was asked for): its reason says so.
     """
-    from .search import plan as search
-
-    wished = request.precision
-    asked = request.replace(model=before.model, model_config=None, from_config=None, recipe=None,
-                            precision=wished or before.precision, pretrained_checkpoint=before.pretrained_checkpoint)
-    best = search(asked).best.plan
-    # the schedule, weights and data loading stay the config's own
     reasons = {**best.reasons,
                "schedule": Reason("the config's own schedule, kept (--lr / --train-iters change it)", "your config"),
                "base_recipe": Reason("the config given to --from: every field this retargeting does not list as "
                                      "changed is kept as it was", "your config")}
-    if not wished:
+    if keep_precision:
         reasons["precision"] = Reason(f"{best.precision}: the config's own (--precision changes it)", "your config")
     # the config's own EP-overlap choice, kept where the new recompute and layout allow it
     best = with_ep_overlap(best.with_changes(moe_ep_overlap=before.moe_ep_overlap, reasons=reasons))

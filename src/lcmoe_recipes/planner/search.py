@@ -20,8 +20,8 @@ No torch / megatron import.
    :func:`lcmoe_recipes.cost.host_findings` what a node's RAM cannot hold;
 3. rank by predicted step time. Candidates within the step error band of the fastest are a tie (the band of the
    request's GPU and precision, :func:`lcmoe_recipes.cost.bands.band_for`: the held-out median error, wider where a
-   constant is borrowed). The rule that decides is recorded (:attr:`PlanResult.rule`, every tie in
-   :attr:`PlanResult.tie_break`): **fastest** -- the fastest candidate keeps at least
+   constant is borrowed). The rule that decides is recorded (:attr:`SearchResult.rule`, every tie in
+   :attr:`SearchResult.tie_break`): **fastest** -- the fastest candidate keeps at least
    :data:`~lcmoe_recipes.cost.bands.MEMORY_ERROR_BAND` of the limit free, and wins; **headroom** -- it does not, and
    the fastest tie that does wins; **most headroom** -- no tie does, and the one with the most headroom wins. Memory
    is the whole HBM budget: the allocator's peak plus the buffers outside it (``MemoryBreakdown.hbm_total``: flex
@@ -85,7 +85,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class PlanResult:
+class SearchResult:
     """The search's answer.
 
     Attributes:
@@ -201,6 +201,13 @@ class _Request:
     memory_constants: MemoryConstants | None = None
     optimizer: str | None = None              # the base recipe's optimizer (None: the template's Adam)
     memo: dict = field(default_factory=dict)  # memory priced for this request: per (plan, PP rank), per split
+    at_mbs: dict = field(default_factory=dict)  # MBS -> the request with that micro_batch_size (its run options)
+
+    def options(self, mbs: int) -> TrainingRequest:
+        """The request's run options at micro batch size ``mbs`` (one copy per MBS, not per layout)."""
+        if mbs not in self.at_mbs:
+            self.at_mbs[mbs] = self.request.model_copy(update={"micro_batch_size": mbs})
+        return self.at_mbs[mbs]
 
     @property
     def table_key(self):
@@ -229,7 +236,7 @@ def _base(ctx: _Request, layout: ParallelLayout, mbs: int, reject: dict) -> tupl
     request, model, hw = ctx.request, ctx.model, ctx.hw
     try:
         common, why_common = extension_fields(model, hw, request.seq_length, layout, ctx.precision[0],
-                                              replace(request.run_options(), micro_batch_size=mbs))
+                                              ctx.options(mbs))
     except InfeasibleConfig as exc:
         _reject(reject, "pipeline/too-many-stages", exc.fix)
         return None
@@ -443,8 +450,8 @@ def _step_bound(base: Plan, table: dict | None = None) -> float:
     return bound
 
 
-def plan(request: TrainingRequest, top: int = 5, exhaustive: bool = False, step_table: dict | None = None,
-         memory_constants: MemoryConstants | None = None) -> PlanResult:
+def search_layouts(request: TrainingRequest, top: int = 5, exhaustive: bool = False, step_table: dict | None = None,
+         memory_constants: MemoryConstants | None = None) -> SearchResult:
     """Search the request's layouts and MBS values; return the winner and the ``top`` fastest fitting candidates
     (see the module doc).
 
@@ -462,10 +469,10 @@ def plan(request: TrainingRequest, top: int = 5, exhaustive: bool = False, step_
     ctx = _context(request, step_table, memory_constants)
     limit_tp = None if request.tp else tp_width_limit(ctx.model)
     result = _search(ctx, enumerate_layouts(request, limit_tp), top, exhaustive)
-    if isinstance(result, PlanResult) or limit_tp is None or limit_tp >= 8:
+    if isinstance(result, SearchResult) or limit_tp is None or limit_tp >= 8:
         return _result_or_raise(ctx, result)
     wide = _search(ctx, enumerate_layouts(request), top, exhaustive)  # nothing narrower fits: allow wider TP
-    if isinstance(wide, PlanResult):
+    if isinstance(wide, SearchResult):
         note = (f"TP={wide.best.plan.layout.tp} is wider than {ctx.model.display}'s hidden size "
                 f"{ctx.model.hidden_size} supports at {MIN_TP_WIDTH} columns per rank (TP <= {limit_tp}): no layout "
                 f"with TP <= {limit_tp} fits")
@@ -477,7 +484,7 @@ def plan(request: TrainingRequest, top: int = 5, exhaustive: bool = False, step_
 
 
 def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: bool):
-    """The search over ``layouts`` x :func:`mbs_choices`: a PlanResult, or (candidates considered, rejections) when
+    """The search over ``layouts`` x :func:`mbs_choices`: a SearchResult, or (candidates considered, rejections) when
     nothing fits."""
     request = ctx.request
     units = [(lay, mbs) for lay in layouts for mbs in mbs_choices(request)]
@@ -566,13 +573,13 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
     name = f"{request.model}_{request.seq_length // 1024}k_{request.num_gpus}x{request.hardware}"
     winner = Candidate(best.plan.with_changes(reasons=reasons, name=name), best.memory, best.step)
     ranked = [winner] + [c for c in ranked_fits if c is not best][: max(0, top - 1)]
-    return PlanResult(request, winner, ranked, len(units), {k: v[0] for k, v in rejected.items()}, why,
+    return SearchResult(request, winner, ranked, len(units), {k: v[0] for k, v in rejected.items()}, why,
                       len(units) - pruned, pruned, ctx.limit, fastest, len(ties), band, ctx.band[1], rule, tie_break)
 
 
-def _result_or_raise(ctx: _Request, result) -> PlanResult:
-    """``result`` when it is a PlanResult; else the InfeasibleConfig naming what rejected most candidates."""
-    if isinstance(result, PlanResult):
+def _result_or_raise(ctx: _Request, result) -> SearchResult:
+    """``result`` when it is a SearchResult; else the InfeasibleConfig naming what rejected most candidates."""
+    if isinstance(result, SearchResult):
         return result
     considered, rejected = result
     request = ctx.request
@@ -620,7 +627,7 @@ def _smallest_count_that_fits(ctx: _Request) -> tuple[int | None, int, int]:
     for count in counts:
         wider = request.replace(num_gpus=count)
         if isinstance(_search(_context(wider, ctx.table, ctx.memory_constants), enumerate_layouts(wider), 1, False),
-                      PlanResult):
+                      SearchResult):
             return count, near, counts[-1]
     return None, near, counts[-1]
 
@@ -662,15 +669,3 @@ def _why(best: Candidate, fastest: Candidate, ties: list[Candidate], limit: floa
                 f"this is the fastest of the {len(ties)} ties that keeps it ({free:.1f} GiB free)")
     return (text + f"; rule 'most headroom': none of the {len(ties)} candidates within {band_text} keeps "
             f"{memory_note} free; this one keeps the most ({free:.1f} GiB)")
-
-
-def seq_sweep(request: TrainingRequest, seq_lengths: tuple[int, ...] = (4096, 8192, 16384, 32768, 65536, 131072,
-                                                                         262144)) -> list[tuple[int, Candidate]]:
-    """The search's winner for ``request`` at each of ``seq_lengths`` (those where some layout fits)."""
-    out = []
-    for seq in seq_lengths:
-        try:
-            out.append((seq, plan(request.model_copy(update={"seq_length": seq}), top=1).best))
-        except InfeasibleConfig:
-            continue
-    return out

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from ..catalog import Hardware, ModelSpec
 from ..core.request import TrainingRequest
 from ..errors import InfeasibleConfig
-from ..planner.search import PlanResult, plan
+from ..planner.resolve import search
+from ..planner.search import SearchResult
 from ..rules.precision import choose_precision
 
 COMMON = "bf16"
@@ -39,17 +40,18 @@ class Column:
     """One target of the comparison: its request and the search's result, or why no layout fits."""
 
     request: TrainingRequest
-    result: PlanResult | None
+    result: SearchResult | None
     error: InfeasibleConfig | None
 
 
 def compare(requests: list[TrainingRequest], top: int = 1) -> list[Column]:
-    """The search for each request (same model and seq_length, other GPUs / counts); an infeasible one is kept as
-    a column that says why."""
+    """The search for each request (same model and seq_length, other GPUs / counts), through the resolver's one door
+    (:func:`lcmoe_recipes.planner.resolve.search`: a request's calibration profile applies); an infeasible one is kept
+    as a column that says why."""
     out = []
     for request in requests:
         try:
-            out.append(Column(request, plan(request, top=top), None))
+            out.append(Column(request, search(request, top=top), None))
         except InfeasibleConfig as exc:
             out.append(Column(request, None, exc))
     return out

@@ -10,7 +10,7 @@ from ..catalog.upstream import base_recipe
 from ..core.layout import ParallelLayout
 from ..core.pipeline import build_pipeline_layout
 from ..core.plan import Reason
-from ..core.request import RunOptions
+from ..core.request import TrainingRequest
 from ..cost.shapes import shapes
 from .base import base_layout, choose_base
 from .batch import EVAL_ITERS, choose_batch, choose_eval_batch, tokens_per_step
@@ -19,7 +19,8 @@ from .schedule import choose_schedule
 
 
 @lru_cache(maxsize=256)
-def _run_decisions(model_key: str, hw_key: str, seq_length: int, precision: str, world: int, options: RunOptions):
+def _run_decisions(model_key: str, hw_key: str, seq_length: int, precision: str, world: int, rope: str,
+                   tokens: int | None, lr: float | None, train_iters: int | None):
     """The decisions of :func:`extension_fields` that do not depend on the layout's split (base recipe, positions,
     token budget, schedule): the same for every layout of one request, so taken once per request."""
     from ..catalog import get_hardware, get_model
@@ -27,21 +28,24 @@ def _run_decisions(model_key: str, hw_key: str, seq_length: int, precision: str,
     spec, hw = get_model(model_key), get_hardware(hw_key)
     base, why_base = choose_base(spec, hw, precision, world)
     record, _ = base_recipe(spec, hw, precision, world)
-    return (base, why_base, record, choose_positions(spec, seq_length, options.rope),
-            tokens_per_step(spec, shapes(spec).total_params, options.tokens_per_step),
-            choose_schedule(spec, record.min_lr if record else None, options.lr, options.train_iters))
+    return (base, why_base, record, choose_positions(spec, seq_length, rope),
+            tokens_per_step(spec, shapes(spec).total_params, tokens),
+            choose_schedule(spec, record.min_lr if record else None, lr, train_iters))
 
 
 def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: ParallelLayout, precision: str,
-                     options: RunOptions = RunOptions()) -> tuple[dict, dict[str, Reason]]:
-    """(Plan fields, reasons) for running ``spec`` at ``seq_length`` with ``layout``.
+                     options: TrainingRequest) -> tuple[dict, dict[str, Reason]]:
+    """(Plan fields, reasons) for running ``spec`` at ``seq_length`` with ``layout``, with the run options of
+    ``options`` (:data:`lcmoe_recipes.core.request.RUN_OPTIONS`: rope, tokens_per_step, global_batch_size,
+    micro_batch_size, lr, train_iters, pretrained_checkpoint).
 
     Raises:
         LcmoeError: a bad option (rope choice, non-positive tokens / LR / steps).
         InfeasibleConfig: the layout has more pipeline stages than the model can fill.
     """
     base, why_base, record, (positions, why_positions), (tokens, why_tokens), (schedule, why_schedule) = _run_decisions(
-        spec.key, hw.key, seq_length, precision, layout.world, options)
+        spec.key, hw.key, seq_length, precision, layout.world, options.rope, options.tokens_per_step, options.lr,
+        options.train_iters)
     gbs, why_gbs = choose_batch(seq_length, layout, options.micro_batch_size, tokens, options.global_batch_size)
     eval_gbs, why_eval = choose_eval_batch(seq_length, layout, options.micro_batch_size, EVAL_ITERS, gbs)
     upstream = base_layout(spec, hw, precision, layout.world, layout.pp, layout.vpp)

@@ -137,7 +137,7 @@ class StageBuild:
 
     @property
     def residuals(self) -> dict[str, float]:
-        """Built minus predicted, bytes, less the :attr:`explained` differences: dense and expert parameters, and
+        """Configured minus predicted, bytes, less the :attr:`explained` differences: dense and expert parameters, and
         gradients (bucket padding excluded)."""
         known = {key: sum(b for k, _, b in self.explained if k == key) for key in ("dense", "expert", "gradients")}
         return {"dense": self.dense_bytes - self.predicted_dense_bytes - known["dense"],

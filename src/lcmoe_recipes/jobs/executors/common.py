@@ -26,7 +26,7 @@ EXECUTORS = ("local", "slurm", "kubeflow")
 QUIET_ENV = {"LOGLEVEL": "WARNING", "OMP_NUM_THREADS": "1"}
 
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[2]  # the lcmoe_recipes package folder, shipped with every job
 
 
 _ERROR_LINE = re.compile(r"^(error: |[\w.]*(Error|Exception)\b:|(sbatch|srun|slurmstepd|salloc): "

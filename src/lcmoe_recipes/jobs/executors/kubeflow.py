@@ -285,7 +285,7 @@ def _overlay(settings: KubeflowSettings, hw, dry_run: bool):
     if dry_run:
         return plan, None, plan.estimated_bytes()
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lcmoe_recipes" / "overlays"
-    built = ov.build(plan, cache)
+    built = ov.install(plan, cache)
     return plan, built.path, built.bytes
 
 

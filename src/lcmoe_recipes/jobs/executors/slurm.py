@@ -202,8 +202,8 @@ def job_stack(settings: SlurmSettings, hw: Hardware):
     return probe_stack(settings.python) if settings.python else None
 
 
-def overlay_step(settings: SlurmSettings, hw: Hardware, *, build: bool, tunnel=None) -> OverlayStep | None:
-    """Plan (and with ``build``, build and place) the overlay the job needs, or None.
+def overlay_step(settings: SlurmSettings, hw: Hardware, *, install: bool, tunnel=None) -> OverlayStep | None:
+    """Plan (and with ``install``, install and place) the overlay the job needs, or None.
 
     Raises:
         OverlayRefused: the image cannot take one (the reason and the nearest listed image that can).
@@ -218,10 +218,10 @@ def overlay_step(settings: SlurmSettings, hw: Hardware, *, build: bool, tunnel=N
     tunnel = tunnel or _tunnel(settings)
     folder = f"{tunnel.job_dir.rstrip('/')}/lcmoe-overlays/{plan.key}"
     seen_as = ov.MOUNT_POINT if settings.container_image else folder
-    if not build:
+    if not install:
         return OverlayStep(plan, folder, seen_as, plan.estimated_bytes(), False)
     if settings.tunnel == "local":
-        built = ov.build(plan, os.path.dirname(folder))
+        built = ov.install(plan, os.path.dirname(folder))
         return OverlayStep(plan, folder, seen_as, built.bytes, True)
     import tarfile
     import tempfile
@@ -231,7 +231,7 @@ def overlay_step(settings: SlurmSettings, hw: Hardware, *, build: bool, tunnel=N
     if tunnel.run(f"test -f {shlex.quote(folder)}/{MANIFEST}", warn=True).return_code == 0:
         return OverlayStep(plan, folder, seen_as, plan.estimated_bytes(), True)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lcmoe_recipes" / "overlays"
-    built = ov.build(plan, cache)
+    built = ov.install(plan, cache)
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / f"{plan.key}.tar.gz"
         with tarfile.open(archive, "w:gz") as tar:
@@ -326,7 +326,7 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
     notes = list(notes)
     if executor is None:
         settings = settings or SlurmSettings()
-        step = overlay_step(settings, get_hardware(meta.get("hardware", "h100")), build=not dry_run)
+        step = overlay_step(settings, get_hardware(meta.get("hardware", "h100")), install=not dry_run)
         if step is not None:
             notes.append(step.note())
         executor = slurm_executor(meta, env_vars, settings, yaml, smoke=smoke, smoke_ranks=smoke_ranks,
