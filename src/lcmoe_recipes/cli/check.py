@@ -83,9 +83,14 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(exc)
     plan, findings = found.plan, found.findings
     if args.container_image:
-        from ..jobs.overlay import compare_stack, format_stack
+        from ..jobs.overlay import compare_stack, format_stack, image_overlay
 
         print(format_stack(args.container_image, compare_stack(args.container_image, plan.hardware_spec.cpu_arch)))
+        if not args.no_overlay:
+            try:  # as launch: an image that cannot take the overlay of the pinned megatron is refused
+                image_overlay(args.container_image, plan.hardware_spec.cpu_arch)
+            except LcmoeError as exc:
+                return report_error(exc)
     print(f"checked with {found.scope}")
     if sys.stdout.isatty() and layout_is_legal(findings):
         from ..cost import estimate_host_memory, estimate_memory, estimate_step

@@ -145,14 +145,22 @@ def request_from_args(args: argparse.Namespace, named: tuple[str, ...] = (), **f
         values["allow_cpu_offload"] = False
     if getattr(args, "data_path", None):
         values["data_path"] = tuple(args.data_path)
-    if getattr(args, "overrides", None):
-        values["overrides"] = tuple(args.overrides)
+    model = getattr(args, "model", None)
+    overrides = tuple(getattr(args, "overrides", None) or ())
+    if model and is_override(model):  # `--model-config PATH key=value`: argparse gave the first override to MODEL
+        model, overrides = None, (model,) + overrides
+    if overrides:
+        values["overrides"] = overrides
     if getattr(args, "phases", None):
         values["phases"] = phase_lengths(args.phases)
-    model = getattr(args, "model", None)
     if model:
         values["recipe" if model in named else "model"] = model
     return TrainingRequest.parse(**{**values, **fields})
+
+
+def is_override(token: str) -> bool:
+    """A Hydra override (``key=value``, ``+key=value``, ``~key``) rather than a model name or a path."""
+    return token.startswith(("+", "~")) or ("=" in token and not token.startswith(("/", ".")))
 
 
 def phase_lengths(text: str) -> tuple[int, ...]:

@@ -228,6 +228,12 @@ class Plan:
 _FIELDS = frozenset(f.name for f in fields(Plan))
 
 
+# The reason of a config read back from a YAML that does not record the recipe it started from (no lcmoe_recipes
+# header): its base is unknown, not megatron-bridge's template.
+BASE_NOT_RECORDED = Reason("not recorded: the YAML has no lcmoe_recipes header naming the megatron-bridge recipe it "
+                           "started from", "your config")
+
+
 # Which Plan fields each reason decides: a reason is replaced once one of them changes (overrides, --precision).
 REASON_FIELDS: dict[str, tuple[str, ...]] = {
     "layout": ("layout",),

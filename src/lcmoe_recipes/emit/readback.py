@@ -1,6 +1,6 @@
-"""ConfigContainer -> Plan: every field our checks and cost models read, taken from megatron's own objects after the
-provider's defaults are applied (:func:`plan_from_config`), so one set of checks serves any config -- ours, upstream's,
-a user's YAML, with overrides."""
+"""ConfigContainer -> Plan: every field our checks and cost models read, taken from the config's own objects (ETP as
+megatron-bridge and megatron-core default it) by :func:`plan_from_config`, so one set of checks serves any config --
+ours, upstream's, a user's YAML, with overrides."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from ..errors import UnknownName
 from .fields import grad_reduce_in_fp32, layout_to_str, precision_of
 
 
-def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str = "config") -> Plan:
+def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str = "config",
+                     base_recipe: str | None = None) -> Plan:
     """Read a ConfigContainer (ours, upstream's or a user's) back into a Plan, so the same checks run on it.
+    ``base_recipe``: the megatron-bridge recipe it started from, where that is known (a config does not say it; our
+    YAML header records it).
 
     Raises:
         UnknownName: the model is not in our catalogue, nor a registered config.json (matched by layer count,
@@ -52,7 +55,7 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
     precision_aware = bool(opt.use_precision_aware_optimizer)
     hcp = m.hierarchical_context_parallel_sizes
     return Plan(
-        name=name, model=model_key, hardware=hw.key, seq_length=m.seq_length, layout=layout,
+        name=name, model=model_key, base_recipe=base_recipe, hardware=hw.key, seq_length=m.seq_length, layout=layout,
         pipeline_model_parallel_layout=layout_to_str(m.pipeline_model_parallel_layout),
         micro_batch_size=cfg.train.micro_batch_size, global_batch_size=cfg.train.global_batch_size,
         precision=precision_of(cfg.mixed_precision),

@@ -28,8 +28,9 @@ TARGET_ATTR = "lcmoe_target"
 
 
 def target_meta(plan, overrides=()) -> dict[str, Any]:
-    """The target a config was planned and validated for: recipe, model, seq_length, world_size, hardware, overrides,
-    and the megatron-core / megatron-bridge versions here (``megatron_core``, ``megatron_bridge``: the entry script
+    """The target a config was planned and validated for: recipe, model, seq_length, world_size, hardware, the
+    megatron-bridge recipe it started from (``base_recipe``, None: the pre-training template), overrides, and the
+    megatron-core / megatron-bridge versions here (``megatron_core``, ``megatron_bridge``: the entry script
     refuses to run under others, see :func:`lcmoe_recipes.jobs.node.check_versions`).
 
     Args:
@@ -37,7 +38,8 @@ def target_meta(plan, overrides=()) -> dict[str, Any]:
         overrides: the Hydra overrides applied after building (strings, in order).
     """
     meta = {"recipe": plan.name, "model": plan.model, "seq_length": plan.seq_length, "world_size": plan.layout.world,
-            "hardware": plan.hardware_spec.key, "overrides": list(overrides), **installed_stack()}
+            "hardware": plan.hardware_spec.key, "base_recipe": plan.base_recipe, "overrides": list(overrides),
+            **installed_stack()}
     if plan.model_spec.is_user_config:  # a user's config.json travels with the YAML (the cluster may lack the file)
         meta["model_config"] = plan.model_spec.config
     return meta

@@ -321,6 +321,20 @@ def _refusal(stack: JobStack) -> tuple[str, str] | None:
     return None
 
 
+def image_overlay(image: str, platform: str) -> Overlay | None:
+    """The overlay a job on the listed ``image`` needs on nodes of ``platform`` (None: an unlisted image, whose
+    versions the entry script checks, or one that holds the pinned versions already).
+
+    Raises:
+        OverlayRefused: the image cannot take one (the reason, and the nearest listed image that can).
+        LcmoeError: the package registry cannot be read.
+    """
+    from ..catalog.known_issues import find_container
+
+    found = find_container(image)
+    return plan_overlay(container_stack(found, platform)) if found else None
+
+
 def nearest_image(container: Container, works) -> Container | None:
     """The listed image nearest to ``container`` (newer ones first, then older) for which ``works(image)`` holds."""
     listed = list(containers()[0])

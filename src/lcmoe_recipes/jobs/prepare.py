@@ -120,7 +120,7 @@ def configure(resolution: Resolution, overrides: list[str] = (), container_image
     shown = plan
     if overrides:
         emit.apply_overrides(cfg, overrides)
-        shown = emit.plan_from_config(cfg, hw, world, plan.name)
+        shown = emit.plan_from_config(cfg, hw, world, plan.name, plan.base_recipe)
         shown = shown.with_changes(reasons=carry_reasons(plan, shown))
     warnings = validate_for_image(cfg, hw, world, plan.name, container_image, overlay)
     one = Configured(resolution, shown, cfg, overrides, warnings, changes)

@@ -11,7 +11,7 @@ from ..catalog import get_hardware, load_model_config
 from ..checks import Finding
 from ..checks.findings import all_findings
 from ..checks.known_issues import job_versions
-from ..core.plan import Plan
+from ..core.plan import BASE_NOT_RECORDED, Plan
 from ..core.request import TrainingRequest
 from ..errors import LcmoeError, UnknownName
 from .recipes import NAMED_RECIPES, named_recipe, recipe_plan
@@ -95,6 +95,17 @@ def read_config(config: str, gpus: int | None = None, hardware: str | None = Non
     return cfg, meta, get_hardware(hw_key), gpus
 
 
+def _read_back(cfg, meta: dict, hw, gpus: int, name: str) -> Plan:
+    """The Plan a YAML's config states, with the megatron-bridge recipe its header says it started from (or the
+    reason that says no header records one)."""
+    from .. import emit
+
+    plan = emit.plan_from_config(cfg, hw, gpus, name, meta.get("base_recipe"))
+    if "base_recipe" in meta:
+        return plan
+    return plan.with_changes(reasons={**plan.reasons, "base_recipe": BASE_NOT_RECORDED})
+
+
 def config_plan(config: str, gpus: int | None = None, hardware: str | None = None) -> Plan:
     """The Plan a named recipe or a ConfigContainer YAML (:func:`read_config`) states.
 
@@ -103,10 +114,8 @@ def config_plan(config: str, gpus: int | None = None, hardware: str | None = Non
     """
     if config in NAMED_RECIPES and not Path(config).exists():
         return recipe_plan(config)
-    from .. import emit
-
     cfg, meta, hw, gpus = read_config(config, gpus, hardware)
-    return emit.plan_from_config(cfg, hw, gpus, meta.get("recipe") or Path(config).stem)
+    return _read_back(cfg, meta, hw, gpus, meta.get("recipe") or Path(config).stem)
 
 
 def examine(config: str, gpus: int | None = None, hardware: str | None = None, container_image: str | None = None,
@@ -151,7 +160,7 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
     edited = edits_of_named_recipe(cfg, meta)
     if edited:
         name = f"{name} (edited)"
-    plan = emit.plan_from_config(cfg, hw, gpus, name)
+    plan = _read_back(cfg, meta, hw, gpus, name)
     versions, findings = job_versions(container_image, overlay)  # unlisted image: a warning; overlay: the pinned
     findings = emit.config_findings(cfg, hw, gpus, name, versions) + findings
     if edited:

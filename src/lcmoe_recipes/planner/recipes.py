@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..catalog import get_hardware, get_model
+from ..catalog.lookup import lookup
 from ..checks import check_plan, raise_for_errors
 from ..core.layout import ParallelLayout
 from ..core.plan import Plan, Reason
-from ..catalog.lookup import lookup
 from ..core.request import RUN_OPTIONS, TrainingRequest
 from ..errors import UnknownName
 from ..rules.extension import extension_fields, with_cp_comm, with_ep_overlap

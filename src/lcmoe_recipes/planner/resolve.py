@@ -224,7 +224,7 @@ def _retargeted(request: TrainingRequest) -> tuple[Plan, Source]:
         raise LcmoeError(f"'{request.from_config}' does not record its target", f"give {' and '.join(missing)}",
                          fields=tuple(missing))
     name = retarget_name(request)
-    before = emit.plan_from_config(source.cfg, hardware, gpus, name)
+    before = emit.plan_from_config(source.cfg, hardware, gpus, name, source.meta.get("base_recipe"))
     target = request.replace(num_gpus=gpus, hardware=hardware)
     best = search(retarget_request(before, target)).best.plan
     return retarget_plan(before, best, name, keep_precision=not request.precision), source

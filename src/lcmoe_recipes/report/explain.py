@@ -11,7 +11,7 @@ from typing import Any
 
 from ..checks import Finding
 from ..checks.findings import all_findings
-from ..core.plan import PRECISIONS, Plan
+from ..core.plan import BASE_NOT_RECORDED, PRECISIONS, Plan
 from ..core.ranks import placement
 from ..core.request import DEFAULT_MEMORY_MARGIN
 from ..cost import HOST_MARGIN, estimate_host_memory, estimate_memory, estimate_step
@@ -43,7 +43,8 @@ def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
         "positions": plan.positions.describe() if plan.positions else "as the model was trained",
         "schedule": schedule_text(plan),
         "pretrained_checkpoint": plan.pretrained_checkpoint or "none: random initialisation",
-        "base_recipe": plan.base_recipe or "megatron-bridge recipes/common.py _pretrain_common",
+        "base_recipe": plan.base_recipe or ("not recorded" if plan.reasons.get("base_recipe") == BASE_NOT_RECORDED
+                                            else "megatron-bridge recipes/common.py _pretrain_common"),
     }
     out = []
     for knob, value in values.items():

@@ -8,7 +8,7 @@ import textwrap
 
 from ..checks import Finding
 from ..checks.feasibility import layout_is_legal
-from ..core.plan import PRECISIONS, Plan
+from ..core.plan import BASE_NOT_RECORDED, PRECISIONS, Plan
 from ..core.ranks import placement
 
 # The decisions a long-context plan turns on, shown one line each in the summary (every reason: --explain).
@@ -116,9 +116,18 @@ def plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ("weights", f"from {plan.pretrained_checkpoint} (model weights; optimizer state fresh)"
          if plan.pretrained_checkpoint else "random initialisation (--from-hf DIR or --from-checkpoint DIR to extend "
                                             "a pretrained model)"),
-        ("based on", f"megatron-bridge {plan.base_recipe.rpartition(':')[2]}" if plan.base_recipe
-         else "megatron-bridge's pre-training template"),
+        ("based on", base_recipe_text(plan)),
     ]
+
+
+def base_recipe_text(plan: Plan) -> str:
+    """The megatron-bridge recipe ``plan`` started from, in words: the same for identical configs, whether planned here
+    or read back from the YAML that records it."""
+    if plan.base_recipe:
+        return f"megatron-bridge {plan.base_recipe.rpartition(':')[2]}"
+    if plan.reasons.get("base_recipe") == BASE_NOT_RECORDED:
+        return "not recorded (a YAML without an lcmoe_recipes header)"
+    return "megatron-bridge's pre-training template"
 
 
 def key_reasons(plan: Plan) -> dict:

@@ -275,11 +275,9 @@ def run_kubeflow(yaml: Path, meta: dict, env_vars: dict[str, str], settings: Kub
 
 def _overlay(settings: KubeflowSettings, hw, dry_run: bool):
     """(plan, built folder or None, bytes) of the overlay the image needs, or None (see :mod:`lcmoe_recipes.jobs.overlay`)."""
-    from ...catalog.known_issues import find_container
     from .. import overlay as ov
 
-    found = find_container(settings.image) if settings.overlay else None
-    plan = ov.plan_overlay(ov.container_stack(found, hw.cpu_arch)) if found else None
+    plan = ov.image_overlay(settings.image, hw.cpu_arch) if settings.overlay else None
     if plan is None:
         return None
     if dry_run:
