@@ -27,7 +27,7 @@ from lcmoe_recipes.cost.bands import (BORROWED_WIDENING, MEMORY_ERROR_BAND, MIN_
                                       held_out_ratios)
 from lcmoe_recipes.calibration.fit_memory import leave_one_out_constants  # noqa: E402
 from lcmoe_recipes.calibration.fit_step import leave_one_out_tables, predicted_tflops, spread  # noqa: E402
-from lcmoe_recipes.cost.efficiency import BORROWED, FITTED, GPUS, KINDS, constant  # noqa: E402
+from lcmoe_recipes.cost.efficiency import FITTED, GPUS, KINDS, constant  # noqa: E402
 from lcmoe_recipes.cost.memory import CALIBRATED, GDN_MEASURED_RATIOS, estimate_memory  # noqa: E402
 
 OUT = ROOT / "docs" / "accuracy.md"
@@ -37,8 +37,10 @@ GOAL_STEP, GOAL_MEMORY = 0.15, 0.10
 def upstream_estimate(plan) -> float:
     """megatron-bridge 0.6.2 ``estimate_training_memory(...).total_memory_bytes`` for the plan's ConfigContainer."""
     from lcmoe_recipes.emit import config_from_plan
-    from lcmoe_recipes.emit.stack import quiet_upstream
+    from lcmoe_recipes.emit.stack import load_bridge, quiet_upstream
     from lcmoe_recipes.emit.target import target_environment
+
+    load_bridge(quiet=True)  # megatron-bridge with the light environment's import guard
     from megatron.bridge.training.config import runtime_config_update
     from megatron.bridge.training.utils.theoretical_memory_utils import estimate_training_memory
 

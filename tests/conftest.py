@@ -8,6 +8,42 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a hub
 
+_ZYGOTE = None
+
+
+def _zygote():
+    global _ZYGOTE
+    if _ZYGOTE is None:
+        from zygote import Zygote  # tests/zygote.py (pytest puts tests/ on sys.path)
+
+        _ZYGOTE = Zygote().start()
+    return _ZYGOTE
+
+
+def pytest_collection_finish(session):
+    """Start the fork server as soon as a selected test needs it: it imports megatron-bridge while other tests run."""
+    if any("zygote" in getattr(item, "fixturenames", ()) for item in session.items):
+        _zygote()
+
+
+def pytest_sessionfinish(session):
+    if _ZYGOTE is not None:
+        _ZYGOTE.close()
+
+
+@pytest.fixture(scope="session")
+def zygote():
+    """A fork server that runs `python -m ...` / `python -c ...` / `python script.py` commands as a fresh interpreter
+    would, from one process that imported megatron-bridge once (tests/zygote.py); `zygote.run(argv, cwd=, env=,
+    timeout=)` answers like subprocess.run(..., capture_output=True, text=True)."""
+    return _zygote()
+
+# Tests import megatron.bridge directly too: the light environment's import guard goes first, as our own loader
+# (lcmoe_recipes.emit.stack.load_bridge) puts it; importing lcmoe_recipes no longer does.
+from lcmoe_recipes.emit.stack import install_te_guard  # noqa: E402
+
+install_te_guard()
+
 
 @pytest.fixture(scope="session")
 def configs():

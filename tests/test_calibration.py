@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from lcmoe_recipes import recipe_plan
-from lcmoe_recipes.cli.calibrate import main
 from lcmoe_recipes.calibration import (CalibrationError, calibrate, calibration_run_plan, parse_log, read_log,
                                        read_profile, write_profile)
+from lcmoe_recipes.cli.calibrate import main
 from lcmoe_recipes.cost import estimate_memory, estimate_step
 from lcmoe_recipes.cost.efficiency import FITTED
 from lcmoe_recipes.cost.step import model_flops_per_token

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from lcmoe_recipes.cli.launch import main
-from lcmoe_recipes.jobs.prepare import torchrun_command
 from lcmoe_recipes.errors import LcmoeError
+from lcmoe_recipes.jobs.prepare import torchrun_command
 
 
 def _run(*args, cwd):
@@ -30,9 +30,11 @@ def test_dry_run_end_to_end(tmp_path):
     assert ("torchrun --nnodes 32 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint "
             "\"$MASTER_ADDR:${MASTER_PORT:-29500}\" -m lcmoe_recipes.train --config cfg.yaml") in text
     yaml_text = (tmp_path / "cfg.yaml").read_text()
-    assert yaml_text.startswith('# lcmoe_recipes: {"hardware": "gb200", "megatron_bridge": "0.6.2", "megatron_core": '
-                                '"0.19.2", "model": "qwen3_235b", "overrides": ["model.tensor_model_parallel_size=8"], '
-                                '"recipe": "qwen3_235b_128k_gb200", "seq_length": 131072, "world_size": 128}\n')
+    assert yaml_text.startswith('# lcmoe_recipes: {"base_recipe": "megatron.bridge.perf_recipes.qwen.gb200.qwen3_moe:'
+                                'qwen3_235b_a22b_pretrain_256gpu_gb200_bf16_config", "hardware": "gb200", '
+                                '"megatron_bridge": "0.6.2", "megatron_core": "0.19.2", "model": "qwen3_235b", '
+                                '"overrides": ["model.tensor_model_parallel_size=8"], "recipe": "qwen3_235b_128k_gb200", '
+                                '"seq_length": 131072, "world_size": 128}\n')
     assert "tensor_model_parallel_size: 8" in yaml_text and "seq_length: 131072" in yaml_text
 
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 import copy
 import os
 import re
+from pathlib import Path
 
 import pytest
 
 from lcmoe_recipes.catalog import get_hardware
+from lcmoe_recipes.cli.launch import main
 from lcmoe_recipes.errors import LaunchError, LcmoeError, OverrideError
-from pathlib import Path
-
 from lcmoe_recipes.jobs.executors.common import LaunchResult, first_error_line, hint_for, nodes_for
 from lcmoe_recipes.jobs.executors.slurm import SlurmSettings, nvl72_segment
-from lcmoe_recipes.cli.launch import main
 from lcmoe_recipes.jobs.submit import submit
 
 
@@ -100,7 +99,8 @@ def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
            "checkpoint, 20 min before --time 02:00:00 (120 min)" in result.summary()
     assert f"note: job folder {nemorun_home}/experiments: every node must see it (a shared filesystem)" in result.summary()
     assert "export PATH=" not in result.script  # in a container, the image's torchrun
-    assert (tmp_path / "dsv3.yaml").read_text().startswith('# lcmoe_recipes: {"hardware": "h100"')
+    header = (tmp_path / "dsv3.yaml").read_text().splitlines()[0]
+    assert header.startswith('# lcmoe_recipes: {"base_recipe": "megatron.bridge.') and '"hardware": "h100"' in header
 
 
 @pytest.mark.slow
@@ -139,18 +139,18 @@ def test_submit_refusals(configs, nemorun_home, tmp_path, monkeypatch):
     _, cfg = configs["dsv3_128k_h100"]
     out = tmp_path / "d.yaml"
     for time in ("4", "04:00", "4h"):  # one rule for every spelling: the hours must be there
-        with pytest.raises(LcmoeError, match=f"--time '{time}' is "):
+        with pytest.raises(LcmoeError, match=f"`time` '{time}' is "):
             submit(cfg, SlurmSettings(time=time), dry_run=True, output=out)
         assert not out.exists()
     with pytest.raises(LcmoeError, match="the other 31 nodes of this 32-node job cannot read its script and code"):
         submit(cfg, SlurmSettings(job_dir="/tmp/me/nemorun"), dry_run=True, output=out)
-    with pytest.raises(LcmoeError, match="--save-dir 'ckpt' is relative"):
+    with pytest.raises(LcmoeError, match="`save_dir` 'ckpt' is relative"):
         submit(cfg, "slurm", save_dir="ckpt", dry_run=True, output=out)
     with pytest.raises(LcmoeError, match="checkpoint.save '/ckpt/run1/checkpoints' is not inside any --container-mounts"):
         submit(cfg, SlurmSettings(container_image="img", container_mounts=("/lustre:/lustre",)), save_dir="/ckpt/run1",
                dry_run=True, output=out)
     assert not out.exists()
-    with pytest.raises(LcmoeError, match="--tunnel ssh needs --host, --user, --job-dir"):
+    with pytest.raises(LcmoeError, match="`tunnel` ssh needs `host`, `user`, `job_dir`"):
         submit(cfg, SlurmSettings(account="a", tunnel="ssh"), dry_run=True, output=out)
     with pytest.raises(LcmoeError, match="contains '/nemo_run', which NeMo-Run rewrites"):
         submit(cfg, SlurmSettings(account="a", job_dir="/home/me/nemo_run/experiments"), dry_run=True, output=out)

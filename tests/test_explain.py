@@ -6,8 +6,8 @@ import struct
 import pytest
 
 from lcmoe_recipes import recipe_plan
-from lcmoe_recipes.report.explain import decisions, explain_json, explain_text
 from lcmoe_recipes.cli.plan import main as plan_main
+from lcmoe_recipes.report.explain import decisions, explain_text
 
 
 def _png_size(path):

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
 # derandomized (the same examples every run, no example database written), no shrinking (a failure is reported as

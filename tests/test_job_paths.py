@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from lcmoe_recipes.errors import InfeasibleConfig
 from lcmoe_recipes.cli.launch import main as launch_main
+from lcmoe_recipes.errors import InfeasibleConfig
 
 pytestmark = pytest.mark.slow
 NODE = os.uname().nodename

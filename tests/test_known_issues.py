@@ -17,9 +17,9 @@ from packaging.version import Version
 from lcmoe_recipes.catalog import get_hardware
 from lcmoe_recipes.catalog.known_issues import containers, find_container, normalise_image
 from lcmoe_recipes.checks.conditions import ABSENT, ConfigView, describe, evaluate, holds, problems
-from lcmoe_recipes.cli.check import main as check_main
 from lcmoe_recipes.checks.known_issues import (StackVersions, catalogue, config_view, installed_versions,
                                                known_issue_findings, stack_versions)
+from lcmoe_recipes.cli.check import main as check_main
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALLED = {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.20.2"}

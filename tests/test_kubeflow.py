@@ -16,7 +16,7 @@ import yaml
 
 from lcmoe_recipes.emit import read_meta
 from lcmoe_recipes.errors import InfeasibleConfig, LcmoeError
-from lcmoe_recipes.jobs.executors.kubeflow import (CLIQUE_LABEL, JOB_LABEL, TRAINER_VERSION, KubeflowSettings,
+from lcmoe_recipes.jobs.executors.kubeflow import (CLIQUE_LABEL, JOB_LABEL, KubeflowSettings, TRAINER_VERSION,
                                                    check_kubeflow_settings, kube_job_overrides, run_kubeflow)
 
 ROOT = Path(__file__).resolve().parents[1]

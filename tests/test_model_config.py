@@ -14,11 +14,11 @@ from lcmoe_recipes.catalog import get_model
 from lcmoe_recipes.catalog.architectures import supported_architectures
 from lcmoe_recipes.checks import check_plan
 from lcmoe_recipes.checks.memory import memory_findings
+from lcmoe_recipes.core.layout import ParallelLayout
+from lcmoe_recipes.core.request import TrainingRequest
 from lcmoe_recipes.cost.shapes import shapes
 from lcmoe_recipes.errors import LcmoeError, ModelConfigError
-from lcmoe_recipes.core.layout import ParallelLayout
 from lcmoe_recipes.planner.search import search_layouts
-from lcmoe_recipes.core.request import TrainingRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,16 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import image_env
 import pytest
 from packaging.specifiers import SpecifierSet
 
-import image_env
+from lcmoe_recipes.catalog.known_issues import containers, find_container
 from lcmoe_recipes.checks.known_issues import job_versions
+from lcmoe_recipes.errors import LcmoeError
 from lcmoe_recipes.jobs import overlay as ov
 from lcmoe_recipes.jobs.node import activate
 from lcmoe_recipes.jobs.prepare import validate_for_image
-from lcmoe_recipes.catalog.known_issues import containers, find_container
-from lcmoe_recipes.errors import LcmoeError
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = json.loads((ROOT / "tests" / "fixtures" / "nemo_26_06_requires.json").read_text())

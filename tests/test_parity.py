@@ -2,7 +2,6 @@
 setting with a reason (docs/parity.md, generated), and a change outside a setting's fields fails."""
 
 import importlib.util
-from dataclasses import replace
 from pathlib import Path
 
 import pytest

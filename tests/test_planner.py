@@ -11,14 +11,14 @@ from pydantic import ValidationError
 from lcmoe_recipes import NAMED_RECIPES, recipe_plan
 from lcmoe_recipes.catalog import get_hardware, get_model
 from lcmoe_recipes.checks import check_plan
+from lcmoe_recipes.cli.plan import main
+from lcmoe_recipes.core.layout import ParallelLayout
 from lcmoe_recipes.core.plan import HBM_MARGIN
+from lcmoe_recipes.core.request import TrainingRequest
 from lcmoe_recipes.cost import estimate_memory, estimate_step
 from lcmoe_recipes.cost.bands import MEMORY_ERROR_BAND
 from lcmoe_recipes.errors import InfeasibleConfig, LcmoeError
-from lcmoe_recipes.core.layout import ParallelLayout
-from lcmoe_recipes.cli.plan import main
 from lcmoe_recipes.planner.search import search_layouts
-from lcmoe_recipes.core.request import TrainingRequest
 from lcmoe_recipes.rules.batch import choose_batch, tokens_per_step
 from lcmoe_recipes.rules.cp import cp_first_guess
 from lcmoe_recipes.rules.dispatcher import choose_dispatcher

@@ -5,11 +5,11 @@ import sys
 
 import pytest
 
-from lcmoe_recipes import NAMED_RECIPES, recipe_plan
+from lcmoe_recipes import recipe_plan
 from lcmoe_recipes.checks import check_plan
-from lcmoe_recipes.errors import InfeasibleConfig, UnknownName
 from lcmoe_recipes.core.layout import ParallelLayout
 from lcmoe_recipes.core.pipeline import build_pipeline_layout
+from lcmoe_recipes.errors import InfeasibleConfig, UnknownName
 from lcmoe_recipes.planner.recipes import find_named_recipe
 
 # The published table (Megatron-Bridge long-context skill, SKILL.md and card.yaml):

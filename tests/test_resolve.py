@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from lcmoe_recipes import NAMED_RECIPES, LcmoeError, TrainingRequest, dsv3_128k_h100, phase_requests, recipe_plan
-from lcmoe_recipes import resolve
+from lcmoe_recipes import (LcmoeError, NAMED_RECIPES, TrainingRequest, dsv3_128k_h100, phase_requests, recipe_plan,
+                           resolve)
 from lcmoe_recipes.catalog import get_model
 from lcmoe_recipes.cli.common import as_flags, request_from_args
-from lcmoe_recipes.cli.launch import _parser as launch_parser
-from lcmoe_recipes.cli.launch import main as launch
+from lcmoe_recipes.cli.launch import _parser as launch_parser, main as launch
 from lcmoe_recipes.cli.plan import main as plan_main
 from lcmoe_recipes.report.text import Citations, split_sources
 
@@ -57,14 +56,15 @@ def test_a_request_no_recipe_covers_is_searched_or_refused_with_the_fix():
         resolve(TrainingRequest(model="qwen3_235b", seq_length=65536))
     assert "no named recipe for qwen3_235b at seq_length 65536" in err.value.message
     # the library names the request's fields; a command line shows its flags
-    assert "or give num_gpus and hardware to plan one" in err.value.fix
+    assert "or give `num_gpus` and `hardware` to plan one" in err.value.fix
     assert set(err.value.fields) >= {"num_gpus", "hardware"}
     assert as_flags(err.value.fix, err.value.fields).endswith("or give --gpus and --hardware to plan one")
     assert "seq_length=131072 num_gpus=128 hardware=gb200" in err.value.fix
     assert "--seq 131072 --gpus 128 --hardware gb200" in as_flags(err.value.fix, err.value.fields)
     with pytest.raises(LcmoeError) as err:
         resolve(TrainingRequest(model="qwen3_235b"))
-    assert (err.value.message, err.value.fields) == ("seq_length is required with model 'qwen3_235b'", ("seq_length",))
+    assert (err.value.message, err.value.fields) == ("`seq_length` is required with model 'qwen3_235b'",
+                                                     ("seq_length",))
     assert as_flags(err.value.message, err.value.fields) == "--seq is required with model 'qwen3_235b'"
     assert as_flags(err.value.fix, err.value.fields) == "e.g. --seq 131072 (a named recipe sets its own)"
     with pytest.raises(LcmoeError, match="unknown recipe 'dsv3_128k_h10'"):

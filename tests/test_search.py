@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from lcmoe_recipes.catalog import MODELS, get_hardware
+from lcmoe_recipes.cli.plan import main
+from lcmoe_recipes.core.request import TrainingRequest
 from lcmoe_recipes.cost import estimate_memory, estimate_step
 from lcmoe_recipes.cost.bands import (BORROWED_WIDENING, MEMORY_ERROR_BAND, STEP_ERROR_BAND, borrowed_widening,
                                       held_out_ratios, memory_band, step_band)
 from lcmoe_recipes.cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
 from lcmoe_recipes.errors import InfeasibleConfig
-from lcmoe_recipes.cli.plan import main
-from lcmoe_recipes.core.request import TrainingRequest
-from lcmoe_recipes.planner.search import MIN_TP_WIDTH, _context, _with_knobs, enumerate_layouts, search_layouts, tp_width_limit
+from lcmoe_recipes.planner.search import (MIN_TP_WIDTH, _context, _with_knobs, enumerate_layouts, search_layouts,
+                                          tp_width_limit)
 
 ROOT = Path(__file__).resolve().parent.parent
 

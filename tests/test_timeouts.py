@@ -7,10 +7,10 @@ import pytest
 from lcmoe_recipes.checks import timeouts
 from lcmoe_recipes.checks.known_issues import config_view
 from lcmoe_recipes.checks.timeouts import TIMEOUT_SAFETY, timeout_findings
+from lcmoe_recipes.core.layout import ParallelLayout
 from lcmoe_recipes.cost.comm import data_parallel_transfers, layer_transfers, pipeline_transfer
 from lcmoe_recipes.cost.memory import rank_memory
 from lcmoe_recipes.cost.step import longest_waits, microbatch_seconds
-from lcmoe_recipes.core.layout import ParallelLayout
 from lcmoe_recipes.planner.recipes import NAMED_RECIPES, recipe_plan
 
 

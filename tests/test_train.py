@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from lcmoe_recipes.errors import LcmoeError
 from lcmoe_recipes.cli.launch import main as launch_main
-from lcmoe_recipes.jobs.node import check_target, hardware_of_device
 from lcmoe_recipes.cli.train import main
+from lcmoe_recipes.errors import LcmoeError
+from lcmoe_recipes.jobs.node import check_target, hardware_of_device
 
 META = {"recipe": "qwen3_next_8k_gb200", "model": "qwen3_next", "seq_length": 8192, "world_size": 32,
         "hardware": "gb200", "overrides": []}

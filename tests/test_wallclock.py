@@ -7,10 +7,9 @@ import pytest
 
 from lcmoe_recipes import recipe_plan
 from lcmoe_recipes.checks.wallclock import phase_findings
-from lcmoe_recipes.cost import estimate_step
-from lcmoe_recipes.cost import wallclock as wc
-from lcmoe_recipes.cost.shapes import shapes
 from lcmoe_recipes.core.request import TrainingRequest
+from lcmoe_recipes.cost import estimate_step, wallclock as wc
+from lcmoe_recipes.cost.shapes import shapes
 from lcmoe_recipes.planner.search import search_layouts as search
 
 

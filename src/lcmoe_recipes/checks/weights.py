@@ -59,7 +59,7 @@ def read_hf_config(folder: str | Path) -> dict[str, Any]:
     """
     path = Path(folder)
     if not path.is_dir():
-        raise CheckpointError(f"--from-hf folder '{folder}' does not exist (or is not a folder)",
+        raise CheckpointError(f"Hugging Face folder '{folder}' does not exist (or is not a folder)",
                               "give the local folder of a Hugging Face checkpoint (config.json + *.safetensors); "
                               "nothing is downloaded from a hub")
     config = path / "config.json"

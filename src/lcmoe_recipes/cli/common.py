@@ -104,7 +104,8 @@ _FIELDS = {"gbs": "global_batch_size", "mbs": "micro_batch_size", "gpus": "num_g
            "seq": "seq_length", "from_config": "from_config"}
 # TrainingRequest field -> its flag, where the two differ beyond '_' -> '-' (and the fields with no flag of their own)
 FLAGS = {"global_batch_size": "--gbs", "micro_batch_size": "--mbs", "num_gpus": "--gpus", "seq_length": "--seq",
-         "from_config": "--from", "allow_cpu_offload": "--no-offload", "recipe": "RECIPE", "model": "MODEL"}
+         "from_config": "--from", "allow_cpu_offload": "--no-offload", "recipe": "RECIPE", "model": "MODEL",
+         "mount": "--pvc-mount", "image": "--container-image"}
 
 
 def flag_of(field: str) -> str:
@@ -114,13 +115,14 @@ def flag_of(field: str) -> str:
 
 def as_flags(text: str, fields) -> str:
     """``text`` (a library error's message or fix) with each of ``fields`` written as its flag: ``seq_length=131072``
-    -> ``--seq 131072``, ``seq_length`` -> ``--seq``; a field followed by a number (``at seq_length 100000``) states a
-    value and stays."""
-    for name in sorted(fields, key=len, reverse=True):
+    -> ``--seq 131072``, and a field named in backticks, ```seq_length``` -> ``--seq`` (a bare word stays: ``no time
+    limit`` is prose, not the ``time`` field)."""
+    for name in fields:
         flag = flag_of(name)
-        text = re.sub(rf"(?<![\w.-]){re.escape(name)}=(?=\S)", f"{flag} ", text)
-        text = re.sub(rf"(?<![\w.-]){re.escape(name)}\b(?!=| \d)", flag, text)  # 'seq_length 131072' is a value
+        text = re.sub(rf"(?<![\w.-]){re.escape(name)}=(?=\S)", f"{flag} ", text).replace(f"`{name}`", flag)
     return text
+
+
 _REQUEST_FLAGS = ("precision", "gbs", "mbs", "dispatcher", "tp", "pp", "cp", "ep", "memory_margin", "rope",
                   "tokens_per_step", "lr", "train_iters", "model_config", "variable_length", "gpus", "hardware", "seq",
                   "from_hf", "from_checkpoint", "convert_to", "from_config", "save_dir", "tokenizer", "fs_gbps",

@@ -116,11 +116,12 @@ def find_reusable(out_dir: str | Path, hf_dir: str | Path, spec: ModelSpec) -> M
     try:
         ckpt = check_megatron_checkpoint(out, spec)
     except CheckpointError as exc:
-        raise CheckpointError(f"--out '{out}' already exists and is not a usable conversion: {exc.message}", fix) from None
+        raise CheckpointError(f"`out` '{out}' already exists and is not a usable conversion: {exc.message}", fix,
+                              fields=("out",)) from None
     source = Path(hf_dir).resolve()
     if ckpt.hf_source is None or Path(ckpt.hf_source).resolve() != source:
-        raise CheckpointError(f"--out '{out}' already holds a conversion of '{ckpt.hf_source or 'an unrecorded source'}'"
-                              f", not of '{source}'", fix)
+        raise CheckpointError(f"`out` '{out}' already holds a conversion of "
+                              f"'{ckpt.hf_source or 'an unrecorded source'}', not of '{source}'", fix, fields=("out",))
     return ckpt
 
 

@@ -152,9 +152,9 @@ def data_overrides(data_path: list[str] | None = None, tokenizer: str | None = N
 
         prefixes, weights = get_blend_from_list(list(data_path))
         if weights is None and any(_is_number(p) for p in prefixes):
-            raise OverrideError(f"--data-path {' '.join(data_path)} mixes weights and unweighted prefixes",
-                                "give prefixes only (--data-path /data/a /data/b), or a weight before every prefix "
-                                "(--data-path 0.7 /data/a 0.3 /data/b)")
+            raise OverrideError(f"`data_path` {' '.join(data_path)} mixes weights and unweighted prefixes",
+                                "give prefixes only (data_path=/data/a /data/b), or a weight before every prefix "
+                                "(data_path=0.7 /data/a 0.3 /data/b)", fields=("data_path",))
         listed = ",".join(_hydra_string(p) for p in prefixes)
         weighted = "null" if weights is None else "[" + ",".join(repr(float(w)) for w in weights) + "]"
         overrides.append(f"dataset.blend=[[{listed}],{weighted}]")
@@ -180,9 +180,10 @@ def save_overrides(save_dir: str | None = None) -> list[str]:
     if not save_dir:
         return []
     if not save_dir.startswith("/"):
-        raise OverrideError(f"--save-dir {save_dir!r} is relative; the ranks of a Slurm job run in the job's code "
+        raise OverrideError(f"`save_dir` {save_dir!r} is relative; the ranks of a Slurm job run in the job's code "
                             "folder, so checkpoints would land there",
-                            "give an absolute folder on storage every node sees, e.g. --save-dir /lustre/$USER/run1")
+                            "give an absolute folder on storage every node sees, e.g. save_dir=/lustre/$USER/run1",
+                            fields=("save_dir",))
     folder = save_dir.rstrip("/")
     checkpoints = _hydra_string(f"{folder}/checkpoints")
     return [f"checkpoint.save={checkpoints}", f"checkpoint.load={checkpoints}",

@@ -54,30 +54,31 @@ def slurm_minutes(text: str) -> int:
     """
     text = (text or "").strip()
     if re.fullmatch(r"0+", text):
-        raise LcmoeError(f"--time {text!r} is no time limit at all (0 means no limit to Slurm)",
-                         "give the limit, e.g. --time 04:00:00")
+        raise LcmoeError(f"`time` {text!r} is no time limit at all (0 means no limit to Slurm)",
+                         "give the limit, e.g. time=04:00:00", fields=("time",))
     if text.isdigit():
         n = int(text)
-        raise LcmoeError(f"--time {text!r} is {n} minute(s) to Slurm (a bare number counts minutes)",
-                         f"write the hours: --time {n:02d}:00:00 for {n} hour(s), or --time "
-                         f"{n // 60:02d}:{n % 60:02d}:00 for {n} minute(s)")
+        raise LcmoeError(f"`time` {text!r} is {n} minute(s) to Slurm (a bare number counts minutes)",
+                         f"write the hours: time={n:02d}:00:00 for {n} hour(s), or time="
+                         f"{n // 60:02d}:{n % 60:02d}:00 for {n} minute(s)", fields=("time",))
     if re.fullmatch(r"\d+:\d+", text):
         a, b = (int(x) for x in text.split(":"))
-        raise LcmoeError(f"--time {text!r} is {a} minute(s) {b} second(s) to Slurm (MM:SS)",
-                         f"write the hours: --time {a:02d}:{b:02d}:00 for {a} hour(s) {b} minute(s), or --time "
-                         f"{a // 60:02d}:{a % 60:02d}:{b:02d} for {a} minute(s) {b} second(s)")
+        raise LcmoeError(f"`time` {text!r} is {a} minute(s) {b} second(s) to Slurm (MM:SS)",
+                         f"write the hours: time={a:02d}:{b:02d}:00 for {a} hour(s) {b} minute(s), or time="
+                         f"{a // 60:02d}:{a % 60:02d}:{b:02d} for {a} minute(s) {b} second(s)", fields=("time",))
     found = _TIME.match(text)
     if not found:
-        raise LcmoeError(f"--time {text!r} is not a Slurm time limit",
-                         "use HH:MM:SS or D-HH:MM:SS, e.g. --time 04:00:00 or --time 2-00:00:00")
+        raise LcmoeError(f"`time` {text!r} is not a Slurm time limit",
+                         "use HH:MM:SS or D-HH:MM:SS, e.g. time=04:00:00 or time=2-00:00:00", fields=("time",))
     g = {k: int(v) if v else 0 for k, v in found.groupdict().items()}
     if max(g["m"], g["s"], g["dm"], g["ds"]) > 59 or (found.group("d") and g["dh"] > 23):
-        raise LcmoeError(f"--time {text!r} has minutes or seconds above 59 (or hours above 23 after a day)",
-                         "e.g. --time 01:30:00 for an hour and a half, --time 1-12:00:00 for a day and a half")
+        raise LcmoeError(f"`time` {text!r} has minutes or seconds above 59 (or hours above 23 after a day)",
+                         "e.g. time=01:30:00 for an hour and a half, time=1-12:00:00 for a day and a half",
+                         fields=("time",))
     minutes = (g["d"] * 24 + g["dh"] + g["h"]) * 60 + g["dm"] + g["m"] + (1 if (g["ds"] or g["s"]) else 0)
     if minutes == 0:
-        raise LcmoeError(f"--time {text!r} is no time limit at all (0 means no limit to Slurm)",
-                         "give the limit, e.g. --time 04:00:00")
+        raise LcmoeError(f"`time` {text!r} is no time limit at all (0 means no limit to Slurm)",
+                         "give the limit, e.g. time=04:00:00", fields=("time",))
     return minutes
 
 
@@ -108,8 +109,9 @@ def parse_mounts(mounts) -> list[tuple[str, str]]:
         parts = entry.split(":")
         src, dst = parts[0], (parts[1] if len(parts) > 1 and parts[1] else parts[0])
         if not (src.startswith("/") and dst.startswith("/")):
-            raise LcmoeError(f"--container-mounts entry {entry!r} is not SRC:DST with absolute paths",
-                             "e.g. --container-mounts /lustre/data:/data,/lustre/ckpt:/lustre/ckpt")
+            raise LcmoeError(f"`container_mounts` entry {entry!r} is not SRC:DST with absolute paths",
+                             "e.g. container_mounts=/lustre/data:/data,/lustre/ckpt:/lustre/ckpt",
+                             fields=("container_mounts",))
         out.append((src.rstrip("/") or "/", dst.rstrip("/") or "/"))
     return out
 

@@ -92,7 +92,8 @@ def _output(plan: Plan, overrides: list[str], output: str | Path | None) -> Path
         output = Path(f"out/{plan.name}+{digest}.yaml" if overrides else f"out/{plan.name}.yaml")
     output = Path(output)
     if output.exists() and output.is_dir():
-        raise LcmoeError(f"--output {output} is a directory", f"give a file name, e.g. {output / (plan.name + '.yaml')}")
+        raise LcmoeError(f"`output` {output} is a directory", f"give a file name, e.g. {output / (plan.name + '.yaml')}",
+                         fields=("output",))
     return output
 
 
@@ -202,9 +203,10 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
 
     phased = bool(request.phases and len(request.phases) > 1)
     if phased and isinstance(settings, SlurmSettings) and not request.save_dir:
-        raise LcmoeError("--phases on Slurm needs --save-dir: each job runs in its own code folder, so the next "
+        raise LcmoeError("`phases` on Slurm needs `save_dir`: each job runs in its own code folder, so the next "
                          "phase would not find the previous phase's checkpoints",
-                         "add --save-dir /shared/folder (each phase saves under DIR/phaseN_<len>k)")
+                         "add save_dir=/shared/folder (each phase saves under DIR/phaseN_<len>k)",
+                         fields=("phases", "save_dir"))
     if container_image is None and settings is not None:
         container_image = settings.image if isinstance(settings, KubeflowSettings) else settings.container_image
     checks: list = []

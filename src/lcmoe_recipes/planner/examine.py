@@ -136,7 +136,7 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
     """
     hw_arg = get_hardware(hardware) if hardware else None  # fail fast, before any heavy import
     if gpus is not None and gpus < 1:
-        raise LcmoeError(f"--gpus {gpus} is not a positive GPU count", "e.g. --gpus 256")
+        raise LcmoeError(f"`gpus` {gpus} is not a positive GPU count", "e.g. gpus=256", fields=("gpus",))
     if model_config:
         load_model_config(model_config)  # a catalogue entry before the YAML is read back (bad file: exit 2)
     if config in NAMED_RECIPES and not Path(config).exists():
@@ -147,10 +147,11 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
             plan = plan.with_changes(layout=dataclasses.replace(plan.layout, world=gpus or plan.layout.world),
                                      hardware=(hw_arg or plan.hardware_spec).key)
         if container_image:
-            raise LcmoeError(f"--container-image needs the ConfigContainer, not the named recipe '{config}' (known "
+            raise LcmoeError(f"`container_image` needs the ConfigContainer, not the named recipe '{config}' (known "
                              "upstream bugs are judged on its fields)",
                              f"write it with python -m lcmoe_recipes.launch {config} --dry-run, then run "
-                             f"python -m lcmoe_recipes.check out/{config}.yaml --container-image {container_image}")
+                             f"python -m lcmoe_recipes.check out/{config}.yaml --container-image {container_image}",
+                             fields=("container_image",))
         return Examination(plan, all_findings(plan), "plan checks and the cost model (upstream validate() and the "
                            "known upstream bugs run on YAML files and in launch)")
     from .. import emit

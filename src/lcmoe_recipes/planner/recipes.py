@@ -199,5 +199,5 @@ def find_named_recipe(model: str, seq_length: int, num_gpus: int | None = None, 
     asked = (f"{spec.key} at seq_length {seq_length}" + (f" on {num_gpus}" if num_gpus else "")
              + (f" {hw}" if hw and num_gpus else f" on {hw}" if hw else ""))
     raise UnknownName(f"no named recipe for {asked}",
-                      f"named recipes for {spec.key}: {listed or 'none'}; or give num_gpus and hardware to plan one",
+                      f"named recipes for {spec.key}: {listed or 'none'}; or give `num_gpus` and `hardware` to plan one",
                       fields=("seq_length", "num_gpus", "hardware"))

@@ -96,10 +96,10 @@ def _matching_recipe(request: TrainingRequest) -> NamedRecipe | None:
         try:
             return find_named_recipe(recipe.model, seq or recipe.seq_length, gpus or recipe.num_gpus, hw or recipe.hardware)
         except UnknownName as exc:  # the recipe's name cannot be planned: its model can
-            raise LcmoeError(exc.message, f"plan it: give the model ({recipe.model}) with seq_length, num_gpus and "
-                             "hardware", fields=("seq_length", "num_gpus", "hardware")) from None
+            raise LcmoeError(exc.message, f"plan it: give the model ({recipe.model}) with `seq_length`, `num_gpus` "
+                             "and `hardware`", fields=("seq_length", "num_gpus", "hardware")) from None
     if seq is None:
-        raise LcmoeError(f"seq_length is required with model '{request.model}'",
+        raise LcmoeError(f"`seq_length` is required with model '{request.model}'",
                          "e.g. seq_length=131072 (a named recipe sets its own)", fields=("seq_length",))
     try:
         return find_named_recipe(request.model, seq, gpus, hw)
@@ -195,7 +195,7 @@ def read_source(name: str) -> Source:
     recipe = find_upstream_recipe(name)
     if recipe is None:
         close = difflib.get_close_matches(name, sorted(r.name for r in upstream_recipes()), n=3, cutoff=0.5)
-        raise LcmoeError(f"from_config '{name}' is neither a file nor a megatron-bridge recipe this catalogue records",
+        raise LcmoeError(f"`from_config` '{name}' is neither a file nor a megatron-bridge recipe this catalogue records",
                          "give a ConfigContainer YAML, or a recipe name" + (f", e.g. {', '.join(close)}" if close else
                                                                             " (see src/lcmoe_recipes/catalog/"
                                                                             "upstream_recipes.json)"),
@@ -221,7 +221,8 @@ def _retargeted(request: TrainingRequest) -> tuple[Plan, Source]:
     gpus, hardware = request.num_gpus or source.meta.get("world_size"), request.hardware or source.meta.get("hardware")
     missing = [name for name, value in (("num_gpus", gpus), ("hardware", hardware)) if not value]
     if missing:
-        raise LcmoeError(f"'{request.from_config}' does not record its target", f"give {' and '.join(missing)}",
+        raise LcmoeError(f"'{request.from_config}' does not record its target",
+                         "give " + " and ".join(f"`{name}`" for name in missing),
                          fields=tuple(missing))
     name = retarget_name(request)
     before = emit.plan_from_config(source.cfg, hardware, gpus, name, source.meta.get("base_recipe"))
@@ -308,7 +309,7 @@ def phase_requests(request: TrainingRequest) -> list[TrainingRequest]:
             break
         else:
             raise LcmoeError(f"phases {','.join(map(str, lengths))}: no named recipe gives the target of these phases",
-                             "give num_gpus and hardware (every phase runs on them)", fields=("phases", "num_gpus",
+                             "give `num_gpus` and `hardware` (every phase runs on them)", fields=("phases", "num_gpus",
                                                                                               "hardware"))
     first = request.replace(phases=None, recipe=None, model=model, num_gpus=gpus, hardware=hardware)
     return [first.replace(seq_length=length, phase=index + 1,

@@ -29,7 +29,7 @@ def _pyplot():
     except ModuleNotFoundError:
         from ..errors import LcmoeError
 
-        raise LcmoeError("--plot needs matplotlib, which is not installed in this environment",
+        raise LcmoeError("the plots need matplotlib, which is not installed in this environment",
                          "run bash scripts/setup.sh (it installs requirements/light.txt), or pip install matplotlib") from None
 
     matplotlib.use("Agg")

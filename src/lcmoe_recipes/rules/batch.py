@@ -34,7 +34,8 @@ def tokens_per_step(spec: ModelSpec, total_params: float, wish: int | None = Non
     """
     if wish is not None:
         if wish <= 0:
-            raise LcmoeError(f"--tokens-per-step {wish} is not a positive number of tokens", "e.g. --tokens-per-step 8388608")
+            raise LcmoeError(f"`tokens_per_step` {wish} is not a positive number of tokens", "e.g. tokens_per_step=8388608",
+                             fields=("tokens_per_step",))
         return wish, Reason(f"{wish / 1e6:.1f}M tokens per step, as requested", "your request")
     history = history_of(spec.published_id)
     if history.tokens_per_step:
@@ -56,9 +57,9 @@ def choose_batch(seq_length: int, layout: ParallelLayout, mbs: int, tokens: int,
     if wish:
         return wish, Reason(f"GBS {wish}, as requested", "your request")
     if tokens < seq_length:
-        raise LcmoeError(f"--tokens-per-step {tokens:,} is less than one sequence of seq_length {seq_length:,}",
+        raise LcmoeError(f"`tokens_per_step` {tokens:,} is less than one sequence of seq_length {seq_length:,}",
                          f"use at least {seq_length} (one sequence per step); extension phases use millions, e.g. "
-                         "--tokens-per-step 8388608")
+                         "tokens_per_step=8388608", fields=("tokens_per_step",))
     step = mbs * layout.dp * (layout.pp if layout.vpp else 1)
     floor = mbs * layout.dp * layout.pp
     wanted = max(1, round(tokens / seq_length))

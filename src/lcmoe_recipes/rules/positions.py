@@ -94,7 +94,7 @@ def choose_positions(spec: ModelSpec, seq_length: int, wish: str = "auto") -> tu
         LcmoeError: an unknown wish, or ABF asked of a model already trained with YaRN.
     """
     if wish not in ROPE_CHOICES:
-        raise LcmoeError(f"unknown --rope '{wish}'", f"use one of {', '.join(ROPE_CHOICES)}")
+        raise LcmoeError(f"unknown `rope` '{wish}'", f"use one of {', '.join(ROPE_CHOICES)}", fields=("rope",))
     trained = trained_positions(spec)
     covered = coverage(spec, trained)
     where = (f"{spec.config_source} rope_scaling" if trained.scaling == "yarn" else trained_range(spec)[1])

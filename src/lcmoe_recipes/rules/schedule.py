@@ -25,9 +25,10 @@ def choose_schedule(spec: ModelSpec, base_min_lr: float | None, lr: float | None
         LcmoeError: a non-positive learning rate or step count.
     """
     if lr is not None and lr <= 0:
-        raise LcmoeError(f"--lr {lr:g} is not a positive learning rate", "e.g. --lr 7.3e-6")
+        raise LcmoeError(f"`lr` {lr:g} is not a positive learning rate", "e.g. lr=7.3e-6", fields=("lr",))
     if train_iters is not None and train_iters <= 0:
-        raise LcmoeError(f"--train-iters {train_iters} is not a positive number of steps", "e.g. --train-iters 1000")
+        raise LcmoeError(f"`train_iters` {train_iters} is not a positive number of steps", "e.g. train_iters=1000",
+                         fields=("train_iters",))
     history = history_of(spec.published_id)
     if lr is not None:
         rate, where = lr, "your --lr"

@@ -90,14 +90,6 @@ class LayerActivations:
         """measured / predicted."""
         return self.measured_bytes / self.predicted_bytes
 
-    @property
-    def measured_per_token(self) -> float:
-        return self.measured_bytes / self.tokens
-
-    @property
-    def predicted_per_token(self) -> float:
-        return self.predicted_bytes / self.tokens
-
 
 # --- CPU stand-ins for TE kernels --------------------------------------------------------------------------------
 

@@ -77,8 +77,9 @@ def pipeline_rank(plan: Plan, rank: int) -> int:
     from ...core.ranks import dense_groups
 
     if not 0 <= rank < plan.layout.world:
-        raise LcmoeError(f"--as-rank {rank} is not a rank of this {plan.layout.world}-GPU job",
-                         f"give a rank in 0..{plan.layout.world - 1} (the most loaded: {most_loaded_rank(plan)})")
+        raise LcmoeError(f"`as_rank` {rank} is not a rank of this {plan.layout.world}-GPU job",
+                         f"give a rank in 0..{plan.layout.world - 1} (the most loaded: {most_loaded_rank(plan)})",
+                         fields=("as_rank",))
     return next(group.index(rank) for group in dense_groups(plan.layout, "pp") if rank in group)
 
 
@@ -178,8 +179,9 @@ def measure(run: RankRun, out: Path) -> dict:
     import torch
 
     if not torch.cuda.is_available():
-        raise LcmoeError("--as-rank runs the rank on a GPU; none is visible here",
-                         "run it on a GPU machine (scripts/gpu_proof.sh runs it for the most loaded rank)")
+        raise LcmoeError("one rank alone (`as_rank`) runs on a GPU; none is visible here",
+                         "run it on a GPU machine (scripts/gpu_proof.sh runs it for the most loaded rank)",
+                         fields=("as_rank",))
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 

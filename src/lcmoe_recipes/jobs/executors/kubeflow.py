@@ -97,8 +97,8 @@ def check_kubeflow_settings(settings: KubeflowSettings) -> None:
         raise LcmoeError("a Kubernetes job needs a shared volume for its code and checkpoints",
                          "give the PersistentVolumeClaim every pod mounts, e.g. --pvc lcmoe-shared")
     if not settings.mount.startswith("/") or settings.mount.rstrip("/") == CODE_DIR:
-        raise LcmoeError(f"--pvc-mount {settings.mount!r} is not an absolute folder of the pods (or is {CODE_DIR}, "
-                         "NeMo-Run's link to the job's code)", "e.g. --pvc-mount /shared")
+        raise LcmoeError(f"`mount` {settings.mount!r} is not an absolute folder of the pods (or is {CODE_DIR}, "
+                         "NeMo-Run's link to the job's code)", "e.g. mount=/shared", fields=("mount",))
     if settings.time:
         slurm_minutes(settings.time)
 

@@ -86,9 +86,9 @@ def run_local(yaml: Path, meta: dict, env_vars: dict[str, str], *, smoke: bool =
     world = meta.get("world_size") or 1
     nproc = smoke_ranks if smoke else (nproc_per_node or world)
     if not smoke and nproc != world:
-        raise LcmoeError(f"--nproc-per-node {nproc}: the config was planned for {world} ranks and a local run is "
-                         "one node", f"use --nproc-per-node {world}, or --executor slurm for "
-                         f"{world} GPUs on several nodes")
+        raise LcmoeError(f"`nproc_per_node` {nproc}: the config was planned for {world} ranks and a local run is "
+                         "one node", f"use nproc_per_node={world}, or the slurm executor for {world} GPUs on several "
+                         "nodes", fields=("nproc_per_node",))
     args = ["--config", str(yaml), *(train_arguments(smoke=smoke) if train_args is None else train_args)]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                "-m", "lcmoe_recipes.train", *args]

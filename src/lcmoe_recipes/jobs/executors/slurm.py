@@ -124,16 +124,18 @@ def check_settings(settings: SlurmSettings) -> None:
     slurm_minutes(settings.time)
     parse_mounts(settings.container_mounts)
     if settings.python and (settings.container_image or not os.path.isabs(settings.python)):
-        raise LcmoeError(f"--python {settings.python}: " + ("a container job runs the image's Python"
+        raise LcmoeError(f"`python` {settings.python}: " + ("a container job runs the image's Python"
                          if settings.container_image else "give the absolute path the nodes share"),
-                         "give either --container-image or an absolute --python, e.g. /shared/envs/nemo/bin/python")
+                         "give either `container_image` or an absolute `python`, e.g. /shared/envs/nemo/bin/python",
+                         fields=("python", "container_image"))
     if settings.tunnel == "ssh":
         missing = [name for name in ("host", "user", "job_dir") if not getattr(settings, name)]
         if missing:
-            raise LcmoeError(f"--tunnel ssh needs {', '.join('--' + m.replace('_', '-') for m in missing)}",
-                             "e.g. --tunnel ssh --host login.cluster --user me --job-dir /lustre/me/nemorun")
+            raise LcmoeError("`tunnel` ssh needs " + ", ".join(f"`{m}`" for m in missing),
+                             "e.g. tunnel=ssh host=login.cluster user=me job_dir=/lustre/me/nemorun",
+                             fields=("tunnel", "host", "user", "job_dir"))
     elif settings.tunnel != "local":
-        raise LcmoeError(f"unknown tunnel '{settings.tunnel}'", "use --tunnel local or --tunnel ssh")
+        raise LcmoeError(f"unknown `tunnel` '{settings.tunnel}'", "use tunnel=local or tunnel=ssh", fields=("tunnel",))
 
 
 def _tunnel(settings: SlurmSettings):
