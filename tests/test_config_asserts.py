@@ -176,7 +176,7 @@ LATE = [
     ("data/dataloader-type", NEXT, {"dataset.dataloader_type": "random"}, "data/dataloader-type", "'random'"),
 ]
 
-# Upstream asserts whose condition a check of ours (checks/feasibility.py, emit/config.py) catches first, under its
+# Upstream asserts whose condition a check of ours (checks/feasibility.py, emit/validate.py) catches first, under its
 # own rule id: the same end-to-end test.
 OURS_FIRST = [
     ("recompute/granularity", QWEN, {"model.recompute_granularity": "partial"}, "recompute/granularity", "'partial'"),

@@ -129,6 +129,40 @@ def test_every_cited_file_exists():
     assert not missing, "cited but not in the repository or its dependencies:\n" + "\n".join(missing)
 
 
+DOTTED = re.compile(r"(?<![\w./-])lcmoe_recipes(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _resolves(dotted: str) -> bool:
+    """``lcmoe_recipes.a.b.name`` names a module, or an attribute (a dataclass field counts) of the longest module
+    prefix that imports."""
+    import dataclasses
+    import importlib
+
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:n]))
+        except ImportError:
+            continue
+        for attr in parts[n:]:
+            fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+            if not hasattr(obj, attr) and attr not in fields:
+                return False
+            obj = getattr(obj, attr, None)
+        return True
+    return False
+
+
+def test_every_dotted_name_in_the_package_and_docs_resolves():
+    """Docstrings, messages, reasons and docs that name ``lcmoe_recipes.x.y`` name a module or object that exists:
+    none still describes an old home."""
+    files = sorted(p for root in ("src", "docs") for p in (ROOT / root).rglob("*") if p.suffix in (".py", ".md"))
+    stale = sorted({f"{p.relative_to(ROOT)}: {m.group(0)}" for p in files + [ROOT / "README.md"]
+                    for m in DOTTED.finditer(p.read_text(encoding="utf-8")) if not _resolves(m.group(0).rstrip("."))})
+    assert stale == []
+    assert _resolves("lcmoe_recipes.planner.resolve.Resolution.plan") and not _resolves("lcmoe_recipes.resolve.search")
+
+
 def test_every_reason_cites_what_a_user_can_open():
     """The reasons `--explain` prints, of every named recipe and of planned ones: no private note, and every file
     they name exists (as in the docs)."""

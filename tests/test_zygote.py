@@ -21,7 +21,8 @@ PROBE = textwrap.dedent("""
     print(json.dumps({"argv": sys.argv, "orig_argv": sys.orig_argv[1:], "path0": sys.path[0], "cwd": os.getcwd(),
                       "probe": os.environ.get("ZYGOTE_PROBE"), "name": __name__, "main_is_us": main.__dict__ is globals(),
                       "file": globals().get("__file__"), "spec": getattr(globals().get("__spec__"), "name", None),
-                      "ours_loaded": "lcmoe_recipes" in sys.modules, "executable": sys.executable}))
+                      "ours_loaded": "lcmoe_recipes" in sys.modules, "executable": sys.executable,
+                      "globals": sorted(globals()), "loader": type(__loader__).__name__}))
     print("to stderr", file=sys.stderr)
     sys.exit(int(os.environ.get("ZYGOTE_EXIT", "0")))
 """)

@@ -242,7 +242,7 @@ def _record_env_reads():
 
     def scan(self):
         frame = sys._getframe(1)
-        while frame is not None and frame.f_globals.get("__name__", "") in ("_collections_abc", "os", __name__):
+        while frame is not None and frame.f_globals.get("__name__", "") in ("collections.abc", "_collections_abc", "os", __name__):
             frame = frame.f_back
         package = (frame.f_globals.get("__name__", "") if frame is not None else "").split(".")[0]
         scanned.update(SCANNED_PREFIXES.get(package, ("*",)))
@@ -388,7 +388,10 @@ def _run_main(args: list[str]) -> int:
                 print(f"{sys.executable}: can't open file {os.path.abspath(script)!r}: [Errno {exc.errno}] "
                       f"{exc.strerror}", file=sys.stderr)
                 return 2
-            main.__file__, main.__cached__ = os.path.abspath(script), None  # absolute since 3.9
+            # as Python 3.12 sets them: the file joined to the cwd (not normalised), a source loader, no cache path
+            main.__file__ = os.path.join(os.getcwd(), script)
+            main.__cached__ = None
+            main.__loader__ = importlib.machinery.SourceFileLoader("__main__", main.__file__)
             exec(compile(source, script, "exec"), main.__dict__)
     except SystemExit as exc:
         return _exit_status(exc)

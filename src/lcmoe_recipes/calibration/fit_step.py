@@ -9,7 +9,7 @@ scale does not move it).
 The fit: least squares in log(predicted / published) over the rows, by coordinate descent with a golden-section
 search per constant in log space (each constant enters the step time as 1/constant, monotone). Leave-one-out:
 refit without a row (its GPU's constants), predict it; the spread of each constant over those refits is its
-uncertainty. The same functions fit a user's own runs (:mod:`lcmoe_recipes.cost.user_calibration`).
+uncertainty. The same functions fit a user's own runs (:mod:`lcmoe_recipes.calibration.fit`).
 """
 
 from __future__ import annotations

@@ -223,7 +223,7 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         if backend not in ("deepep", "hybridep", "ncclep"):
             add("error", "dispatcher/flex-backend", f"flex dispatcher with backend {backend!r}",
                 "set moe_flex_dispatcher_backend to deepep (H100/H200/B200) or hybridep (GB200/GB300)")
-    # --- placement: which groups leave NVLink (megatron-core's rank order, ranks.py) -----------------------
+    # --- placement: which groups leave NVLink (megatron-core's rank order, core/ranks.py) -----------------------
     if not any(f.rule.startswith("rank-folding") for f in findings):
         if backend == "hybridep" and plan.moe_token_dispatcher_type == "flex":
             spans = max_span(lay, "expert", "tp-ep", hw.job_block)

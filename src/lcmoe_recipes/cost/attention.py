@@ -26,7 +26,7 @@ again.
 
 What this leaves out, stated: occupancy (the benchmark had >= 2,048 thread blocks per call; a call with fewer than
 the GPU's SMs would run slower than priced), the per-call launch latency, and the ring's own bookkeeping (the
-partial softmax merge): the fitted per-GPU scale (:data:`lcmoe_recipes.cost.step.ATTENTION_SCALE`) absorbs what
+partial softmax merge): the fitted per-GPU scale (the ``(gpu, "attention")`` constant of :data:`lcmoe_recipes.cost.efficiency.FITTED`) absorbs what
 they cost on the measured rows.
 """
 

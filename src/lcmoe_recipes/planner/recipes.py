@@ -151,9 +151,10 @@ def recipe_plan(name: str, **options) -> Plan:
     """The checked Plan of a named recipe (no megatron import).
 
     Args:
-        options: the recipe's own options (``precision`` for qwen3_235b_128k_gb200) and any run option of
-            :class:`lcmoe_recipes.core.request.RunOptions` (``rope``, ``tokens_per_step``, ``global_batch_size``,
-            ``lr``, ``train_iters``, ``pretrained_checkpoint``).
+        options: the recipe's own options (``precision`` for qwen3_235b_128k_gb200) and any run option
+            (:data:`lcmoe_recipes.core.request.RUN_OPTIONS`, fields of :class:`~lcmoe_recipes.core.request.
+            TrainingRequest`: ``rope``, ``tokens_per_step``, ``global_batch_size``, ``lr``, ``train_iters``,
+            ``pretrained_checkpoint``), checked as a request's are.
 
     Raises:
         UnknownName: the name is not a named recipe, or an unknown option.

@@ -17,7 +17,7 @@ No torch / megatron import.
    -- then the least recompute and the smallest optimizer offload that fit in the memory limit (HBM less
    ``request.memory_margin``; rules.recompute ladder, rules.offload fractions), then CUDA graphs and the CP exchange
    (rules); the checks (:func:`lcmoe_recipes.checks.check_plan`) drop what Megatron would reject, and
-   :func:`lcmoe_recipes.cost.host_findings` what a node's RAM cannot hold;
+   :func:`lcmoe_recipes.checks.memory.host_findings` what a node's RAM cannot hold;
 3. rank by predicted step time. Candidates within the step error band of the fastest are a tie (the band of the
    request's GPU and precision, :func:`lcmoe_recipes.cost.bands.band_for`: the held-out median error, wider where a
    constant is borrowed). The rule that decides is recorded (:attr:`SearchResult.rule`, every tie in
