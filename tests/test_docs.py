@@ -9,7 +9,6 @@ import functools
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -50,7 +49,9 @@ def scratch(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("doc,kind,index,text", CASES, ids=[f"{c[0]}-{c[1]}{c[2]}" for c in CASES])
-def test_doc_example_runs(scratch, doc, kind, index, text):
+def test_doc_example_runs(scratch, zygote, doc, kind, index, text):
+    """Each example is its own process with the user's argv, cwd and env: forked from the session's server, which
+    imported megatron-bridge once (tests/zygote.py; a fresh interpreter for anything a fork cannot reproduce)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
     if kind == "bash":
         argv = shlex.split(text)
@@ -58,7 +59,7 @@ def test_doc_example_runs(scratch, doc, kind, index, text):
         argv[0] = sys.executable
     else:
         argv = [sys.executable, "-c", text]
-    out = subprocess.run(argv, cwd=scratch, capture_output=True, text=True, env=env, timeout=900)
+    out = zygote.run(argv, cwd=scratch, capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, f"{doc} {kind} example {index} failed: {text}\n{out.stdout[-1500:]}\n{out.stderr[-1500:]}"
 
 
