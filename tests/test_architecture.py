@@ -282,3 +282,12 @@ def test_init_files_hold_no_code():
         for node in body:
             if isinstance(node, ast.Assign):
                 assert [t.id for t in node.targets] == ["__all__"], module
+
+
+def test_only_the_resolver_calls_the_search():
+    """One door to the search: only lcmoe_recipes.planner.resolve imports search_layouts (so a calibration profile
+    holds for every search)."""
+    callers = sorted(m for m, p in MODULES.items() if m != f"{PACKAGE}.planner.search"
+                     for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+                     if isinstance(node, ast.ImportFrom) and any(a.name == "search_layouts" for a in node.names))
+    assert callers == [f"{PACKAGE}.planner.resolve"]

@@ -7,6 +7,8 @@ import pytest
 
 from lcmoe_recipes.cli.check import main
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
 
 def test_named_recipe_is_clean(capsys):
     assert main(["qwen3_235b_128k_gb200"]) == 0
@@ -138,3 +140,32 @@ def test_edited_named_recipe_says_so(tmp_path, capsys):
     assert ("config/edited-named-recipe: 'mine.yaml' is labelled qwen3_next_8k_gb200 but differs from that recipe "
             "(with the overrides its header lists) in 1 field(s): train.train_iters: 1000 -> 400") in out.replace(
                 str(tmp_path) + "/", "")
+
+
+def test_the_based_on_line_names_the_same_base_for_one_config(tmp_path):
+    """A named recipe, the YAML launch wrote for it (its header records the base), and that YAML without the header
+    (the base is unknown, not upstream's template)."""
+    from lcmoe_recipes import check, recipe_plan
+    from lcmoe_recipes.report.text import base_recipe_text, plan_rows
+
+    recipe = ROOT / "recipes" / "qwen3_next_8k_gb200.yaml"
+    named = base_recipe_text(recipe_plan("qwen3_next_8k_gb200"))
+    assert named == "megatron-bridge qwen3_next_80b_a3b_pretrain_64gpu_gb200_bf16_config"
+    assert dict(plan_rows(check(str(recipe)).plan))["based on"] == named
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(recipe.read_text().split("\n", 1)[1])
+    found = check(str(bare), gpus=32, hardware="gb200").plan
+    assert dict(plan_rows(found))["based on"] == "not recorded (a YAML without an lcmoe_recipes header)"
+
+
+def test_check_refuses_an_image_that_cannot_take_the_overlay(capsys):
+    """As launch does: exit 2 with the reason and the nearest image that can, before 'checked with ... overlay'."""
+    code = main([str(ROOT / "recipes" / "qwen3_next_8k_gb200.yaml"), "--container-image", "nvcr.io/nvidia/nemo:25.11"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "error: megatron-bridge 0.2.0 is not on the package registry" in captured.err
+    assert "fix: use nvcr.io/nvidia/nemo:26.04" in captured.err and "checked with" not in captured.out
+    # the image's own megatron judged instead: no overlay needed, so no refusal
+    assert main([str(ROOT / "recipes" / "qwen3_next_8k_gb200.yaml"), "--container-image", "nvcr.io/nvidia/nemo:25.11",
+                 "--no-overlay"]) in (0, 1)
+    assert "checked with" in capsys.readouterr().out

@@ -211,3 +211,117 @@ def test_main_job_output_fits_one_screen_and_explain_keeps_every_reason(tmp_path
     assert len(listed) == len(set(listed))
     assert "DeepSeek-V3 technical report (arXiv 2412.19437) §4.3: 1,000 steps per phase at the final pre-training LR" \
         in listed
+
+
+# --- one walk, one door ------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_launch_request_visits_each_room_once(tmp_path, monkeypatch):
+    """Qwen3-Next 8K -> 32K from a Hugging Face folder: every phase is resolved once, each named recipe looked up
+    once, the weights' folder read once, and configuring the run never calls back into the resolver (it reads the
+    Resolution)."""
+    import lcmoe_recipes.checks.weights as weights
+    import lcmoe_recipes.planner.resolve as resolver
+    from lcmoe_recipes.jobs import prepare
+
+    calls: list[tuple[str, bool]] = []
+    inside = [False]
+
+    def spy(module, name):
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            calls.append((name, inside[0]))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    real_resolve = resolver.resolve
+
+    def resolve(request):
+        inside[0] = True
+        try:
+            calls.append(("resolve", True))
+            return real_resolve(request)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(prepare, "resolve", resolve)
+    for name in ("find_named_recipe", "weights_of", "read_source", "search", "named_options", "recipe_plan"):
+        spy(resolver, name)
+    monkeypatch.setattr(weights, "check_hf_folder", lambda folder, spec: calls.append(("check_hf_folder", inside[0])))
+    hf = tmp_path / "Qwen3-Next-80B-A3B"
+    hf.mkdir()
+    request = TrainingRequest(model="qwen3_next", phases=(8192, 32768), from_hf=str(hf))
+    configs = prepare.configure_phases(request)
+    assert [c.plan.name for c in configs] == ["qwen3_next_8k_gb200-phase1", "qwen3_next_32k_gb200-phase2"]
+    counts = {name: sum(1 for n, _ in calls if n == name) for name, _ in calls}
+    # phase_requests finds the target (32K's recipe) and names it on that phase; phase 1 looks its recipe up once
+    assert counts["find_named_recipe"] == 2 and counts["resolve"] == 2
+    assert counts["weights_of"] == 2 and counts["check_hf_folder"] == 1  # phase 2 starts from phase 1's saves
+    assert counts["recipe_plan"] == 2 and "read_source" not in counts and "search" not in counts
+    after_phase_requests = calls[next(i for i, (n, _) in enumerate(calls) if n == "resolve"):]
+    assert all(within for _, within in after_phase_requests), after_phase_requests  # nothing calls back
+    # what configure needed came with the resolution
+    assert configs[0].weights.entry == {"from_hf": str(hf)} and configs[0].meta["weights"] == {"from_hf": str(hf)}
+    assert configs[1].meta["options"] == {"pretrained_checkpoint": configs[0].cfg.checkpoint.save}
+
+
+def _profile(tmp_path):
+    from lcmoe_recipes.calibration import calibrate, read_log, write_profile
+
+    logs = Path(__file__).resolve().parent / "fixtures" / "logs"
+    profile = calibrate([(recipe_plan("qwen3_235b_128k_gb200"), read_log(logs / "bridge_qwen3_235b_128k_gb200.log"),
+                          "qwen3_235b_128k_gb200")])
+    return profile, str(write_profile(profile, tmp_path / "gb200.yaml"))
+
+
+def test_calibration_holds_through_the_comparison(tmp_path, capsys):
+    """`plan --compare` reaches the search through the resolver's one door, so --calibration ranks and fits every
+    column: the GB200 column's step is the profile's estimate; the H100 one is what the door gives with the profile
+    (whose memory overhead holds for any GPU, its step constants for GB200 only)."""
+    from lcmoe_recipes.cost import estimate_step
+    from lcmoe_recipes.planner.resolve import search
+
+    profile, path = _profile(tmp_path)
+    argv = ["qwen3_235b", "--seq", "65536", "--gpus", "128", "--compare", "gb200,h100", "--json"]
+    assert plan_main(argv) == 0
+    published = {c["hardware"]: c for c in json.loads(capsys.readouterr().out)["targets"]}
+    assert plan_main(argv + ["--calibration", path]) == 0
+    calibrated = {c["hardware"]: c for c in json.loads(capsys.readouterr().out)["targets"]}
+    assert calibrated["gb200"]["step_seconds"] != pytest.approx(published["gb200"]["step_seconds"], rel=1e-3)
+    best = resolve(TrainingRequest(model="qwen3_235b", seq_length=65536, num_gpus=128, hardware="gb200",
+                                   precision="bf16", calibration=path)).plan
+    assert calibrated["gb200"]["step_seconds"] == pytest.approx(
+        estimate_step(best, profile.step_table()).step_seconds)
+    h100 = TrainingRequest(model="qwen3_235b", seq_length=65536, num_gpus=128, hardware="h100", precision="bf16")
+    assert calibrated["h100"]["step_seconds"] == pytest.approx(
+        search(h100.replace(calibration=path), top=1).best.step.step_seconds)
+    assert published["h100"]["step_seconds"] == pytest.approx(search(h100, top=1).best.step.step_seconds)
+
+
+@pytest.mark.slow
+def test_calibration_holds_through_a_retargeting(tmp_path):
+    """`launch --from CONFIG.yaml` reaches the search through the same door: with --calibration the retargeted
+    plan's layout is ranked with the profile's constants (its reason states the profile's prediction)."""
+    from lcmoe_recipes.cost import estimate_step
+
+    profile, path = _profile(tmp_path)
+    source = str(ROOT / "recipes" / "qwen3_235b_128k_gb200.yaml")
+    published = resolve(TrainingRequest(from_config=source, seq_length=262144))
+    calibrated = resolve(TrainingRequest(from_config=source, seq_length=262144, calibration=path))
+    assert published.source.name == calibrated.source.name == source
+    seconds = estimate_step(calibrated.plan, profile.step_table()).step_seconds
+    assert f"predicted {seconds:.2f} s per step" in calibrated.plan.reasons["layout"].why
+    assert calibrated.plan.reasons["layout"].why != published.plan.reasons["layout"].why
+
+
+def test_overrides_after_a_model_config_are_overrides(tmp_path):
+    """`launch --model-config PATH --seq N key=value`: argparse hands the first override to MODEL; it stays an
+    override (it said "unknown model 'model.expert_model_parallel_size=16'")."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_30B))
+    request = _request("--model-config", str(path), "--seq", "32768", "--gpus", "64", "--hardware", "h100",
+                       "model.expert_model_parallel_size=16", "train.train_iters=20")
+    assert request.overrides == ("model.expert_model_parallel_size=16", "train.train_iters=20")
+    assert request.model == get_model(str(path)).key and request.recipe is None

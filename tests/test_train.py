@@ -102,6 +102,22 @@ def test_launch_local_smoke_writes_a_log(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
+def test_a_failed_local_smoke_exits_as_the_entry_script_does(tmp_path, capsys, monkeypatch):
+    """A node that lacks a path: the smoke run exits 2 (docs/launch.md), with the ranks' error and fix lines and
+    without torchrun's own traceback and failure table (the log keeps them)."""
+    monkeypatch.chdir(tmp_path)
+    code = launch_main(["qwen3_next", "--seq", "8192", "--executor", "local", "--smoke", "--data-path",
+                        "/nonexistent/web_text", "--tokenizer", "gpt2"])
+    out = capsys.readouterr().out
+    assert code == 2, out[-3000:]
+    assert "error: on node " in out and "/nonexistent/web_text.bin and /nonexistent/web_text.idx not found" in out
+    assert "  fix: make these paths exist on " in out and "local: FAILED, exit code 2" in out
+    assert "Traceback" not in out and "ChildFailedError" not in out and "Root Cause" not in out
+    (log,) = (tmp_path / "out" / "logs").glob("qwen3_next_8k_gb200-*.log")
+    assert "ChildFailedError" in log.read_text()  # the launcher's report is kept where the log is
+
+
+@pytest.mark.slow
 def test_replan_in_the_entry_script(next_yaml, capsys, monkeypatch):
     """--replan on a 64-rank job: the rank plans again for 64 x GB200 instead of refusing, then stops at the first
     thing this CPU machine lacks (the GPU)."""
