@@ -106,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--container-image", metavar="IMAGE", help="the image the job runs (Pyxis/enroot on Slurm, the "
                      "pods' on Kubernetes): its stack is shown beside the target's, known upstream bugs are judged "
                      "for it, and where its megatron-core / megatron-bridge differ from 0.19.2 / 0.6.2 an overlay of "
-                     "the pinned wheels is built into the job folder (docs/launch.md); slurm default: this virtualenv")
+                     "the pinned wheels is installed into the job folder (docs/launch.md); slurm default: this virtualenv")
     run.add_argument("--no-overlay", action="store_true", help="run the image's own megatron (the entry script then "
                      "refuses versions other than the config's)")
     run.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment variable "
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         elif settings is not None:
             check_kubeflow_settings(settings)
         request = request_from_args(args, named=tuple(NAMED_RECIPES))
-        built = prepare(request, container_image=args.container_image, output=args.output, settings=settings,
+        configs = prepare(request, container_image=args.container_image, output=args.output, settings=settings,
                       smoke=args.smoke, smoke_nodes=args.smoke_nodes, budget_hours=args.budget_hours,
                       overlay=not args.no_overlay)
     except LcmoeError as exc:
@@ -212,14 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         from ..jobs.overlay import compare_stack, format_stack
 
         print(format_stack(args.container_image, compare_stack(args.container_image,
-                                                              built[0].plan.hardware_spec.cpu_arch)) + "\n")
-    for one in built:
-        _print_built(one, args, citations)
+                                                              configs[0].plan.hardware_spec.cpu_arch)) + "\n")
+    for one in configs:
+        _print_configured(one, args, citations)
     if args.plot:
         from ..report.plots import write_plot_files
 
         try:
-            written = write_plot_files([b.shown for b in built], args.plot)
+            written = write_plot_files([b.shown for b in configs], args.plot)
         except LcmoeError as exc:
             return report_error(exc, args.json)
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.build:
         from ..planner.examine import build_ranks
 
-        for one in built:
+        for one in configs:
             report = build_ranks(one.cfg, one.plan.layout.world, one.plan.hardware_spec.key, one.plan.name)
             print(report.table(), file=sys.stderr if args.json else sys.stdout)
             if not report.ok:
@@ -235,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     if not (args.dry_run and args.executor == "local" and not args.smoke):
         dependency = None
-        for one in built:
+        for one in configs:
             try:
                 result = run(one, args.executor, settings, smoke=args.smoke, smoke_ranks=args.smoke_ranks,
                              smoke_nodes=args.smoke_nodes, nproc_per_node=args.nproc_per_node, dry_run=args.dry_run,
-                             wait=not args.no_wait and len(built) == 1, replan=args.replan, after_job=dependency,
+                             wait=not args.no_wait and len(configs) == 1, replan=args.replan, after_job=dependency,
                              echo=not args.json)
             except LcmoeError as exc:
                 if args.json:
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             # a dry run shows the chain as it will be: the next phase's sbatch waits on this job (afterok)
             dependency = result.job_id or (f"<job id of {one.plan.name}>" if args.dry_run else None)
     if args.json:
-        _print_json(built, results)
+        _print_json(configs, results)
     else:
         for result in results:
             if result.script:
@@ -273,11 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     return failed.exit_code if args.smoke and failed.executor == "local" and failed.exit_code in (1, 2) else 1
 
 
-def _print_json(built: list[Configured], results: list) -> None:
+def _print_json(configs: list[Configured], results: list) -> None:
     from ..report.explain import explain_json
 
     docs = []
-    for index, one in enumerate(built):
+    for index, one in enumerate(configs):
         doc = {**explain_json(one.shown, one.warnings), "valid": True, "yaml": str(one.output),
                "command": one.command, "overrides": one.overrides}
         if one.changes:
@@ -289,8 +289,8 @@ def _print_json(built: list[Configured], results: list) -> None:
     print(json.dumps(docs[0] if len(docs) == 1 else {"phases": docs}, indent=2, default=str))
 
 
-def _print_built(one: Configured, args: argparse.Namespace, citations: Citations) -> None:
-    """The summary of one built config: target and checks passed, what a retargeting changed, the plan's rows with
+def _print_configured(one: Configured, args: argparse.Namespace, citations: Citations) -> None:
+    """The summary of one prepared config: target and checks passed, what a retargeting changed, the plan's rows with
     the decisions that matter (every reason with --explain), the prediction, the YAML and the cluster command."""
     if args.json:
         return

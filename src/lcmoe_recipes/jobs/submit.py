@@ -24,7 +24,7 @@ def run(one: Configured, executor: str = "local", settings: SlurmSettings | Kube
         smoke: bool = False, smoke_ranks: int = 2, smoke_nodes: int = 1, nproc_per_node: int | None = None,
         dry_run: bool = False, wait: bool = True, replan: bool = False, after_job: str | None = None,
         echo: bool = True) -> LaunchResult:
-    """Run one built config: torchrun here (``local``), a Slurm job (``slurm``, with its ``settings``; a later phase
+    """Run one prepared config (:func:`lcmoe_recipes.jobs.prepare.prepare` wrote it): torchrun here (``local``), a Slurm job (``slurm``, with its ``settings``; a later phase
     waits for ``after_job``: ``afterok``), or a Kubeflow Trainer job (``kubeflow``; ``dry_run`` gives its manifest).
 
     Raises:
