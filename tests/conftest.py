@@ -9,6 +9,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a hub
 
 _ZYGOTE = None
+_ZYGOTE_TESTS: set[str] = set()  # node ids of the selected tests that use it, not yet run
 
 
 def _zygote():
@@ -16,17 +17,31 @@ def _zygote():
     if _ZYGOTE is None:
         from zygote import Zygote  # tests/zygote.py (pytest puts tests/ on sys.path)
 
-        _ZYGOTE = Zygote().start()
+        _ZYGOTE = Zygote()
     return _ZYGOTE
 
 
 def pytest_collection_finish(session):
-    """Start the fork server as soon as a selected test needs it: it imports megatron-bridge while other tests run."""
-    if any("zygote" in getattr(item, "fixturenames", ()) for item in session.items):
-        _zygote()
+    if not session.config.option.collectonly:
+        _ZYGOTE_TESTS.update(item.nodeid for item in session.items if "zygote" in getattr(item, "fixturenames", ()))
 
 
-def pytest_sessionfinish(session):
+def pytest_runtest_logfinish(nodeid, location):
+    """After each test, while a selected test still needs the fork server: start one for the session's env now, in
+    the background (it imports megatron-bridge while other tests run), unless one already serves that env. Not
+    before the first test: that one may change the env the commands inherit (the session's first megatron import
+    sets TORCHINDUCTOR_CACHE_DIR), which a server started earlier would not have seen."""
+    _ZYGOTE_TESTS.discard(nodeid)
+    if _ZYGOTE_TESTS:
+        _zygote().prepare()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _ZYGOTE is not None and (_ZYGOTE.forked or _ZYGOTE.fallbacks):
+        terminalreporter.write_line(_ZYGOTE.summary(verbose=terminalreporter.config.option.verbose > 0))
+
+
+def pytest_unconfigure(config):
     if _ZYGOTE is not None:
         _ZYGOTE.close()
 

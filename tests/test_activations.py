@@ -40,50 +40,65 @@ def _measure(plans, model, layer, tp=1, *modules):
                          modules=modules)
 
 
+@pytest.fixture(scope="module")
+def measure(plans):
+    """measure(model, layer, tp=1, *modules): one real layer measured once per module; the tests that look at the same
+    layer and recompute choice read the same measurement (a refusal is raised again each time)."""
+    done = {}
+
+    def get(model, layer, tp=1, *modules):
+        key = (model, layer, tp, modules)
+        if key not in done:
+            done[key] = _measure(plans, model, layer, tp, *modules)
+        return done[key]
+
+    return get
+
+
 @pytest.mark.parametrize("modules", [(), ("mla_up_proj",), ("layernorm",), ("mlp",)])
-def test_mla_dense_layer_equals_the_table(plans, modules):
+def test_mla_dense_layer_equals_the_table(plans, measure, modules):
     """DeepSeek-V3's first layer kind (MLA + dense MLP), shrunk: every tensor the table lists, and no other."""
-    result = _measure(plans, "proxy_dsv3", 0, 1, *modules)
+    result = measure("proxy_dsv3", 0, 1, *modules)
     assert (result.attention, result.moe) == ("mla", False)
     assert result.measured_bytes == result.predicted_bytes, result.by_module
     assert "mla-fused-rope-cpu" in result.stand_ins and "te-fused-attention" in result.stand_ins
 
 
-def test_mla_without_up_projection_recompute_keeps_no_second_copy(plans):
+def test_mla_without_up_projection_recompute_keeps_no_second_copy(plans, measure):
     """The table once counted the up projections' output and the roped q/k/v both (28% high for DeepSeek-V3): the
     fused YaRN RoPE ropes q in place and writes new k and v, and nothing keeps the kv up projection's output."""
     from lcmoe_recipes.cost.memory import layer_activations_kept
     from lcmoe_recipes.cost.shapes import shapes
 
-    kept, dropped = (_measure(plans, "proxy_dsv3", 0, 1, *m).measured_bytes for m in ((), ("mla_up_proj",)))
+    kept, dropped = (measure("proxy_dsv3", 0, 1, *m).measured_bytes for m in ((), ("mla_up_proj",)))
     s = shapes(plans["proxy_dsv3"].model_spec)
     assert kept - dropped == 256 * s.nq * (2 * s.d_qk + s.d_v) * 2  # q, k, v of 256 tokens, bf16
     assert layer_activations_kept(s, 0, 256, 1, 1, False, None, ()) == kept
 
 
-def test_mla_moe_layer(plans):
-    full = _measure(plans, "proxy_dsv3", 1)
+def test_mla_moe_layer(plans, measure):
+    full = measure("proxy_dsv3", 1)
     assert (full.attention, full.moe) == ("mla", True)
     assert 0 <= full.ratio - 1 < ROUTING
-    dropped = _measure(plans, "proxy_dsv3", 1, 1, "moe")  # the whole MoE block recomputed: no routing left
+    dropped = measure("proxy_dsv3", 1, 1, "moe")  # the whole MoE block recomputed: no routing left
     assert dropped.measured_bytes == dropped.predicted_bytes
 
 
-def test_gqa_moe_layer_with_qk_norms_at_tp1_and_tp2(plans):
-    one, two = _measure(plans, "proxy_qwen3_moe", 0, 1), _measure(plans, "proxy_qwen3_moe", 0, 2)
+def test_gqa_moe_layer_with_qk_norms_at_tp1_and_tp2(plans, measure):
+    one, two = measure("proxy_qwen3_moe", 0, 1), measure("proxy_qwen3_moe", 0, 2)
     assert (one.attention, one.moe) == ("full", True)
     assert 0 <= one.ratio - 1 < ROUTING and 0 <= two.ratio - 1 < ROUTING
     # sequence parallel and heads split everything by TP but a few per-expert counts and scalars of the router
     assert abs(one.measured_bytes - 2 * two.measured_bytes) <= 512
-    moe = _measure(plans, "proxy_qwen3_moe", 0, 2, "moe")
+    moe = measure("proxy_qwen3_moe", 0, 2, "moe")
     assert moe.measured_bytes == moe.predicted_bytes
 
 
-def test_gqa_layernorm_recompute_differs_only_by_the_fused_input_norm(plans):
+def test_gqa_layernorm_recompute_differs_only_by_the_fused_input_norm(plans, measure):
     from lcmoe_recipes.cost.memory import layer_activations_kept
     from lcmoe_recipes.cost.shapes import shapes
 
-    result = _measure(plans, "proxy_qwen3_moe", 0, 1, "layernorm")
+    result = measure("proxy_qwen3_moe", 0, 1, "layernorm")
     s = shapes(plans["proxy_qwen3_moe"].model_spec)
     fused_norm = 256 * s.h * 2 + 256 * 4  # TE keeps it inside linear_qkv: output (bf16) and 1/rms (fp32)
     routing = result.measured_bytes - (result.predicted_bytes - fused_norm)
@@ -91,13 +106,13 @@ def test_gqa_layernorm_recompute_differs_only_by_the_fused_input_norm(plans):
     assert layer_activations_kept(s, 0, 256, 1, 1, False, "selective", ("layernorm",)) == result.predicted_bytes
 
 
-def test_what_needs_transformer_engine_is_refused(plans):
+def test_what_needs_transformer_engine_is_refused(plans, measure):
     from lcmoe_recipes.emit.probe.activations import NotMeasurable
     from lcmoe_recipes.emit.stack import te_installed
 
     if te_installed():
         pytest.skip("measurable with Transformer Engine")
     with pytest.raises(NotMeasurable, match="moe_act recompute runs only in TE's grouped MLP"):
-        _measure(plans, "proxy_qwen3_moe", 0, 1, "moe_act")
+        measure("proxy_qwen3_moe", 0, 1, "moe_act")
     with pytest.raises(NotMeasurable, match="'gated_delta_net' layers are built only with Transformer Engine"):
-        _measure(plans, "proxy_qwen3_next", 0)
+        measure("proxy_qwen3_next", 0)

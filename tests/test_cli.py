@@ -1,7 +1,6 @@
 """The main job, `python -m lcmoe_recipes.launch`: end to end in a subprocess, and each bad input."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -11,15 +10,17 @@ from lcmoe_recipes.errors import LcmoeError
 from lcmoe_recipes.jobs.prepare import torchrun_command
 
 
-def _run(*args, cwd):
+def _run(zygote, *args, cwd):
+    """`python -m lcmoe_recipes.launch ARGS` in its own process: forked from the session's server, which imported
+    megatron-bridge once (tests/zygote.py); the command imports lcmoe_recipes itself, as a user's does."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "lcmoe_recipes.launch", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=900)
+    return zygote.run([sys.executable, "-m", "lcmoe_recipes.launch", *args], capture_output=True, text=True,
+                      cwd=cwd, env=env, timeout=900)
 
 
 @pytest.mark.slow
-def test_dry_run_end_to_end(tmp_path):
-    out = _run("qwen3_235b", "--seq", "131072", "model.tensor_model_parallel_size=8", "--dry-run",
+def test_dry_run_end_to_end(tmp_path, zygote):
+    out = _run(zygote, "qwen3_235b", "--seq", "131072", "model.tensor_model_parallel_size=8", "--dry-run",
                "--output", "cfg.yaml", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "Loading Megatron-Bridge" in out.stderr  # the user sees that work is in progress
@@ -39,8 +40,8 @@ def test_dry_run_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_bad_override_subprocess_writes_nothing(tmp_path):
-    out = _run("qwen3_235b", "--seq", "131072", "model.context_parallel_size=48", "--dry-run", cwd=tmp_path)
+def test_bad_override_subprocess_writes_nothing(tmp_path, zygote):
+    out = _run(zygote, "qwen3_235b", "--seq", "131072", "model.context_parallel_size=48", "--dry-run", cwd=tmp_path)
     assert out.returncode == 2
     assert "error: qwen3_235b_128k_gb200: TP=4 · PP=4 · CP=48 = 768 does not divide the world size 128" in out.stderr
     assert "divisibility/seq-cp: CP=48 does not divide seq_length 131072 into 2·CP chunks" in out.stderr

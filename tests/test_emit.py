@@ -2,7 +2,6 @@
 
 import copy
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -189,8 +188,10 @@ def test_override_breaking_a_rule(fresh_config):
         validate_config(cfg, "h100", 256)
 
 
-def test_build_is_offline():
-    """Build a recipe with every socket connection refused: nothing may reach a hub."""
+def test_build_is_offline(zygote):
+    """Build a recipe with every socket connection refused: nothing may reach a hub. The command runs forked from the
+    session's server (tests/zygote.py), whose megatron-bridge import ran with every socket connection refused too; a
+    command the server cannot run as a fresh interpreter would runs as one."""
     code = textwrap.dedent("""
         import socket
         def refuse(*a, **k):
@@ -202,6 +203,6 @@ def test_build_is_offline():
         print("OK", cfg.model.num_moe_experts, cfg.model.context_parallel_size)
     """)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    out = zygote.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "OK 512 16"

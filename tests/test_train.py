@@ -72,13 +72,14 @@ def test_replan_for_what_the_job_finds(next_yaml):
 
 
 @pytest.mark.slow
-def test_real_torchrun_smoke_and_refusal(next_yaml, tmp_path):
+def test_real_torchrun_smoke_and_refusal(next_yaml, tmp_path, zygote):
     """Two ranks through torch.distributed.run: the smoke run passes (gloo all-reduce, same config digest on both);
-    a training run with the same 2 ranks is refused on every rank before touching a GPU."""
+    a training run with the same 2 ranks is refused on every rank before touching a GPU. The launcher is forked from
+    the session's server (tests/zygote.py); it starts each rank as a fresh interpreter, as on a node."""
     def torchrun(*args):
-        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                               "-m", "lcmoe_recipes.train", "--config", str(next_yaml), *args],
-                              capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        return zygote.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "lcmoe_recipes.train", "--config", str(next_yaml), *args],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
 
     smoke = torchrun("--smoke")
     assert smoke.returncode == 0, smoke.stderr[-3000:]

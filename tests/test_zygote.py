@@ -129,15 +129,74 @@ def test_commands_can_start_processes_of_their_own(zygote):
     assert (out.returncode, out.stdout) == (0, "42\n"), out.stderr
 
 
-@pytest.mark.parametrize("argv,env_change,reason", [
-    (["-c", "import sys; print(sys.flags.hash_randomization)"], {"PYTHONHASHSEED": "0"}, "PYTHONHASHSEED"),
-    (["-c", "import os; print(os.environ['HF_HUB_OFFLINE'])"], {"HF_HUB_OFFLINE": "0"}, "HF_HUB_OFFLINE"),
-    (["-X", "dev", "-c", "print(1)"], {}, "interpreter option -X"),
-])
-def test_what_a_fork_cannot_reproduce_runs_as_a_real_subprocess(zygote, argv, env_change, reason):
-    env = {**os.environ, **env_change}
-    assert reason in zygote.why_not([sys.executable, *argv], env)
+@pytest.mark.parametrize("argv", [["-X", "dev", "-c", "import sys; print(sys.flags.dev_mode)"], ["-c"]])
+def test_what_is_not_a_plain_python_command_runs_as_a_real_subprocess(zygote, argv):
     fallbacks = len(zygote.fallbacks)
-    out = zygote.run([sys.executable, *argv], env=env, timeout=120)
-    real = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=120)
-    assert len(zygote.fallbacks) == fallbacks + 1 and (out.returncode, out.stdout) == (real.returncode, real.stdout)
+    out = zygote.run([sys.executable, *argv], timeout=120)
+    real = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
+    assert len(zygote.fallbacks) == fallbacks + 1
+    assert (out.returncode, out.stdout, out.stderr) == (real.returncode, real.stdout, real.stderr)
+
+
+def _light(preload):
+    from zygote import Zygote
+
+    return Zygote(preload=preload, ready_timeout=120)
+
+
+def test_an_env_the_import_read_otherwise_gets_a_server_of_its_own():
+    """A server's children see what its import saw: a request whose env differs in a variable the import read goes to
+    a server started with that env; past MAX_SERVERS it runs as a real subprocess."""
+    pool = _light("import os, builtins; builtins.seen_at_import = os.environ.get('ZYGOTE_AT_IMPORT')")
+    pool.MAX_SERVERS = 3
+    probe = [sys.executable, "-c", "import builtins, sys; print(builtins.seen_at_import, sys.flags.hash_randomization)"]
+    try:
+        def run(**env):
+            return pool.run(probe, env={**os.environ, **env}, timeout=60)
+
+        assert run(ZYGOTE_AT_IMPORT="a").stdout == "a 1\n" and pool.started == 1
+        assert run(ZYGOTE_AT_IMPORT="b").stdout == "b 1\n" and pool.started == 2
+        assert run(ZYGOTE_AT_IMPORT="a", UNREAD_BY_THE_IMPORT="x").stdout == "a 1\n" and pool.started == 2
+        assert run(ZYGOTE_AT_IMPORT="a", PYTHONHASHSEED="0").stdout == "a 0\n" and pool.started == 3  # start-up
+        assert pool.forked == 4 and not pool.fallbacks
+        real = run(ZYGOTE_AT_IMPORT="c")  # a fourth env: no server for it
+        assert real.returncode == 1 and "seen_at_import" in real.stderr  # a fresh interpreter ran it
+        assert "servers were started already" in pool.fallbacks[-1][1]
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("preload,error", [
+    ("raise ImportError('this checkout does not import')", "ImportError('this checkout does not import')"),
+    ("import socket; socket.create_connection(('127.0.0.1', 9))", "network use while the zygote server imports"),
+])
+def test_a_preload_that_fails_runs_everything_as_real_subprocesses(preload, error):
+    """Also an import that reaches for the network: a server imports with every socket connection refused."""
+    pool = _light(preload)
+    try:
+        pool.prepare()
+        out = pool.run([sys.executable, "-c", "print('ran')"], timeout=60)
+        assert out.stdout == "ran\n" and pool.forked == 0
+        assert "preload failed: " in pool.fallbacks[-1][1] and error in pool.fallbacks[-1][1]
+        pool.prepare()
+        pool.run([sys.executable, "-c", "print('ran')"], timeout=60)
+        assert pool.started == 1  # not tried again
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("preload,unrelated_counts", [
+    ("import tqdm", False),  # tqdm scans os.environ for TQDM_*: only those count (and what it looks up by name)
+    ("import os; dict(os.environ)", True),  # a scan by a package not known: every variable counts
+])
+def test_a_scan_of_the_env_counts_as_reading_what_it_reads(preload, unrelated_counts):
+    pool = _light(preload)
+    try:
+        probe = [sys.executable, "-c", "print('ok')"]
+        pool.run(probe, env={**os.environ}, timeout=60)
+        pool.run(probe, env={**os.environ, "UNREAD_BY_THE_IMPORT": "x"}, timeout=60)
+        assert pool.started == (2 if unrelated_counts else 1)
+        pool.run(probe, env={**os.environ, "TQDM_MININTERVAL": "5"}, timeout=60)
+        assert pool.started == (3 if unrelated_counts else 2) and pool.forked == 3
+    finally:
+        pool.close()
