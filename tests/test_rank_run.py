@@ -80,7 +80,7 @@ def test_refusals(configs):
     from lcmoe_recipes.errors import LcmoeError
 
     plan, cfg = configs["qwen3_235b_128k_gb200"]
-    with pytest.raises(LcmoeError, match=r"--as-rank 128 is not a rank of this 128-GPU job"):
+    with pytest.raises(LcmoeError, match=r"`as_rank` 128 is not a rank of this 128-GPU job; give a rank in 0\.\.127"):
         prepare(cfg, target_meta(plan), 128, 3)
     with pytest.raises(LcmoeError, match="does not record the world size"):
         prepare(cfg, {}, 0, 3)
@@ -100,5 +100,5 @@ def test_the_command_stops_at_the_gpu_call(capsys, tmp_path):
     assert main(["--recipe", "qwen3_235b_128k_gb200", "--as-rank", "96", "--out", str(tmp_path)]) == 2
     out = capsys.readouterr()
     assert "as-rank: model.moe_router_force_load_balancing: False -> True" in out.out
-    assert "--as-rank runs the rank on a GPU; none is visible here" in out.err
+    assert "one rank alone (--as-rank) runs on a GPU; none is visible here" in out.err  # the library names the field; the command, its flag
     assert main(["--recipe", "qwen3_235b_128k_gb200", "--as-rank", "0", "--steps", "0"]) == 2
