@@ -35,7 +35,7 @@ def test_request_validation():
         TrainingRequest(model="gpt5", seq_length=4096, hardware="h100", num_gpus=8)
     with pytest.raises(ValidationError, match="valid: bf16, fp8_blockwise, fp8_cs, mxfp8"):
         TrainingRequest(model="dsv3", seq_length=4096, hardware="h100", num_gpus=8, precision="fp6")
-    with pytest.raises(ValidationError, match="fixed TP·PP·CP = 24 does not divide num_gpus 64"):
+    with pytest.raises(ValidationError, match=r"fixed TP·PP·CP = 24 does not divide the 64 GPUs \(`num_gpus`\); use cp=2 or cp=4"):
         TrainingRequest(model="dsv3", seq_length=4096, hardware="h100", num_gpus=64, tp=2, pp=4, cp=3)
     with pytest.raises(ValidationError, match="greater than 0"):
         TrainingRequest(model="dsv3", seq_length=0, hardware="h100", num_gpus=8)

@@ -63,6 +63,16 @@ class Hardware:
         """Dense peak TFLOP/s for one of our precision keys (bf16, fp8_blockwise, fp8_cs, mxfp8)."""
         return self.peak_tflops["bf16" if precision == "bf16" else "fp8"]
 
+    def whole_node_counts(self, num_gpus: int) -> tuple[int, int] | None:
+        """The GPU counts nearest below and above ``num_gpus`` that fill whole nodes of :attr:`gpus_per_node` or
+        divide one, when ``num_gpus`` does neither; None when it does (a job places ranks node by node, and Slurm and
+        torchrun give every node the same ``--ntasks-per-node`` / ``--nproc-per-node``)."""
+        per, n = self.gpus_per_node, num_gpus
+        if n < 1 or not (n % per and per % n):
+            return None
+        allowed = [d for d in range(1, per) if per % d == 0] + [per * k for k in range(1, n // per + 2)]
+        return max(a for a in allowed if a < n), min(a for a in allowed if a > n)
+
     @property
     def hbm_gib(self) -> float:
         """HBM per GPU in GiB (2**30 bytes)."""

@@ -87,6 +87,12 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
     lay, model, hw = plan.layout, plan.model_spec, plan.hardware_spec
     world, tp, pp, cp, ep, etp, vpp = lay.world, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.vpp
 
+    # --- placement: whole nodes ---------------------------------------------------------------------
+    if (near := hw.whole_node_counts(world)) is not None:
+        add("error", "placement/partial-node", f"{world} GPUs do not fill whole {hw.key} nodes of {hw.gpus_per_node} "
+            "(nor divide one): Slurm and torchrun start the same number of ranks on every node",
+            f"use {near[0]} or {near[1]} GPUs")
+
     # --- rank folding -------------------------------------------------------------------------------
     folds = math.lcm(tp * pp * cp, etp * ep * pp)  # the GPU counts this layout folds into are its multiples
     if world % (tp * pp * cp):

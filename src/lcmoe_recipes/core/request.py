@@ -139,7 +139,8 @@ class TrainingRequest(BaseModel):
                 where = ".".join(str(x) for x in e["loc"])
                 parts.append(f"{where}: {text}" if where else text)
             raise LcmoeError(f"invalid request: {'; '.join(parts)}", "; ".join(fixes) or
-                             "see the field descriptions of lcmoe_recipes.TrainingRequest") from None
+                             "see the field descriptions of lcmoe_recipes.TrainingRequest",
+                             fields=tuple(cls.model_fields)) from None
 
     def replace(self, **changes) -> "TrainingRequest":
         """A copy with ``changes`` applied and validated again (:meth:`parse`'s errors)."""
@@ -301,13 +302,10 @@ class TrainingRequest(BaseModel):
     def _whole_nodes(self) -> "TrainingRequest":
         if self.hardware is None or self.num_gpus is None:
             return self
-        per = get_hardware(self.hardware).gpus_per_node
-        n = self.num_gpus
-        if n % per and per % n:
-            allowed = [d for d in range(1, per) if per % d == 0] + [per * k for k in range(1, n // per + 2)]
-            lower, upper = max(a for a in allowed if a < n), min(a for a in allowed if a > n)
-            raise ValueError(f"{n} GPUs do not fill whole {self.hardware} nodes of {per} (nor divide one); use "
-                             f"{lower} or {upper}")
+        hw = get_hardware(self.hardware)
+        if (near := hw.whole_node_counts(self.num_gpus)) is not None:
+            raise ValueError(f"{self.num_gpus} GPUs do not fill whole {self.hardware} nodes of {hw.gpus_per_node} "
+                             f"(nor divide one); use {near[0]} or {near[1]}")
         return self
 
     @model_validator(mode="after")
@@ -316,5 +314,17 @@ class TrainingRequest(BaseModel):
         for v in (self.tp, self.pp, self.cp):
             product *= v or 1
         if self.num_gpus is not None and self.num_gpus % product:
-            raise ValueError(f"fixed TP·PP·CP = {product} does not divide num_gpus {self.num_gpus}")
+            fits = []
+            for name in ("tp", "pp", "cp"):
+                value = getattr(self, name)
+                if value and value > 1:
+                    rest = product // value
+                    near = [d for d in range(1, self.num_gpus + 1) if self.num_gpus % (d * rest) == 0
+                            and d & (d - 1) == 0]  # powers of two: what megatron's layouts use
+                    below, above = [d for d in near if d < value], [d for d in near if d > value]
+                    named = " or ".join(f"{name}={d}" for d in ([below[-1]] if below else []) + above[:1])
+                    if named:
+                        fits.append(named)
+            raise ValueError(f"fixed TP·PP·CP = {product} does not divide the {self.num_gpus} GPUs (`num_gpus`)"
+                             + (f"; use {'; or '.join(fits)}" if fits else ""))
         return self
