@@ -325,3 +325,23 @@ def test_overrides_after_a_model_config_are_overrides(tmp_path):
                        "model.expert_model_parallel_size=16", "train.train_iters=20")
     assert request.overrides == ("model.expert_model_parallel_size=16", "train.train_iters=20")
     assert request.model == get_model(str(path)).key and request.recipe is None
+
+
+def test_a_gpu_count_alone_takes_the_named_recipes_hardware():
+    """`--gpus 96` without `--hardware`: the hardware of the model's named recipe at that length (the flag's default),
+    planned for 96 GPUs; with no named recipe at that length the fix asks for the hardware, not for both."""
+    planned = resolve(_request("qwen3_235b", "--seq", "131072", "--gpus", "96"))
+    assert (planned.recipe, planned.plan.hardware, planned.plan.layout.world) == (None, "gb200", 96)
+    with pytest.raises(LcmoeError) as err:
+        resolve(_request("qwen3_235b", "--seq", "65536", "--gpus", "64"))
+    assert err.value.message == "no named recipe for qwen3_235b at seq_length 65536 on 64"
+    assert err.value.fix.endswith("or give `hardware` too to plan one")
+
+
+def test_plan_names_the_named_recipe_launch_would_use(capsys):
+    assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", "--top", "1"]) == 0
+    assert ("note: the named recipe qwen3_235b_128k_gb200 covers this request, and launch uses it (TP4 CP4 EP32 ETP1 "
+            "PP4 VPP12 -> DP2 EDP1 on 128 GPUs)") in capsys.readouterr().out
+    assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", "--top", "1",
+                      "--tp", "2"]) in (0, 1)
+    assert "note: the named recipe" not in capsys.readouterr().out  # a layout wish: launch searches too

@@ -12,7 +12,8 @@ import argparse
 import sys
 
 from ..errors import LcmoeError
-from ..planner.resolve import search
+from ..planner.recipes import recipe_plan
+from ..planner.resolve import covering_recipe, search
 from ..report.text import Citations, aligned, format_result, json_records, table_columns, table_rows, write_csv
 from .common import ArgumentParser, model_argument, report_error, request_arguments, request_from_args, write_plot_files
 
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         request = request_from_args(args, hardware=hardware[0], num_gpus=args.gpus[0])
         result = search(request, top=args.top)
         calibrated = request.calibration is not None
+        named = covering_recipe(request)
     except LcmoeError as exc:
         return report_error(exc, args.json)  # --json: the error and its fix as JSON on stdout
     citations = Citations()
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                           "band_reason": result.band_reason, "limit_gib": result.limit / 2**30,
                           "tie_break": [dict(zip(TIE_KEYS, (lay, mbs, step, free / 2**30, safe, won)))
                                         for lay, mbs, step, free, safe, won in result.tie_break],
-                          "tp_note": result.tp_note,
+                          "tp_note": result.tp_note, "named_recipe": named.name if named else None,
                           "winner": explain_json(result.best.plan)}, indent=2, default=str))
     elif sys.stdout.isatty():
         from ..report.explain import print_table
@@ -77,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(format_result(result, citations, args.explain, calibrated).splitlines()[2:]))
     else:
         print(format_result(result, citations, args.explain, calibrated))
+    if named is not None and not args.json:
+        print(f"\nnote: the named recipe {named.name} covers this request, and launch uses it "
+              f"({recipe_plan(named.name).layout.describe()}): it follows upstream's recipe, where this table ranks "
+              "layouts by the cost model alone; add a layout wish (e.g. --tp 2) to launch the search's answer")
     if args.explain and not args.json:
         from ..report.explain import explain_text
 

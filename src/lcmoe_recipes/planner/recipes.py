@@ -199,6 +199,8 @@ def find_named_recipe(model: str, seq_length: int, num_gpus: int | None = None, 
     listed = ", ".join(f"seq_length={r.seq_length} num_gpus={r.num_gpus} hardware={r.hardware}" for r in same_model)
     asked = (f"{spec.key} at seq_length {seq_length}" + (f" on {num_gpus}" if num_gpus else "")
              + (f" {hw}" if hw and num_gpus else f" on {hw}" if hw else ""))
+    plan_it = ("give `hardware` too" if num_gpus and not hw else "give `num_gpus` too" if hw and not num_gpus
+               else "give `num_gpus` and `hardware`")
     raise UnknownName(f"no named recipe for {asked}",
-                      f"named recipes for {spec.key}: {listed or 'none'}; or give `num_gpus` and `hardware` to plan one",
+                      f"named recipes for {spec.key}: {listed or 'none'}; or {plan_it} to plan one",
                       fields=("seq_length", "num_gpus", "hardware"))

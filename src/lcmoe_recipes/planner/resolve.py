@@ -28,13 +28,13 @@ import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..catalog import MODELS
+from ..catalog import MODELS, get_model
 from ..checks import check_plan, raise_for_errors
 from ..checks.weights import Weights, weights_of
 from ..core.plan import Plan, Reason, carry_reasons
 from ..core.request import RUN_OPTIONS, TrainingRequest
 from ..errors import InfeasibleConfig, LcmoeError, UnknownName
-from .recipes import NamedRecipe, find_named_recipe, named_recipe, recipe_plan
+from .recipes import NAMED_RECIPES, NamedRecipe, find_named_recipe, named_recipe, recipe_plan
 from .retarget import retarget_plan, retarget_request
 from .search import SearchResult, search_layouts
 
@@ -107,6 +107,28 @@ def _matching_recipe(request: TrainingRequest) -> NamedRecipe | None:
         if gpus is None or hw is None or "no named recipe" not in exc.message:
             raise
         return None
+
+
+def covering_recipe(request: TrainingRequest) -> NamedRecipe | None:
+    """The named recipe :func:`resolve` answers ``request`` with (launch uses it; the search alone may pick another
+    layout, see docs/planner.md), or None: the request names a recipe or a YAML, has layout wishes, or no named
+    recipe covers its (model, seq_length, GPUs, hardware)."""
+    if request.recipe or request.from_config or request.phases or request.layout_wishes() or not request.model:
+        return None
+    try:
+        return _matching_recipe(_named_hardware(request))
+    except LcmoeError:  # an incomplete target: resolve itself says what is missing
+        return None
+
+
+def _named_hardware(request: TrainingRequest) -> TrainingRequest:
+    """``request`` with the hardware of the model's named recipes at its seq_length when it gives a GPU count but no
+    hardware and those recipes agree on one (``--hardware`` defaults to the named recipe's); unchanged otherwise."""
+    if request.recipe or request.hardware or not (request.num_gpus and request.model and request.seq_length):
+        return request
+    key = get_model(request.model).key
+    kinds = {r.hardware for r in NAMED_RECIPES.values() if r.model == key and r.seq_length == request.seq_length}
+    return request.replace(hardware=kinds.pop()) if len(kinds) == 1 else request
 
 
 def _profile(request: TrainingRequest):
@@ -263,6 +285,7 @@ def resolve(request: TrainingRequest) -> Resolution:
         weights = weights_of(request, _model_key(request))
         if weights.pretrained != request.pretrained_checkpoint:
             request = request.replace(pretrained_checkpoint=weights.pretrained)
+        request = _named_hardware(request)
         recipe = _matching_recipe(request)
         if recipe is None:
             plan = search(request).best.plan
