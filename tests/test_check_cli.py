@@ -169,3 +169,15 @@ def test_check_refuses_an_image_that_cannot_take_the_overlay(capsys):
     assert main([str(ROOT / "recipes" / "qwen3_next_8k_gb200.yaml"), "--container-image", "nvcr.io/nvidia/nemo:25.11",
                  "--no-overlay"]) in (0, 1)
     assert "checked with" in capsys.readouterr().out
+
+
+def test_a_partial_node_is_an_error_of_the_config_too():
+    """A YAML checked for 100 H100 (12.5 nodes of 8) is refused as the request would be, with the counts that fit."""
+    from lcmoe_recipes.checks import check_plan
+    from lcmoe_recipes.planner.recipes import recipe_plan
+
+    plan = recipe_plan("dsv3_128k_h100")
+    partial = plan.with_changes(layout=__import__("dataclasses").replace(plan.layout, world=100))
+    (finding,) = [f for f in check_plan(partial) if f.rule == "placement/partial-node"]
+    assert (finding.severity, finding.fix) == ("error", "use 96 or 104 GPUs")
+    assert not [f for f in check_plan(plan) if f.rule == "placement/partial-node"]

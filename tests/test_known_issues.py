@@ -343,12 +343,15 @@ def test_check_known_issues_lists_the_catalogue(capsys):
            "versions affected: yes" in out
 
 
-def test_check_refuses_without_config_and_container_for_a_named_recipe(capsys):
+def test_check_refuses_without_config_and_judges_a_named_recipe_for_an_image(capsys):
     assert check_main([]) == 2
     assert "error: no CONFIG given" in capsys.readouterr().err
-    assert check_main(["dsv3_128k_h100", "--container-image", "nvcr.io/nvidia/nemo:26.06"]) == 2
-    assert "--container-image needs the ConfigContainer, not the named recipe 'dsv3_128k_h100'" in \
-        capsys.readouterr().err
+    # a named recipe is judged on its own ConfigContainer, as its YAML is: the image's TE under the pinned overlay
+    assert check_main(["dsv3_128k_h100", "--container-image", "nvcr.io/nvidia/nemo:26.06"]) == 0
+    out = capsys.readouterr().out
+    assert ("known upstream bugs for megatron-core 0.19.2, megatron-bridge 0.6.2, transformer-engine 2.16 (container "
+            "nvcr.io/nvidia/nemo:26.06") in out
+    assert "warning known-issue/optimizer-cpu-offload-checkpoint:" in out
 
 
 def test_page_is_current():

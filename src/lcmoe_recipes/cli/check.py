@@ -3,9 +3,10 @@
 CONFIG is a ConfigContainer YAML (ours, upstream's or a user's) or a named recipe. For a YAML the target defaults to
 the one recorded in its ``# lcmoe_recipes:`` header. Prints the layout, where each parallel group sits (nodes,
 NVLink blocks), the predicted memory per GPU, host memory per node and step time with their breakdowns, and every
-finding (severity, rule, message, fix) -- including a layout predicted not to fit in HBM or in a node's RAM and, for
-a YAML, the known upstream bugs that apply to it for the versions it will run with (the installed ones, or
-``--container-image``'s). ``--known-issues`` lists that catalogue (docs/known_issues.md).
+finding (severity, rule, message, fix) -- including a layout predicted not to fit in HBM or in a node's RAM,
+megatron-bridge's own ``validate()`` for the target and the known upstream bugs that apply to the config for the
+versions it will run with (the installed ones, or ``--container-image``'s); a named recipe is judged on its own
+ConfigContainer, as its YAML would be. ``--known-issues`` lists that catalogue (docs/known_issues.md).
 
 Exit codes: 0 no errors (warnings allowed) · 1 errors found · 2 bad input (missing file, unknown hardware).
 """

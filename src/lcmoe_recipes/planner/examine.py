@@ -124,15 +124,14 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
     YAML header's or the recipe's target).
 
     Args:
-        container_image: judge known upstream bugs for the versions a job on this image runs (YAML only; default:
-            installed): through an overlay of the pinned megatron where it needs one, unless ``overlay`` is False.
+        container_image: judge known upstream bugs for the versions a job on this image runs (default: installed):
+            through an overlay of the pinned megatron where it needs one, unless ``overlay`` is False.
         model_config: the config.json of the YAML's model when it is not in the catalogue and the YAML has no
             lcmoe_recipes header carrying it.
 
     Raises:
         LcmoeError: a missing file or unknown recipe (with the closest name), a target the YAML does not record, a GPU
-            count that does not fill whole nodes (with the counts that do), ``container_image`` with a named recipe;
-            ModelConfigError: a bad ``model_config``; UnknownName: unknown hardware.
+            count that does not fill whole nodes (with the counts that do); ModelConfigError: a bad ``model_config``; UnknownName: unknown hardware.
     """
     hw_arg = get_hardware(hardware) if hardware else None  # fail fast, before any heavy import
     if gpus is not None and gpus < 1:
@@ -146,14 +145,15 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
                                   num_gpus=gpus or plan.layout.world)
             plan = plan.with_changes(layout=dataclasses.replace(plan.layout, world=gpus or plan.layout.world),
                                      hardware=(hw_arg or plan.hardware_spec).key)
-        if container_image:
-            raise LcmoeError(f"`container_image` needs the ConfigContainer, not the named recipe '{config}' (known "
-                             "upstream bugs are judged on its fields)",
-                             f"write it with python -m lcmoe_recipes.launch {config} --dry-run, then run "
-                             f"python -m lcmoe_recipes.check out/{config}.yaml --container-image {container_image}",
-                             fields=("container_image",))
-        return Examination(plan, all_findings(plan), "plan checks and the cost model (upstream validate() and the "
-                           "known upstream bugs run on YAML files and in launch)")
+        from .. import emit
+
+        # the recipe's own ConfigContainer, judged as its YAML is: upstream validate() and the known upstream bugs
+        # read its fields, not the plan's
+        cfg = emit.config_from_plan(plan, validate=False, quiet=True)
+        versions, findings = job_versions(container_image, overlay)
+        findings = emit.config_findings(cfg, plan.hardware_spec, plan.layout.world, config, versions) + findings
+        return Examination(plan, findings, f"our checks, the cost model, megatron-bridge validate() for the target "
+                           f"and the known upstream bugs for {versions.describe()}")
     from .. import emit
 
     cfg, meta, hw, gpus = read_config(config, gpus, hw_arg.key if hw_arg else None)
