@@ -114,7 +114,7 @@ def job_dir_of(settings: SlurmSettings) -> str:
 def check_settings(settings: SlurmSettings) -> None:
     """Refuse Slurm settings sbatch would refuse or misread later: a ``--time`` without its hours
     (:func:`lcmoe_recipes.jobs.job_checks.slurm_minutes`), bad ``--container-mounts``, an incomplete SSH tunnel, a
-    ``python`` beside a container image or not absolute.
+    ``python`` beside a container image or not absolute, a job folder NeMo-Run would rewrite.
 
     Raises:
         LcmoeError: naming the setting and a valid form.
@@ -136,6 +136,13 @@ def check_settings(settings: SlurmSettings) -> None:
                              fields=("tunnel", "host", "user", "job_dir"))
     elif settings.tunnel != "local":
         raise LcmoeError(f"unknown `tunnel` '{settings.tunnel}'", "use tunnel=local or tunnel=ssh", fields=("tunnel",))
+    if not settings.container_image and "/nemo_run" in (job_dir := job_dir_of(settings)):
+        # NeMo-Run 0.11.1 maps its in-container folder /nemo_run to the job folder by replacing every "/nemo_run"
+        # in the sbatch script of a job without a container, so such a path would be mangled.
+        raise LcmoeError(f"the NeMo-Run job folder {job_dir} contains '/nemo_run', which NeMo-Run rewrites "
+                         "in jobs without a container image",
+                         "use another `job_dir` (or NEMORUN_HOME), e.g. job_dir=~/.nemo_run/experiments",
+                         fields=("job_dir",))
 
 
 def _tunnel(settings: SlurmSettings):
@@ -277,13 +284,6 @@ def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings
         options.update(nodes=nodes, ntasks_per_node=gpn, gpus_per_node=gpn,
                        exclusive=True if settings.exclusive else None,
                        segment=nvl72_segment(hw, nodes) if settings.segment else None)
-    tunnel = options["tunnel"]
-    if not settings.container_image and "/nemo_run" in tunnel.job_dir:
-        # NeMo-Run 0.11.1 maps its in-container folder /nemo_run to the job folder by replacing every "/nemo_run"
-        # in the sbatch script of a job without a container, so such a path would be mangled.
-        raise LcmoeError(f"the NeMo-Run job folder {tunnel.job_dir} contains '/nemo_run', which NeMo-Run rewrites "
-                         "in jobs without a container image",
-                         "use another --job-dir (or NEMORUN_HOME), e.g. ~/.nemo_run/experiments")
     if not settings.container_image:  # run this virtualenv's (or the given) torchrun and python on the nodes
         bin_dir = Path(settings.python).parent if settings.python else Path(sys.executable).parent
         options["setup_lines"] = f"export PATH={shlex.quote(str(bin_dir))}:$PATH"
