@@ -96,11 +96,12 @@ def test_bad_override(capsys, tmp_path, override, message):
 
 @pytest.mark.slow
 def test_without_dry_run_on_a_cpu_machine(capsys, tmp_path):
-    code, out, err = _main(capsys, tmp_path, "dsv3_256k_h100")
-    assert code == 1
-    assert "this machine has 0 GPU(s); the config needs 512" in err and "--executor slurm" in err
-    assert "torchrun --nnodes 64 --nproc-per-node 8" in out
-    assert (tmp_path / "out" / "dsv3_256k_h100.yaml").is_file()
+    """A launch that trains, here: refused before anything is written, the GPU count among its blockers."""
+    code, out, err = _main(capsys, tmp_path, "dsv3_256k_h100", "--mock-data", "--from-scratch")
+    assert code == 2
+    assert ("error: this launch would not train as asked: (1) this machine has 0 GPU(s); the config needs 512\n"
+            "  fix: (1) run it on the cluster (--executor slurm or --executor kubeflow), or check it here with --smoke") in err
+    assert "torchrun" not in out and not (tmp_path / "out").exists()
 
 
 def test_list_and_help(capsys):

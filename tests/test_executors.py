@@ -11,7 +11,7 @@ import pytest
 
 from lcmoe_recipes.catalog import get_hardware
 from lcmoe_recipes.cli.launch import main
-from lcmoe_recipes.errors import LaunchError, LcmoeError, OverrideError
+from lcmoe_recipes.errors import LcmoeError, OverrideError
 from lcmoe_recipes.jobs.executors.common import LaunchResult, first_error_line, hint_for, nodes_for
 from lcmoe_recipes.jobs.executors.slurm import SlurmSettings, nvl72_segment
 from lcmoe_recipes.jobs.submit import submit
@@ -156,10 +156,20 @@ def test_submit_refusals(configs, nemorun_home, tmp_path, monkeypatch):
         submit(cfg, SlurmSettings(account="a", job_dir="/home/me/nemo_run/experiments"), dry_run=True, output=out)
     with pytest.raises(LcmoeError, match="unknown executor 'k8s'; use one of local, slurm"):
         submit(cfg, "k8s")
-    with pytest.raises(LaunchError, match="this machine has 0 GPU\\(s\\); the config needs 256 H100"):
+    with pytest.raises(LcmoeError) as caught:  # a run that trains: every blocker at once, nothing written
         submit(cfg, "local", output=out)
+    assert caught.value.message == (
+        "this launch would not train as asked: (1) the config names no dataset (`dataset.blend` is null): megatron-core "
+        "would train on its mock dataset of synthetic tokens; (2) the config extends the model's positions (a RoPE/YaRN "
+        "scaling factor above 1) but starts from random weights (`checkpoint.pretrained_checkpoint` is null); (3) this "
+        "machine has 0 GPU(s); the config needs 256")
+    assert caught.value.fix.startswith("(1) give data_path=PREFIX (Megatron .bin/.idx prefixes) with tokenizer=NAME, "
+                                       "or set `mock_data` to train on mock data on purpose; (2) give from_hf=DIR")
+    assert not out.exists()
+    with pytest.raises(LcmoeError, match=r"as asked: \(1\) this machine has 0 GPU\(s\); the config needs 256; \(1\) run it on the cluster"):
+        submit(cfg, "local", output=out, mock_data=True, from_scratch=True)  # accepted on purpose: the GPUs remain
     with pytest.raises(LcmoeError, match="planned for 256 ranks and a local run is one node"):
-        submit(cfg, "local", nproc_per_node=8, output=out)
+        submit(cfg, "local", nproc_per_node=8, output=out, mock_data=True, from_scratch=True)
     with pytest.raises(LcmoeError, match="was planned for world_size=256, not 128"):
         submit(cfg, "local", world_size=128, dry_run=True, output=out)
     with pytest.raises(OverrideError, match="mixes weights and unweighted prefixes"):

@@ -345,3 +345,25 @@ def test_plan_names_the_named_recipe_launch_would_use(capsys):
     assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", "--top", "1",
                       "--tp", "2"]) in (0, 1)
     assert "note: the named recipe" not in capsys.readouterr().out  # a layout wish: launch searches too
+
+
+def test_a_launch_that_trains_refuses_mock_data_random_weights_and_missing_gpus(tmp_path, capsys):
+    """Not a dry run, not a smoke check: the named recipe as it stands would train a random DeepSeek-V3 on synthetic
+    tokens on a machine without GPUs; every blocker is listed at once with its flag, and nothing is written."""
+    out = tmp_path / "d.yaml"
+    assert launch(["dsv3", "--seq", "131072", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "\nerror: this launch would not train as asked: (1) the config names no dataset" in err
+    assert "(3) this machine has 0 GPU(s); the config needs 256" in err
+    assert ("fix: (1) give --data-path PREFIX (Megatron .bin/.idx prefixes) with --tokenizer NAME, or set --mock-data "
+            "to train on mock data on purpose; (2) give --from-hf DIR (a Hugging Face folder, converted) or "
+            "--from-checkpoint DIR (a Megatron checkpoint), or set --from-scratch to start from random weights on "
+            "purpose; (3) run it on the cluster (--executor slurm or --executor kubeflow), or check it here with "
+            "--smoke") in err
+    assert not out.exists()
+    # opted in to both: only the GPUs remain, and the launch still stops before torchrun
+    assert launch(["dsv3", "--seq", "131072", "--output", str(out), "--mock-data", "--from-scratch"]) == 2
+    assert "error: this launch would not train as asked: (1) this machine has 0 GPU(s)" in capsys.readouterr().err
+    # the dry run shows what the ranks would read
+    assert launch(["qwen3_next", "--seq", "8192", "--dry-run", "--output", str(out)]) == 0
+    assert "  data               mock (megatron-core's synthetic tokens; NullTokenizer)" in capsys.readouterr().out

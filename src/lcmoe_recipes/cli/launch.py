@@ -23,6 +23,7 @@ from ..jobs.executors.common import EXECUTORS
 from ..jobs.executors.kubeflow import KubeflowSettings, check_kubeflow_settings
 from ..jobs.executors.slurm import SlurmSettings, check_settings
 from ..jobs.prepare import Configured, prepare
+from ..jobs.start_gate import data_text
 from ..jobs.submit import run
 from ..planner.recipes import NAMED_RECIPES
 from ..report.text import Citations, format_plan
@@ -100,6 +101,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--nproc-per-node", type=int, metavar="N", help="local: ranks on this node (default: the "
                      "planned world size; a local run is one node)")
     run.add_argument("--no-wait", action="store_true", help="slurm: return once the job is submitted")
+    run.add_argument("--mock-data", action="store_true", help="train on megatron-core's mock data (synthetic tokens) "
+                     "on purpose: without it a launch that trains (not --dry-run, not --smoke) refuses a config with "
+                     "no --data-path")
+    run.add_argument("--from-scratch", action="store_true", help="start a context extension from random weights on "
+                     "purpose: without it a launch that trains refuses an extension with no --from-hf / "
+                     "--from-checkpoint")
     run.add_argument("--time", help="the job's wall-clock limit with its hours: HH:MM:SS or D-HH:MM:SS (slurm default "
                      "04:00:00; kubeflow: none unless given); training stops 20 min before it and saves a checkpoint "
                      "(train.exit_duration_in_mins)")
@@ -203,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         request = request_from_args(args, named=tuple(NAMED_RECIPES))
         configs = prepare(request, container_image=args.container_image, output=args.output, settings=settings,
                       smoke=args.smoke, smoke_nodes=args.smoke_nodes, budget_hours=args.budget_hours,
-                      overlay=not args.no_overlay)
+                      overlay=not args.no_overlay, start=not (args.dry_run or args.smoke),
+                      mock_data=args.mock_data, from_scratch=args.from_scratch)
     except LcmoeError as exc:
         return report_error(exc, args.json)
 
@@ -307,7 +315,8 @@ def _print_configured(one: Configured, args: argparse.Namespace, citations: Cita
             for d in changes:
                 print(f"  {d.path}: {d.upstream!r} -> {d.ours!r}")
             print(f"    [{setting}: {changes[0].reason.why}]")
-    print(format_plan(one.shown, one.warnings, one.overrides, citations, explain=args.explain))
+    print(format_plan(one.shown, one.warnings, one.overrides, citations, explain=args.explain,
+                      extra_rows=[("data", data_text(one.cfg))]))
     mem, step = estimate_memory(one.shown), estimate_step(one.shown)
     print(f"  predicted: {mem.hbm_total / 2**30:.1f} of {hw.hbm_gib:.0f} GiB HBM use per GPU (PP rank {mem.pp_rank}); "
           f"step "

@@ -31,7 +31,9 @@ from ..planner.resolve import Resolution, phase_requests, resolve
 from .executors.common import nodes_for
 from .executors.kubeflow import KubeflowSettings, kube_job_overrides
 from .executors.slurm import SlurmSettings, job_dir_of, overlay_step
+from .executors.local import local_gpus
 from .job_checks import JobCheck
+from .start_gate import refuse_to_start, start_blockers
 from .overlay import nearest_image
 
 
@@ -176,7 +178,8 @@ def _header(one: Configured) -> dict:
 
 def prepare(request: TrainingRequest, *, container_image: str | None = None, output: str | Path | None = None,
           settings: SlurmSettings | KubeflowSettings | None = None, smoke: bool = False, smoke_nodes: int = 1,
-          budget_hours: float | None = None, overlay: bool | None = None) -> list[Configured]:
+          budget_hours: float | None = None, overlay: bool | None = None, start: bool = False,
+          mock_data: bool = False, from_scratch: bool = False) -> list[Configured]:
     """The validated configs of ``request``, one per phase (:func:`configure_phases`), each written as YAML.
 
     Args:
@@ -192,10 +195,14 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
             else True); False: the image's own versions.
         budget_hours: warn about a phase predicted to run longer (default
             :data:`lcmoe_recipes.cost.wallclock.DEFAULT_PHASE_BUDGET_HOURS`), with the tokens per step that fit it.
+        start: the configs will train (not a dry run, not a smoke check): refused unless each has real data and a
+            tokenizer, an extension has its pretrained weights, and a local run has its GPUs here
+            (:func:`lcmoe_recipes.jobs.start_gate.start_blockers`); ``mock_data`` / ``from_scratch`` accept mock data /
+            random initialisation on purpose.
 
     Raises:
         LcmoeError: anything :func:`configure_phases` refuses; phases on Slurm without ``save_dir``; a job folder or
-            path the job cannot use.
+            path the job cannot use; with ``start``, every blocker of every phase in one error.
     """
     from .. import emit
     from ..cost.wallclock import DEFAULT_PHASE_BUDGET_HOURS
@@ -229,6 +236,11 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
                         + _time_findings(one, settings, smoke, chained=index < len(configs) - 1)
                         + (phase_findings(one.shown, budget_hours or DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
         one.output = _output(one.plan, one.overrides, _phase_output(output, one, index, len(configs), request))
+    if start:
+        here = local_gpus() if settings is None else None
+        refuse_to_start([b for one in configs for b in start_blockers(
+            one.cfg, mock_data=mock_data, from_scratch=from_scratch,
+            gpus_needed=one.plan.layout.world if settings is None else None, gpus_here=here)], "this launch")
     for one in configs:
         emit.write_yaml(one.cfg, one.output, one.meta)
         one.command = torchrun_command(one.output, one.plan.layout.world, one.plan.hardware_spec.gpus_per_node)

@@ -14,10 +14,11 @@ from ..checks.known_issues import job_versions
 from ..errors import LcmoeError
 from .executors.common import EXECUTORS, LaunchResult, nodes_for, train_arguments
 from .executors.kubeflow import KubeflowSettings, check_kubeflow_settings, kube_job_overrides, run_kubeflow
-from .executors.local import run_local
+from .executors.local import local_gpus, run_local
 from .executors.slurm import SlurmSettings, check_settings, run_slurm
 from .job_checks import JobCheck
 from .prepare import Configured, slurm_job_check
+from .start_gate import refuse_to_start, start_blockers
 
 
 def run(one: Configured, executor: str = "local", settings: SlurmSettings | KubeflowSettings | None = None, *,
@@ -69,11 +70,13 @@ def _target(found: dict, world_size: int | None, hardware: str | None, where: st
     return meta
 
 
-def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = (), check_job=None, versions=None):
+def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = (), check_job=None, versions=None,
+                 gate=None):
     """(YAML path, env_vars, what ``check_job`` returned) for ``cfg``: validated for its target ``meta`` with the
     ranks' ``extra`` overrides applied (to a copy; they travel on the ranks' command line; known upstream bugs judged
-    for ``versions``, default the installed ones), then ``check_job(that config)``, and only then the YAML written
-    (when ``cfg`` is a ConfigContainer or a YAML without our header)."""
+    for ``versions``, default the installed ones), then ``gate(that config)`` (raises to refuse the run) and
+    ``check_job(that config)``, and only then the YAML written (when ``cfg`` is a ConfigContainer or a YAML without our
+    header)."""
     import copy
 
     from .. import emit
@@ -82,6 +85,8 @@ def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = 
     loaded, found = emit.read_yaml(path) if path else (cfg, {})
     effective = emit.apply_overrides(copy.deepcopy(loaded), list(extra)) if extra else loaded
     emit.validate_config(effective, meta["hardware"], meta["world_size"], meta["recipe"], versions)
+    if gate is not None:
+        gate(effective)
     job = check_job(effective) if check_job else None
     env_vars = dict(loaded.env_vars or {})
     if path:
@@ -116,7 +121,8 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
            world_size: int | None = None, hardware: str | None = None, output: str | Path | None = None,
            nproc_per_node: int | None = None, smoke_ranks: int = 2, smoke_nodes: int = 1,
            data_path: list[str] | None = None,
-           tokenizer: str | None = None, save_dir: str | None = None, replan: bool = False) -> LaunchResult:
+           tokenizer: str | None = None, save_dir: str | None = None, replan: bool = False,
+           mock_data: bool = False, from_scratch: bool = False) -> LaunchResult:
     """Validate ``cfg`` for its target and run it with torchrun here, or as a Slurm or Kubeflow Trainer job through
     NeMo-Run.
 
@@ -137,6 +143,9 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
         data_path, tokenizer: real data for the ranks (see :func:`lcmoe_recipes.emit.data_overrides`).
         save_dir: absolute folder for the run's checkpoints and logs (see :func:`lcmoe_recipes.emit.save_overrides`).
         replan: let the ranks plan again when they find another world size or GPU type.
+        mock_data, from_scratch: a run that trains (not ``smoke``, not ``dry_run``) is refused without real data
+            and a tokenizer, or for a context extension without pretrained weights, unless these accept mock data /
+            random initialisation on purpose (:func:`lcmoe_recipes.jobs.start_gate.start_blockers`).
 
     Returns:
         :class:`~lcmoe_recipes.jobs.executors.common.LaunchResult`: state, job id, log path, first error line, the command or
@@ -146,7 +155,8 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
     Raises:
         LcmoeError: the config fails validation for its target, its target is unknown, an unknown executor, a GPU
             count that does not fill whole nodes, a Slurm time without hours, a path the Slurm job cannot use
-            (:func:`lcmoe_recipes.jobs.job_checks.slurm_job`).
+            (:func:`lcmoe_recipes.jobs.job_checks.slurm_job`), a run that trains without data, tokenizer or the
+            weights of its extension (every blocker in one error; nothing written).
         LaunchError: too few GPUs here for a local run, or sbatch refused the job. (A job that runs and fails is
             not raised: ``result.ok`` is False and ``result.first_error`` says why.)
     """
@@ -170,20 +180,27 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
     image = (kube.image if kube is not None else settings.container_image if settings is not None
              else getattr(executor, "container_image", None))
     versions = job_versions(image)[0]  # the container's versions if listed (the pinned ones through an overlay)
+    gate = None
+    if not (smoke or dry_run):  # a run that trains: refused, before anything is written, for what it lacks
+        # here: the planned ranks' GPUs (another --nproc-per-node is refused by the local executor itself)
+        local = executor == "local" and nproc_per_node in (None, meta["world_size"])
+        gate = lambda c: refuse_to_start(start_blockers(  # noqa: E731
+            c, mock_data=mock_data, from_scratch=from_scratch, gpus_needed=meta["world_size"] if local else None,
+            gpus_here=local_gpus() if local else None), "this launch")
     if executor == "local":
-        yaml, env_vars, _ = _materialize(cfg, meta, output, extra, versions=versions)
+        yaml, env_vars, _ = _materialize(cfg, meta, output, extra, versions=versions, gate=gate)
         args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer, save_dir=save_dir)
         return run_local(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, nproc_per_node=nproc_per_node,
                          dry_run=dry_run, train_args=args)
     if kube is not None:
         yaml, env_vars, job = _materialize(cfg, meta, output, extra, lambda c: JobCheck(*kube_job_overrides(c, kube, smoke)),
-                                           versions)
+                                           versions, gate)
         args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer,
                                save_dir=save_dir, overrides=job.overrides)
         return run_kubeflow(yaml, meta, env_vars, kube, smoke=smoke, smoke_ranks=smoke_ranks, dry_run=dry_run,
                             train_args=args, notes=job.notes)[0]
     check = slurm_job_check(settings or _settings_of(executor), meta, smoke, smoke_nodes)
-    yaml, env_vars, job = _materialize(cfg, meta, output, extra, check, versions)
+    yaml, env_vars, job = _materialize(cfg, meta, output, extra, check, versions, gate)
     args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer, save_dir=save_dir,
                            overrides=job.overrides)
     return run_slurm(yaml, meta, env_vars, settings, smoke=smoke, smoke_ranks=smoke_ranks, smoke_nodes=smoke_nodes,

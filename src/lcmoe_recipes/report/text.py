@@ -137,12 +137,16 @@ def key_reasons(plan: Plan) -> dict:
 
 
 def format_plan(plan: Plan, warnings: list[Finding] = (), overrides: list[str] = (), citations: Citations | None = None,
-                explain: bool = False) -> str:
-    """``plan`` as text: its rows (target, layout with DP and EDP, batch, every knob), then why -- one line for each
-    of :data:`KEY_DECISIONS` it has a reason for, or with ``explain`` every reason in full -- and the warnings. Sources
-    are cited by key from ``citations`` (listed by the caller, once per output)."""
+                explain: bool = False, extra_rows: list[tuple[str, str]] = ()) -> str:
+    """``plan`` as text: its rows (target, layout with DP and EDP, batch, every knob; ``extra_rows`` after its
+    ``weights``), then why -- one line for each of :data:`KEY_DECISIONS` it has a reason for, or with ``explain`` every
+    reason in full -- and the warnings. Sources are cited by key from ``citations`` (listed by the caller, once per
+    output)."""
     citations = citations if citations is not None else Citations()
     rows = plan_rows(plan)
+    if extra_rows:
+        at = next(i for i, (k, _) in enumerate(rows) if k == "weights") + 1
+        rows[at:at] = list(extra_rows)
     width = max(len(k) for k, _ in rows)
     lines = [f"  {k:<{width}}  {v}" for k, v in rows]
     if overrides:

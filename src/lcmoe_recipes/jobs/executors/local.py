@@ -56,7 +56,8 @@ def rank_exit_code(log_text: str, code: int) -> int:
     return int(found.group(1)) if code and found else code
 
 
-def _local_gpus() -> int:
+def local_gpus() -> int:
+    """CUDA GPUs this machine has (0 without CUDA, or with a broken CUDA install)."""
     try:
         import torch
 
@@ -95,7 +96,7 @@ def run_local(yaml: Path, meta: dict, env_vars: dict[str, str], *, smoke: bool =
     shown = shlex.join(command)
     if dry_run:
         return LaunchResult("local", "DRY_RUN", shown, Path(yaml))
-    if not smoke and (have := _local_gpus()) < nproc:
+    if not smoke and (have := local_gpus()) < nproc:
         hw = get_hardware(meta.get("hardware", "h100"))
         raise LaunchError(f"this machine has {have} GPU(s); the config needs {nproc} {hw.display} GPUs",
                           "run it on the cluster (--executor slurm), or check it here with --smoke")

@@ -1,0 +1,104 @@
+"""What a run that trains needs before it starts: real data, a tokenizer for it, the weights a context extension
+starts from, and (here, on the local executor) the GPUs.
+
+megatron-bridge 0.6.2 trains on megatron-core's mock dataset whenever ``dataset.blend``, ``blend_per_split`` and
+``data_path`` are all unset (``GPTDatasetConfig.finalize`` then sets ``mock``; the YAML still says ``mock: false``),
+with whatever tokenizer the config names -- ``NullTokenizer`` in our configs until ``--tokenizer`` is given -- and
+from random weights when ``checkpoint.pretrained_checkpoint`` is unset. A dry run or a ``--smoke`` check needs none of
+these; a launch that trains does, so :func:`start_blockers` lists what is missing and :func:`refuse_to_start`
+refuses the launch before anything is written or submitted, unless the user opts in (``mock_data``: train on
+synthetic tokens on purpose; ``from_scratch``: random initialisation on purpose).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..emit.paths import real_data
+from ..errors import LcmoeError
+
+
+class Blocker(NamedTuple):
+    """One reason a run cannot start as a real training run: its rule (``start/*``), what is wrong, the fix, and the
+    request fields the fix names (the commands show them as flags)."""
+
+    rule: str
+    message: str
+    fix: str
+    fields: tuple[str, ...]
+
+
+def extends_positions(cfg) -> bool:
+    """True when ``cfg`` stretches the model's positions past the length it was trained at (a YaRN / RoPE scaling
+    factor above 1: ``model.rotary_scaling_factor`` or ``model.yarn_rotary_scaling_factor``): a context extension,
+    which only makes sense from pretrained weights (DeepSeek-V3 went 4K -> 32K -> 128K from its 4K model,
+    arXiv 2412.19437 §4.3)."""
+    model = getattr(cfg, "model", None)
+    factors = (getattr(model, name, None) for name in ("rotary_scaling_factor", "yarn_rotary_scaling_factor"))
+    return any(isinstance(f, (int, float)) and f > 1 for f in factors)
+
+
+def data_text(cfg) -> str:
+    """The summary's ``data`` line: the dataset prefixes and tokenizer ``cfg`` trains on, or mock data."""
+    from ..emit.paths import data_prefixes
+
+    tok = getattr(cfg, "tokenizer", None)
+    tokenizer = getattr(tok, "tokenizer_type", None) or "no tokenizer"
+    if getattr(tok, "tokenizer_model", None):
+        tokenizer += f" {tok.tokenizer_model}"
+    prefixes = [p for _, p in data_prefixes(cfg)]
+    if not prefixes:
+        return f"mock (megatron-core's synthetic tokens; {tokenizer}): --data-path PREFIX --tokenizer NAME for real data"
+    shown = ", ".join(prefixes[:3]) + (f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else "")
+    return f"{len(prefixes)} prefix(es): {shown}; tokenizer {tokenizer}"
+
+
+def start_blockers(cfg, *, mock_data: bool = False, from_scratch: bool = False, gpus_needed: int | None = None,
+                   gpus_here: int | None = None) -> list[Blocker]:
+    """What stops ``cfg`` from training as a real run (rules ``start/*``), each with its fix.
+
+    Args:
+        cfg: the ConfigContainer the ranks will run (with the data and weights overrides applied).
+        mock_data: the user asked for mock data on purpose (``--mock-data``).
+        from_scratch: the user asked for random initialisation on purpose (``--from-scratch``).
+        gpus_needed, gpus_here: a local run's ranks and the GPUs this machine has (None: not a local run).
+    """
+    out: list[Blocker] = []
+    tok = getattr(getattr(cfg, "tokenizer", None), "tokenizer_type", None)
+    if not real_data(cfg) and not mock_data:
+        out.append(Blocker("start/mock-data", "the config names no dataset (`dataset.blend` is null): "
+                           "megatron-core would train on its mock dataset of synthetic tokens",
+                           "give data_path=PREFIX (Megatron .bin/.idx prefixes) with tokenizer=NAME, or set "
+                           "`mock_data` to train on mock data on purpose", ("data_path", "tokenizer", "mock_data")))
+    elif real_data(cfg) and tok == "NullTokenizer":
+        out.append(Blocker("start/null-tokenizer", "real data with `tokenizer.tokenizer_type` NullTokenizer: "
+                           "its ids would not match the data's", "give tokenizer=NAME_OR_DIR (the data's Hugging "
+                           "Face tokenizer)", ("tokenizer",)))
+    pretrained = getattr(getattr(cfg, "checkpoint", None), "pretrained_checkpoint", None)
+    if extends_positions(cfg) and not pretrained and not from_scratch:
+        out.append(Blocker("start/random-init", "the config extends the model's positions (a RoPE/YaRN "
+                           "scaling factor above 1) but starts from random weights (`checkpoint.pretrained_checkpoint` "
+                           "is null)", "give from_hf=DIR (a Hugging Face folder, converted) or "
+                           "from_checkpoint=DIR (a Megatron checkpoint), or set `from_scratch` to start from random "
+                           "weights on purpose", ("from_hf", "from_checkpoint", "from_scratch")))
+    if gpus_needed is not None and gpus_here is not None and gpus_here < gpus_needed:
+        out.append(Blocker("start/gpus-here", f"this machine has {gpus_here} GPU(s); the config needs "
+                           f"{gpus_needed}", "run it on the cluster (executor=slurm or executor=kubeflow), or check it here "
+                           "with `smoke`", ("executor", "smoke")))
+    return out
+
+
+def refuse_to_start(blockers: list[Blocker], where: str) -> None:
+    """Raise one error listing every blocker of ``where``, each once (nothing raised for none).
+
+    Raises:
+        LcmoeError: the blockers' messages, then their fixes, in order (exit 2: nothing was started or written).
+    """
+    blockers = list(dict.fromkeys(blockers))  # phases of one launch share most of them: each said once
+    if not blockers:
+        return
+    fields = tuple(dict.fromkeys(name for b in blockers for name in b.fields))
+    raise LcmoeError(f"{where} would not train as asked: " + "; ".join(f"({i}) {b.message}" for i, b in
+                                                                      enumerate(blockers, 1)),
+                     "; ".join(f"({i}) {b.fix}" for i, b in enumerate(blockers, 1))
+                     + " (a dry run or a smoke check needs none of these)", fields=fields)
