@@ -16,6 +16,7 @@ def test_named_recipe_is_clean(capsys):
     assert "  EP       32              8                      1" in out  # 8 trays, one 64-GPU NVLink block
     # its one warning: 4.3 GiB free, less than the memory model's worst error (test_memory_that_does_not_fit...)
     assert "memory/thin-headroom" in out and out.rstrip().endswith("0 error(s), 1 warning(s)")
+    assert "\ndata: mock (megatron-core's synthetic tokens; NullTokenizer): --data-path PREFIX --tokenizer NAME" in out
 
 
 @pytest.mark.slow
@@ -181,3 +182,19 @@ def test_a_partial_node_is_an_error_of_the_config_too():
     (finding,) = [f for f in check_plan(partial) if f.rule == "placement/partial-node"]
     assert (finding.severity, finding.fix) == ("error", "use 96 or 104 GPUs")
     assert not [f for f in check_plan(plan) if f.rule == "placement/partial-node"]
+
+
+@pytest.mark.slow
+def test_the_data_line_names_what_the_yaml_trains_on(configs, tmp_path, capsys):
+    import copy
+
+    from lcmoe_recipes.emit import apply_overrides, data_overrides, write_yaml
+
+    _, cfg = configs["qwen3_next_8k_gb200"]
+    real = apply_overrides(copy.deepcopy(cfg), data_overrides(["0.7", "/data/web_text_document", "0.3",
+                                                               "/data/code_text_document"], "/models/qwen3-tokenizer"))
+    path = write_yaml(real, tmp_path / "real.yaml", {"recipe": "qwen3_next_8k_gb200", "world_size": 32,
+                                                     "hardware": "gb200"})
+    main([str(path)])
+    assert ("\ndata: 2 prefix(es): /data/web_text_document, /data/code_text_document; tokenizer HuggingFaceTokenizer "
+            "/models/qwen3-tokenizer\n") in capsys.readouterr().out

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             except LcmoeError as exc:
                 return report_error(exc)
     print(f"checked with {found.scope}")
+    print(f"data: {found.data}")
     if sys.stdout.isatty() and layout_is_legal(findings):
         from ..cost import estimate_host_memory, estimate_memory, estimate_step
         from ..report.explain import print_table

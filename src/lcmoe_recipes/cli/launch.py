@@ -23,7 +23,6 @@ from ..jobs.executors.common import EXECUTORS
 from ..jobs.executors.kubeflow import KubeflowSettings, check_kubeflow_settings
 from ..jobs.executors.slurm import SlurmSettings, check_settings
 from ..jobs.prepare import Configured, prepare
-from ..jobs.start_gate import data_text
 from ..jobs.submit import run
 from ..planner.recipes import NAMED_RECIPES
 from ..report.text import Citations, format_plan
@@ -315,6 +314,8 @@ def _print_configured(one: Configured, args: argparse.Namespace, citations: Cita
             for d in changes:
                 print(f"  {d.path}: {d.upstream!r} -> {d.ours!r}")
             print(f"    [{setting}: {changes[0].reason.why}]")
+    from ..emit.paths import data_text
+
     print(format_plan(one.shown, one.warnings, one.overrides, citations, explain=args.explain,
                       extra_rows=[("data", data_text(one.cfg))]))
     mem, step = estimate_memory(one.shown), estimate_step(one.shown)

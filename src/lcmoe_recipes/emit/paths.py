@@ -79,6 +79,19 @@ def real_data(cfg) -> bool:
     return bool(data_prefixes(cfg))
 
 
+def data_text(cfg) -> str:
+    """The summary's ``data`` line: the dataset prefixes and tokenizer ``cfg`` trains on, or mock data."""
+    tok = getattr(cfg, "tokenizer", None)
+    tokenizer = getattr(tok, "tokenizer_type", None) or "no tokenizer"
+    if getattr(tok, "tokenizer_model", None):
+        tokenizer += f" {tok.tokenizer_model}"
+    prefixes = [p for _, p in data_prefixes(cfg)]
+    if not prefixes:
+        return f"mock (megatron-core's synthetic tokens; {tokenizer}): --data-path PREFIX --tokenizer NAME for real data"
+    shown = ", ".join(prefixes[:3]) + (f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else "")
+    return f"{len(prefixes)} prefix(es): {shown}; tokenizer {tokenizer}"
+
+
 def _path_like(name: str | None) -> bool:
     """A tokenizer name that is a file or folder rather than a Hugging Face hub id (``org/name``)."""
     return bool(name) and str(name).startswith(("/", "./", "../", "~"))

@@ -38,21 +38,6 @@ def extends_positions(cfg) -> bool:
     return any(isinstance(f, (int, float)) and f > 1 for f in factors)
 
 
-def data_text(cfg) -> str:
-    """The summary's ``data`` line: the dataset prefixes and tokenizer ``cfg`` trains on, or mock data."""
-    from ..emit.paths import data_prefixes
-
-    tok = getattr(cfg, "tokenizer", None)
-    tokenizer = getattr(tok, "tokenizer_type", None) or "no tokenizer"
-    if getattr(tok, "tokenizer_model", None):
-        tokenizer += f" {tok.tokenizer_model}"
-    prefixes = [p for _, p in data_prefixes(cfg)]
-    if not prefixes:
-        return f"mock (megatron-core's synthetic tokens; {tokenizer}): --data-path PREFIX --tokenizer NAME for real data"
-    shown = ", ".join(prefixes[:3]) + (f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else "")
-    return f"{len(prefixes)} prefix(es): {shown}; tokenizer {tokenizer}"
-
-
 def start_blockers(cfg, *, mock_data: bool = False, from_scratch: bool = False, gpus_needed: int | None = None,
                    gpus_here: int | None = None) -> list[Blocker]:
     """What stops ``cfg`` from training as a real run (rules ``start/*``), each with its fix.

@@ -25,11 +25,13 @@ class Examination:
         plan: the plan the config states, for the target examined.
         findings: every finding, errors first where the checks sort them.
         scope: what was checked, in words.
+        data: the data and tokenizer the config trains on, in words (:func:`lcmoe_recipes.emit.paths.data_text`).
     """
 
     plan: Plan
     findings: list[Finding]
     scope: str
+    data: str = ""
 
     @property
     def errors(self) -> int:
@@ -146,6 +148,7 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
             plan = plan.with_changes(layout=dataclasses.replace(plan.layout, world=gpus or plan.layout.world),
                                      hardware=(hw_arg or plan.hardware_spec).key)
         from .. import emit
+        from ..emit.paths import data_text
 
         # the recipe's own ConfigContainer, judged as its YAML is: upstream validate() and the known upstream bugs
         # read its fields, not the plan's
@@ -153,8 +156,9 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
         versions, findings = job_versions(container_image, overlay)
         findings = emit.config_findings(cfg, plan.hardware_spec, plan.layout.world, config, versions) + findings
         return Examination(plan, findings, f"our checks, the cost model, megatron-bridge validate() for the target "
-                           f"and the known upstream bugs for {versions.describe()}")
+                           f"and the known upstream bugs for {versions.describe()}", data_text(cfg))
     from .. import emit
+    from ..emit.paths import data_text
 
     cfg, meta, hw, gpus = read_config(config, gpus, hw_arg.key if hw_arg else None)
     name = meta.get("recipe") or Path(config).stem
@@ -178,7 +182,7 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
             f"{meta.get('hardware')}: lcmoe_recipes.train refuses to start on a target other than the header's",
             f"rewrite it for this target: python -m lcmoe_recipes.launch ... --gpus {gpus} --hardware {hw.key} --dry-run"))
     return Examination(plan, findings, f"our checks, the cost model, megatron-bridge validate() for the target and the "
-                       f"known upstream bugs for {versions.describe()}")
+                       f"known upstream bugs for {versions.describe()}", data_text(cfg))
 
 
 def build_ranks(config, gpus: int | None = None, hardware: str | None = None, name: str | None = None):
