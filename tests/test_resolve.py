@@ -367,3 +367,23 @@ def test_a_launch_that_trains_refuses_mock_data_random_weights_and_missing_gpus(
     # the dry run shows what the ranks would read
     assert launch(["qwen3_next", "--seq", "8192", "--dry-run", "--output", str(out)]) == 0
     assert "  data               mock (megatron-core's synthetic tokens; NullTokenizer)" in capsys.readouterr().out
+
+
+def test_an_override_of_cp_derives_the_hierarchical_cp_sizes_again(tmp_path, capsys):
+    """The recipe's a2a+p2p sizes [8, 4] no longer multiply to CP=16: chosen again for the new layout (said, and
+    recorded as overrides so check rebuilds the same config), not refused by upstream validate()."""
+    out = tmp_path / "d.yaml"
+    assert launch(["dsv3", "--seq", "131072", "model.context_parallel_size=16", "model.tensor_model_parallel_size=2",
+                   "model.sequence_parallel=true", "--dry-run", "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert ("override/derived: model.cp_comm_type=p2p model.hierarchical_context_parallel_sizes=null: derived again "
+            "for CP=16, TP=2 (was cp_comm_type 'a2a+p2p' with hierarchical_context_parallel_sizes [8, 4]): p2p ring: "
+            "exposed CP") in text
+    from lcmoe_recipes.emit import read_yaml
+
+    cfg, meta = read_yaml(out)
+    assert (cfg.model.cp_comm_type, cfg.model.hierarchical_context_parallel_sizes) == ("p2p", None)
+    assert meta["overrides"][-2:] == ["model.cp_comm_type=p2p", "model.hierarchical_context_parallel_sizes=null"]
+    from lcmoe_recipes.cli.check import main as check_main
+
+    assert check_main([str(out)]) == 0 and "edited-named-recipe" not in capsys.readouterr().out

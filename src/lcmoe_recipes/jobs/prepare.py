@@ -24,9 +24,9 @@ from pathlib import Path
 from ..catalog import get_hardware
 from ..checks.known_issues import job_versions
 from ..checks.weights import Weights
-from ..core.plan import Plan, carry_reasons
+from ..core.plan import Plan, Reason, carry_reasons
 from ..core.request import TrainingRequest
-from ..errors import LcmoeError
+from ..errors import Finding, LcmoeError
 from ..planner.resolve import Resolution, phase_requests, resolve
 from .executors.common import nodes_for
 from .executors.kubeflow import KubeflowSettings, kube_job_overrides
@@ -120,15 +120,50 @@ def configure(resolution: Resolution, overrides: list[str] = (), container_image
         cfg, changes = emit.retarget_config(resolution.source.cfg, plan)
     else:
         cfg = emit.config_from_plan(plan, validate=False)  # validated once, below, after the overrides
-    shown = plan
+    shown, derived = plan, []
     if overrides:
         emit.apply_overrides(cfg, overrides)
         shown = emit.plan_from_config(cfg, hw, world, plan.name, plan.base_recipe)
-        shown = shown.with_changes(reasons=carry_reasons(plan, shown))
+        shown, derived = _follow_overrides(cfg, overrides, shown)
+        overrides += [text for texts, _, _ in derived for text in texts]  # the header's overrides rebuild this
+        shown = shown.with_changes(reasons={**carry_reasons(plan, shown), **{k: r for _, k, r in derived}})
     warnings = validate_for_image(cfg, hw, world, plan.name, container_image, overlay)
+    warnings = [Finding("warning", "override/derived", f"{' '.join(texts)}: {reason.why}", "override them too to "
+                        "choose other values") for texts, _, reason in derived] + warnings
     one = Configured(resolution, shown, cfg, overrides, warnings, changes)
     one.meta = _header(one)
     return one
+
+
+def _follow_overrides(cfg, overrides: list[str], shown: Plan) -> tuple[Plan, list]:
+    """Settings derived from a quantity an override changed, derived again for the new value (in ``cfg`` in place),
+    unless an override sets them too: ``(plan read back, [(override texts, reason key, Reason), ...])``.
+
+    - CP (``model.context_parallel_size``) or TP -> ``cp_comm_type`` and ``hierarchical_context_parallel_sizes``:
+      hierarchical sizes whose product is no longer CP (megatron-bridge's validate() refuses them) are chosen again
+      by :func:`lcmoe_recipes.rules.cp.choose_cp_comm` for the new layout.
+    """
+    import math
+
+    from ..rules.cp import choose_cp_comm
+
+    keys = {text.split("=", 1)[0].lstrip("+~") for text in overrides}
+    derived: list = []
+    model = cfg.model
+    sizes = model.hierarchical_context_parallel_sizes
+    if (keys & {"model.context_parallel_size", "model.tensor_model_parallel_size"}
+            and not keys & {"model.cp_comm_type", "model.hierarchical_context_parallel_sizes"}
+            and sizes and math.prod(sizes) != model.context_parallel_size):
+        comm, split, why = choose_cp_comm(shown)
+        before = f"cp_comm_type {shown.cp_comm_type!r} with hierarchical_context_parallel_sizes {list(sizes)}"
+        model.cp_comm_type = comm
+        model.hierarchical_context_parallel_sizes = list(split) if split else None
+        note = f"derived again for CP={shown.layout.cp}, TP={shown.layout.tp} (was {before}): {why.why}"
+        texts = (f"model.cp_comm_type={comm}",
+                 f"model.hierarchical_context_parallel_sizes={list(split) if split else 'null'}".replace(" ", ""))
+        derived.append((texts, "cp_comm_type", Reason(note, why.source)))
+        shown = shown.with_changes(cp_comm_type=comm, hierarchical_cp_sizes=tuple(split) if split else None)
+    return shown, derived
 
 
 def configure_phases(request: TrainingRequest, container_image: str | None = None,
