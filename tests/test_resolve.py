@@ -387,3 +387,15 @@ def test_an_override_of_cp_derives_the_hierarchical_cp_sizes_again(tmp_path, cap
     from lcmoe_recipes.cli.check import main as check_main
 
     assert check_main([str(out)]) == 0 and "edited-named-recipe" not in capsys.readouterr().out
+
+
+def test_an_override_of_tp_derives_sequence_parallelism_again(tmp_path, capsys):
+    """TP=1 -> TP=2 over qwen3_next_8k_gb200 (EP16, SP off): sequence parallelism on, said and recorded."""
+    from lcmoe_recipes import TrainingRequest
+    from lcmoe_recipes.jobs.prepare import configure
+
+    one = configure(resolve(TrainingRequest(recipe="qwen3_next_8k_gb200")), ["model.tensor_model_parallel_size=2"])
+    assert one.cfg.model.sequence_parallel is True and one.overrides[-1] == "model.sequence_parallel=true"
+    (note,) = [w for w in one.warnings if w.rule == "override/derived"]
+    assert note.message == ("model.sequence_parallel=true: derived again for TP=2: sequence parallelism on "
+                            "(megatron-core warns that expert and tensor parallelism together need it)")

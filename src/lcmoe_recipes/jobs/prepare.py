@@ -139,6 +139,8 @@ def _follow_overrides(cfg, overrides: list[str], shown: Plan) -> tuple[Plan, lis
     """Settings derived from a quantity an override changed, derived again for the new value (in ``cfg`` in place),
     unless an override sets them too: ``(plan read back, [(override texts, reason key, Reason), ...])``.
 
+    - TP -> ``sequence_parallel``: on exactly when TP > 1 (megatron-core refuses it at TP=1, and warns that EP with
+      TP > 1 needs it).
     - CP (``model.context_parallel_size``) or TP -> ``cp_comm_type`` and ``hierarchical_context_parallel_sizes``:
       hierarchical sizes whose product is no longer CP (megatron-bridge's validate() refuses them) are chosen again
       by :func:`lcmoe_recipes.rules.cp.choose_cp_comm` for the new layout.
@@ -150,6 +152,17 @@ def _follow_overrides(cfg, overrides: list[str], shown: Plan) -> tuple[Plan, lis
     keys = {text.split("=", 1)[0].lstrip("+~") for text in overrides}
     derived: list = []
     model = cfg.model
+    tp = model.tensor_model_parallel_size
+    if ("model.tensor_model_parallel_size" in keys and "model.sequence_parallel" not in keys
+            and bool(model.sequence_parallel) != (tp > 1)):
+        # megatron-core 0.19.2 ModelParallelConfig.__post_init__: sequence parallelism without TP is refused, and with
+        # EP > 1 and TP > 1 "sequence parallelism must be used" (a warning); our layouts pair them the same way
+        model.sequence_parallel = tp > 1
+        note = (f"derived again for TP={tp}: sequence parallelism " + ("on (megatron-core warns that expert and tensor "
+                "parallelism together need it)" if tp > 1 else "off (megatron-core refuses it without TP)"))
+        derived.append(((f"model.sequence_parallel={str(tp > 1).lower()}",), "sequence_parallel",
+                        Reason(note, "megatron-core 0.19.2 model_parallel_config.py")))
+        shown = shown.with_changes(sequence_parallel=tp > 1)
     sizes = model.hierarchical_context_parallel_sizes
     if (keys & {"model.context_parallel_size", "model.tensor_model_parallel_size"}
             and not keys & {"model.cp_comm_type", "model.hierarchical_context_parallel_sizes"}
