@@ -198,3 +198,21 @@ def test_the_data_line_names_what_the_yaml_trains_on(configs, tmp_path, capsys):
     main([str(path)])
     assert ("\ndata: 2 prefix(es): /data/web_text_document, /data/code_text_document; tokenizer HuggingFaceTokenizer "
             "/models/qwen3-tokenizer\n") in capsys.readouterr().out
+
+
+def test_the_hbm_fix_offers_only_what_the_plan_has_not_done():
+    """DeepSeek-V3 128K squeezed onto 64 H100 (CP8, EP8) overflows HBM with its optimizer fully offloaded already: the fix does
+    not offer the offload again; without offload and recompute it offers both."""
+    from lcmoe_recipes.checks.memory import memory_findings
+    from lcmoe_recipes.planner.recipes import recipe_plan
+
+    plan = recipe_plan("dsv3_128k_h100")
+    small = plan.with_changes(layout=__import__("dataclasses").replace(plan.layout, world=64, cp=8, ep=8))
+    (over,) = [f for f in memory_findings(small) if f.rule == "memory/exceeds-hbm"]
+    assert small.optimizer_offload_fraction == 1 and over.fix == (
+        "raise CP or PP, or recompute more (more selective modules, then full)")
+    bare = small.with_changes(optimizer_cpu_offload=False, optimizer_offload_fraction=0.0, recompute_granularity=None,
+                              recompute_modules=())
+    (over,) = [f for f in memory_findings(bare) if f.rule == "memory/exceeds-hbm"]
+    assert over.fix == ("raise CP or PP, recompute (selective modules, then full), or offload optimizer state "
+                        "(optimizer.optimizer_cpu_offload)")

@@ -47,8 +47,21 @@ def memory_findings(plan: Plan) -> list[Finding]:
                     f"predicted HBM use {mem.hbm_total / 2**30:.1f} GiB on PP rank {mem.pp_rank} (allocator peak "
                     f"{gib['total']:.1f} + {mem.outside / 2**30:.1f} outside it: dispatcher, CUDA context, NCCL) exceeds "
                     f"{HBM_MARGIN:.0%} of {hw.display}'s {hw.hbm_gib:.0f} GiB (largest part: {top} {gib[top]:.1f} GiB)",
-                    "raise CP or PP, recompute more (selective modules, then full), or offload optimizer state "
-                    "(optimizer.optimizer_cpu_offload)")] + out
+                    _hbm_fixes(plan))] + out
+
+
+def _hbm_fixes(plan: Plan) -> str:
+    """The ways to free HBM that ``plan`` has not taken yet (a fix already applied is not offered again)."""
+    fixes = ["raise CP or PP"]
+    if plan.recompute_granularity != "full":
+        fixes.append("recompute more (more selective modules, then full)" if plan.recompute_granularity == "selective"
+                     else "recompute (selective modules, then full)")
+    if not plan.optimizer_cpu_offload:
+        fixes.append("offload optimizer state (optimizer.optimizer_cpu_offload)")
+    elif plan.optimizer_offload_fraction < 1:
+        fixes.append(f"offload more optimizer state (optimizer.optimizer_offload_fraction, now "
+                     f"{plan.optimizer_offload_fraction:g})")
+    return ", ".join(fixes[:-1]) + f", or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
 
 
 def host_findings(plan: Plan) -> list[Finding]:
