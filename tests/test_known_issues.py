@@ -240,10 +240,11 @@ def test_installed_versions():
 @pytest.mark.parametrize("spelling", ["nvcr.io/nvidia/nemo:26.02", "nvcr.io#nvidia/nemo:26.02", "nvidia/nemo:26.02",
                                       "docker://nvcr.io/nvidia/nemo:26.02", "NVCR.IO/nvidia/nemo:26.02"])
 def test_listed_container(spelling):
-    # NeMo Framework 26.02: Megatron Core main:0.16.0, TE 2.12, Megatron-Bridge 0.3.0 (Megatron-Bridge
-    # docs/releases/software-versions.md)
+    # NeMo Framework 26.02: Megatron Core main:0.16.0, TE 2.12, Megatron-Bridge 0.3.0, PyTorch 2.10.0a0, cuDNN
+    # 9.18.0.50 (Megatron-Bridge docs/releases/software-versions.md); NCCL and DeepEP are not published
     versions, notes = stack_versions(spelling)
-    assert versions.versions == {"megatron-core": "0.16.0", "megatron-bridge": "0.3.0", "transformer-engine": "2.12"}
+    assert versions.versions == {"megatron-core": "0.16.0", "megatron-bridge": "0.3.0", "transformer-engine": "2.12",
+                                 "cudnn": "9.18.0.50", "nccl": None, "deep-ep": None, "pytorch": "2.10.0a0"}
     assert notes == [] and versions.origin == "container nvcr.io/nvidia/nemo:26.02, NeMo Framework 26.02"
 
 

@@ -32,9 +32,10 @@ def list_known_issues(container_image: str | None = None) -> int:
     print(f"{len(rows)} known upstream bugs (docs/known_issues.md); 'these versions' = {versions.describe()}")
     for note in notes:
         print(f"{note.severity} {note.rule}: {note.message}\n        fix: {note.fix}")
-    for issue_id, severity, affected, applies, title, urls in rows:
+    for issue_id, severity, affected, applies, title, urls, architectures, components in rows:
         print(f"\n{severity:<7} {issue_id}: {affected}; these versions affected: {applies}")
         print(f"        {title}")
+        print(f"        architectures: {architectures}; stack: {components}")
         print(f"        {'  '.join(urls)}")
     print("\nA config gets a finding only when its fields also match the entry's trigger: "
           "python -m lcmoe_recipes.check CONFIG.yaml [--container-image IMAGE]")
