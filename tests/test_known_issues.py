@@ -501,8 +501,8 @@ PLANNER_FINDINGS = {
     ("dsv3", 131072, "h100", 256): ["mtp-context-parallel-loss-scale",  # CP8 with MTP
                                     "deepep-internode-dispatch-timeout"],  # DeepEP over EP256 on 8-GPU nodes
     ("qwen3_235b", 131072, "gb200", 128): [],
-    ("qwen3_next", 65536, "gb200", 32): ["optimizer-cpu-offload-checkpoint",  # the planner's PP8 CP2 EP4 VPP3
-                                         "mtp-context-parallel-loss-scale", "global-aux-loss-scale"],
+    ("qwen3_next", 65536, "gb200", 32): ["optimizer-cpu-offload-checkpoint",  # the planner's TP2 CP1 EP8 PP4 VPP6:
+                                         "global-aux-loss-scale"],  # a CP=1 tie avoids MTP under CP (rule 'hazard')
 }
 
 

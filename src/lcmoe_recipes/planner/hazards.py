@@ -46,8 +46,9 @@ class RecipeChoice:
 RECIPE_CHOICES = {
     "ep-a2a-overlap-b200": RecipeChoice(
         "moe_ep_overlap", False,
-        "EP all-to-all overlap off on B200, as NVIDIA's DeepSeek-V3 B200 recipe sets it to avoid an unexplained "
-        "failure of the overlap there (Megatron-Bridge PR #1476; open hazard ep-a2a-overlap-b200, confidence low)"),
+        "EP all-to-all overlap off on B200, as NVIDIA's DeepSeek-V3 B200 BF16 / FP8 current-scaling recipes keep it "
+        "(Megatron-Bridge PR #1476; open hazard ep-a2a-overlap-b200, confidence low: the failure avoided is not "
+        "recorded)"),
 }
 
 
