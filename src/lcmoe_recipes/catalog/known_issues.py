@@ -1,7 +1,8 @@
 """The catalogue of known upstream bugs (``known_issues.yaml``) and of NGC containers' versions (``containers.yaml``).
 
 Both files ship inside the package; their headers describe every field. Loading validates the structure (unique
-ids, severities, PEP 440 specifiers and versions, sources); the trigger conditions are checked by
+ids, severities, PEP 440 specifiers and versions, sources, architectures, a reason for every unpublished image
+version); the trigger conditions are checked by
 :mod:`lcmoe_recipes.checks.known_issues`, which owns their language.
 """
 

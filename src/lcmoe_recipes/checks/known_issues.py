@@ -1,8 +1,8 @@
 """Known upstream bugs that apply to a config and the versions it will run with.
 
-The bugs are data (``catalog/known_issues.yaml``: trigger over the config's fields, affected megatron-core /
-megatron-bridge / Transformer Engine ranges, severity, symptom, fix, public sources); this module only evaluates
-them. The versions are, by default, the installed ones (package metadata; Transformer Engine, absent in the light
+The bugs are data (``catalog/known_issues.yaml``: trigger over the config's fields, affected ranges of megatron-core,
+megatron-bridge, Transformer Engine, cuDNN, NCCL, DeepEP or PyTorch, the architectures each was seen on, severity,
+symptom, fix, public sources); this module only evaluates them. The versions are, by default, the installed ones (package metadata; Transformer Engine, absent in the light
 environment, is the target's :data:`lcmoe_recipes.emit.target.TARGET_TE_VERSION`), or those of a listed container
 image (``catalog/containers.yaml``). See docs/known_issues.md.
 
@@ -142,7 +142,8 @@ def catalogue_rows(versions: StackVersions) -> list[tuple[str, str, str, str, st
 def job_versions(image: str | None, overlay: bool = True):
     """The versions a job on ``image`` runs, for the known issues and megatron-core's TE gates: the image's own,
     or, where the overlay replaces megatron-core / megatron-bridge (a listed image with other versions, unless
-    ``overlay`` is False), the pinned ones with the image's Transformer Engine.
+    ``overlay`` is False), the pinned ones with the image's Transformer Engine, cuDNN, NCCL, DeepEP and PyTorch
+    (``catalog/containers.yaml``; None where the image's version is not published).
 
     Returns:
         (:class:`lcmoe_recipes.checks.known_issues.StackVersions`, findings): the warning for an unlisted image.
