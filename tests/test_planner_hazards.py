@@ -152,3 +152,38 @@ def test_plan_view_mirrors_the_emitted_fields():
     assert m["calculate_per_token_loss"] is True  # emit/settings._loss with CP > 1
     assert m["multi_latent_attention"] is True and m["mtp_num_layers"] == 1
     assert view["checkpoint"]["save"] == view["checkpoint"]["load"]  # a restarted job resumes from its saves
+
+
+def test_dsv3_256k_h100_cannot_keep_deepep_inside_a_node():
+    """DeepSeek-V3 at 256K on 512 H100: every tie runs DeepEP across nodes (EP 32 and more over 8-GPU nodes)."""
+    result = search_layouts(TrainingRequest(model="dsv3", seq_length=262144, hardware="h100", num_gpus=512))
+    got = answers(result)
+    assert got["deepep-internode-dispatch-timeout"] == (
+        "low", "cannot avoid: every candidate within the step error band walks into it; a layout without it is "
+               "slower than the band allows")
+    assert got["mtp-context-parallel-loss-scale"] == ("medium", UNAVOIDABLE)
+    assert got["optimizer-cpu-offload-checkpoint"][1].startswith(AVOIDED)
+
+
+# Every open hazard the tests above assert the planner's answer to.
+ASSERTED = {"optimizer-cpu-offload-checkpoint", "mtp-context-parallel-loss-scale", "deepep-internode-dispatch-timeout",
+            "ep-a2a-overlap-b200", "hybridep-nvl8-ep-above-node", "deepep-internode-blackwell"}
+
+
+@pytest.mark.parametrize("request_fields", [
+    dict(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=512),
+    dict(model="qwen3_next", seq_length=32768, hardware="gb200", num_gpus=32),
+    dict(model="dsv3", seq_length=32768, hardware="gb300", num_gpus=256),
+    dict(model="qwen3_235b", seq_length=65536, hardware="h200", num_gpus=128),
+    dict(model="kimi_k2", seq_length=32768, hardware="h100", num_gpus=512),
+    dict(model="qwen3_next", seq_length=131072, hardware="b200", num_gpus=64),
+], ids=lambda r: f"{r['model']}_{r['seq_length'] // 1024}k_{r['num_gpus']}x{r['hardware']}")
+def test_every_hazard_the_planner_walks_into_has_an_asserted_answer(request_fields):
+    """Across GPUs and models, the open hazards the planner answers are those the tests above pin down: a new one
+    the planner walks into needs its own test here."""
+    result = search_layouts(TrainingRequest(**request_fields))
+    assert {h for h, _, _ in result.hazards} <= ASSERTED
+    for issue_id, confidence, how in result.hazards:
+        assert confidence in ("high", "medium", "low", "confirmed")
+        assert how.startswith(("avoided: ", "cannot avoid: ", "recipe: ")), how
+        assert (issue_id in open_hazards(result.best.plan)) == how.startswith("cannot avoid: "), issue_id
