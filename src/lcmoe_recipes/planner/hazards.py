@@ -10,7 +10,9 @@ planner answers each one in one of three ways (:func:`lcmoe_recipes.planner.sear
 - **avoided**: among the candidates the step model cannot tell apart (the step error band), one walks into fewer open
   hazards than the fastest; that one wins, and the layout's reason says which hazard it avoids;
 - **cannot avoid**: every candidate within the band walks into it (and, where every fitting candidate does, it is
-  decided by the request: model, sequence length, GPU count); the layout's reason names it with its confidence.
+  decided by the request: model, sequence length, GPU count); the layout's reason names it with its confidence;
+- **not avoided**: a low-confidence report does not decide among the ties (its trigger may reach far beyond the
+  configs that failed), so the planner does not give up predicted step time for it; the reason names it.
 
 A plan is judged from the fields it decides (:func:`plan_view`: layout, dispatcher, CUDA graphs, recompute, MTP, CP
 exchange, EP overlap, precision, optimizer offload, checkpointing); fields its base recipe sets (aux-loss type,
@@ -115,10 +117,18 @@ def _pinned_open() -> tuple[KnownIssue, ...]:
     return tuple(i for i in _open_entries().values() if i.affects(versions))
 
 
+def decides(issue_id: str) -> bool:
+    """Whether the hazard decides among equal-cost ties: every one but a low-confidence report (whose trigger may
+    reach far beyond the configs that failed) -- the planner does not trade predicted step time for those."""
+    return _open_entries()[issue_id].confidence != "low"
+
+
 def hazard_weight(issue_ids: tuple[str, ...]) -> tuple[int, int]:
-    """How bad a set of open hazards is, for ranking equal-cost ties: (error entries, all entries); fewer is better."""
+    """How bad a set of open hazards is, for ranking equal-cost ties: (error entries, entries that decide, see
+    :func:`decides`); fewer is better."""
     entries = _open_entries()
-    return sum(entries[i].severity == "error" for i in issue_ids), len(issue_ids)
+    return (sum(entries[i].severity == "error" for i in issue_ids if decides(i)),
+            sum(decides(i) for i in issue_ids))
 
 
 def confidence(issue_id: str) -> str:

@@ -601,11 +601,15 @@ def _hazard_answers(best: Candidate, fastest: Candidate, ties: list[Candidate], 
                     hazards: dict[int, tuple[str, ...]]) -> tuple[tuple[str, str, str], ...]:
     """(hazard id, confidence, answer) for every open hazard the fastest tie or the winner walks into, and for every
     one whose recipe choice the winner carries (:mod:`lcmoe_recipes.planner.hazards`)."""
-    from .hazards import RECIPE_CHOICES, confidence
+    from .hazards import RECIPE_CHOICES, confidence, decides
 
     won, first = hazards[id(best)], hazards[id(fastest)]
     out = []
     for issue_id in dict.fromkeys((*first, *won)):
+        if issue_id in won and not decides(issue_id):
+            out.append((issue_id, confidence(issue_id), "not avoided: low confidence -- it does not decide among "
+                        "equal-cost ties, so no predicted step time is given up for it"))
+            continue
         if issue_id not in won:
             how = (f"avoided: {best.plan.layout.describe()}, MBS {best.plan.micro_batch_size} does not walk into it "
                    f"and is within the step error band of the fastest ({fastest.plan.layout.describe()}, MBS "
