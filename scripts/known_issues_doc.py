@@ -11,7 +11,7 @@ from pathlib import Path
 
 from _generated import generated_main
 
-from lcmoe_recipes.catalog.known_issues import COMPONENTS, PACKAGES, containers
+from lcmoe_recipes.catalog.known_issues import COMPONENTS, OVERLAID, PACKAGES, containers
 from lcmoe_recipes.checks.conditions import OPS, describe
 from lcmoe_recipes.checks.known_issues import catalogue, installed_versions
 from lcmoe_recipes.emit.target import TARGET_TE_VERSION
@@ -41,7 +41,12 @@ def _stacks():
     listed container."""
     target = {**installed_versions().versions, "transformer-engine": TARGET_TE_VERSION}
     label = "target: " + ", ".join(f"{c} {target[c]}" for c in COMPONENTS)
-    return [(label, target)] + [(f"`{c.image}`", dict(c.versions)) for c in containers()[0]]
+    return [(label, target)] + [(f"`{c.image}`", c.stack) for c in containers()[0]]
+
+
+def _keyed(issue) -> str:
+    """The stack components an entry is keyed to, each with where a job on an image gets it."""
+    return ", ".join(f"{c} ({'overlaid' if c in OVERLAID else 'the image' + chr(39) + 's'})" for c in issue.affected)
 
 
 def build() -> str:
@@ -59,11 +64,21 @@ def build() -> str:
         "ConfigContainer YAML, `launch` and the entry script on every rank report each entry whose trigger holds and "
         "whose affected versions include the versions the run will use, as rule `known-issue/<id>`: an `error` "
         "refuses the config, a `warning` is printed with its fix.", "",
+        "Each entry also states the GPU architectures it was seen on and whether the others are *affected* (its "
+        "cause is not specific to a GPU), *unknown* (reported anyway) or *safe* (skipped there); `check` uses the "
+        "target's architecture (Hopper: H100, H200; Blackwell: B200, GB200, GB300). An entry is keyed to the stack "
+        "components that decide it: megatron-core and megatron-bridge, which the overlay replaces on an image, and "
+        "Transformer Engine, cuDNN, NCCL, DeepEP / HybridEP and PyTorch, which are always the image's.", "",
         "How the catalogue was built (2026-12-01): the fix commits between consecutive release tags of Megatron-LM "
         "(core 0.14 to 0.19), Megatron-Bridge (0.1 to 0.6) and TransformerEngine (2.7 to 2.19), every one whose "
         "trigger the config decides; the NeMo Framework releases' known issues; and open reports of hangs, timeouts "
         "and loss or gradient mis-scaling in MoE and long-context runs (Megatron-LM, Megatron-Bridge, "
-        "TransformerEngine, DeepEP, NeMo-RL, verl, ms-swift). Each entry's *status* says what was read.", "",
+        "TransformerEngine, DeepEP, NeMo-RL, verl, ms-swift). Extended 2026-12-02 from the trackers: the merged fix "
+        "PRs of Megatron-LM (core 0.14 to 0.19) and Megatron-Bridge (0.1 to 0.6) for MoE routing and aux losses, "
+        "dispatchers, CP per attention kind (MLA, Gated DeltaNet, DSA), FP8 / MXFP8, pipeline layouts, CUDA graphs, "
+        "parallel folding, fused kernels, offloading and checkpointing, each version-keyed by the first release "
+        "tag containing it; closed and open bug reports of those repositories, TransformerEngine and DeepEP; and "
+        "recipe changes NVIDIA made to avoid a failure (open hazards). Each entry's *status* says what was read.", "",
         "The versions are the installed ones (package metadata; Transformer Engine, absent in the light environment, "
         "is taken as the target's `lcmoe_recipes.emit.target.TARGET_TE_VERSION`), or with `--container-image` those "
         "of a [listed container](#containers). On the cluster the entry script checks again with the versions "
@@ -84,9 +99,10 @@ def build() -> str:
             rows = [i for i in group if i.severity == severity]
             if not rows:
                 continue
-            lines += [f"**{severity}s**", "", "| id | affected versions | confidence | sources |", "|---|---|---|---|"]
-            lines += [f"| [`{i.id}`](#{i.id}) | {i.affected_text()} ({i.fixed_in()}) | {i.confidence or '-'} | "
-                      f"{_links(i)} |" for i in rows]
+            lines += [f"**{severity}s**", "", "| id | affected versions | architectures | confidence | sources |",
+                      "|---|---|---|---|---|"]
+            lines += [f"| [`{i.id}`](#{i.id}) | {i.affected_text()} ({i.fixed_in()}) | {i.architecture_text()} | "
+                      f"{i.confidence or '-'} | {_links(i)} |" for i in rows]
             lines.append("")
     lines += [
         "## Containers", "",
@@ -96,14 +112,20 @@ def build() -> str:
         "An image not listed here gets the warning `known-issue/unlisted-container` and the installed versions are "
         "assumed. A job on a listed image whose megatron-core / megatron-bridge differ from ours runs through an "
         "overlay of the pinned ones (docs/launch.md); then the known issues are judged for the pinned versions with "
-        "the image's Transformer Engine.", "",
-        "| image | release | megatron-core | megatron-bridge | Transformer Engine | PyTorch | Python | from | note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "the image's Transformer Engine, cuDNN, NCCL, DeepEP / HybridEP and PyTorch; with `--no-overlay`, for the "
+        "image's own stack.", "",
+        "| image | release | megatron-core | megatron-bridge | Transformer Engine | cuDNN | NCCL | DeepEP | PyTorch | "
+        "Python | from | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in listed:
-        v = {k: value or "unknown" for k, value in {**c.versions, "pytorch": c.pytorch, "python": c.python}.items()}
+        v = {k: value or "unknown" for k, value in {**c.stack, "python": c.python}.items()}
         lines.append(f"| `{c.image}` | {c.release} | {v['megatron-core']} | {v['megatron-bridge']} | "
-                     f"{v['transformer-engine']} | {v['pytorch']} | {v['python']} | {c.origin} | {c.note} |")
+                     f"{v['transformer-engine']} | {v['cudnn']} | {v['nccl']} | {v['deep-ep']} | {v['pytorch']} | "
+                     f"{v['python']} | {c.origin} | {c.note} |")
+    lines += ["", "Why a version is unknown, per image (no source read gives it; never guessed):", ""]
+    for c in listed:
+        lines.append(f"- `{c.image}`: " + "; ".join(f"{k}: {why}" for k, why in c.unpublished.items()))
     lines += ["", "Which entries each stack's versions fall in (a config is affected only where the entry's trigger "
               "also holds for it):", "", "| stack | errors | warnings |", "|---|---|---|"]
     for label, versions in _stacks():
@@ -116,6 +138,8 @@ def build() -> str:
                   f"**{issue.title}** ({PACKAGE_NAMES[issue.package]}, {issue.severity}"
                   + (f", confidence {issue.confidence}" if issue.confidence else "") + ")", "",
                   f"- **Affects:** {issue.affected_text()}; {issue.status}",
+                  f"- **Architectures:** {issue.architecture_text()}",
+                  f"- **Stack:** {_keyed(issue)}",
                   f"- **Trigger:** {describe(issue.trigger)}",
                   f"- **Symptom:** {issue.symptom}",
                   f"- **Fix:** {issue.fix}",
@@ -131,7 +155,8 @@ def build() -> str:
         "field path, read from the object, its `to_dict()` or a YAML alike; a field the config lacks is only "
         "`falsy`. An `expr` multiplies and divides fields and numbers left to right, and is absent when a field is. "
         "`X._target_` of a config object is its class path, as in the YAML; `target.hardware` (catalogue key), "
-        "`target.hbm_gb` (HBM per GPU, datasheet GB), `target.gpus_per_node` and `target.gpus` describe the target. "
+        "`target.architecture` (hopper or blackwell), `target.hbm_gb` (HBM per GPU, datasheet GB), "
+        "`target.gpus_per_node` and `target.gpus` describe the target. "
         "The evaluator is `lcmoe_recipes.checks.conditions`: pure Python, no `eval`. Adding a bug is adding an entry "
         "(and its two cases in `tests/fixtures/known_issue_cases.yaml`): no code changes.",
     ]

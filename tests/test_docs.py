@@ -93,7 +93,9 @@ NOT_INSTALLED_HERE = ("transformer_engine/", "pytorch/", "attention/dot_product_
                       # (tests/published.py names the commit): skills cards, verification cards, the performance
                       # summary; Megatron-LM's MoE guide
                       "skills/", "examples/model_verification_cards/", "docs/performance-summary",
-                      "megatron/core/transformer/moe/README.md")
+                      "megatron/core/transformer/moe/README.md",
+                      # Megatron-Bridge's performance scripts and its repository paths (known-issue sources)
+                      "scripts/performance/", "src/megatron/bridge/")
 PLACEHOLDERS = ("out/", "my/", "x/", "folder/", "hf_dir/", "iter_NNNNNNN/")
 CITED = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|yaml|json|sh|txt|toml))\b")
 

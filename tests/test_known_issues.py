@@ -22,12 +22,16 @@ from lcmoe_recipes.checks.known_issues import (StackVersions, catalogue, config_
 from lcmoe_recipes.cli.check import main as check_main
 
 ROOT = Path(__file__).resolve().parent.parent
-INSTALLED = {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.20.2"}
+# the pinned stack: megatron-core / megatron-bridge, the target's TE, and the cuDNN / NCCL / PyTorch wheels the pinned
+# requirements install (DeepEP has no wheel: unknown)
+INSTALLED = {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.20.2",
+             "cudnn": "9.24.0.43", "nccl": "2.30.7", "deep-ep": None, "pytorch": "2.14.1"}
 
 
 def stack(**changed) -> StackVersions:
-    """The installed stack with some components changed: stack(core="0.17.1")."""
-    names = {"core": "megatron-core", "bridge": "megatron-bridge", "te": "transformer-engine"}
+    """The installed stack with some components changed: stack(core="0.17.1", cudnn="9.13.1.26")."""
+    names = {"core": "megatron-core", "bridge": "megatron-bridge", "te": "transformer-engine", "cudnn": "cudnn",
+             "nccl": "nccl", "deepep": "deep-ep", "torch": "pytorch"}
     return StackVersions({**INSTALLED, **{names[k]: v for k, v in changed.items()}}, "test")
 
 
@@ -85,7 +89,7 @@ def test_catalogue_covers_every_package_and_states_confidence_for_open_reports()
     for issue in issues:
         if issue.confidence:  # an open report: no fixed release, and the status says why it is that sure
             assert issue.fixed_in() == "no fixed release known" and "confidence" in issue.status, issue.id
-        assert "2026-12-01" in issue.status, issue.id  # when the sources were read
+        assert "2026-12-01" in issue.status or "2026-12-02" in issue.status, issue.id  # when the sources were read
 
 
 def test_trigger_variants():
@@ -240,10 +244,11 @@ def test_installed_versions():
 @pytest.mark.parametrize("spelling", ["nvcr.io/nvidia/nemo:26.02", "nvcr.io#nvidia/nemo:26.02", "nvidia/nemo:26.02",
                                       "docker://nvcr.io/nvidia/nemo:26.02", "NVCR.IO/nvidia/nemo:26.02"])
 def test_listed_container(spelling):
-    # NeMo Framework 26.02: Megatron Core main:0.16.0, TE 2.12, Megatron-Bridge 0.3.0 (Megatron-Bridge
-    # docs/releases/software-versions.md)
+    # NeMo Framework 26.02: Megatron Core main:0.16.0, TE 2.12, Megatron-Bridge 0.3.0, PyTorch 2.10.0a0, cuDNN
+    # 9.18.0.50 (Megatron-Bridge docs/releases/software-versions.md); NCCL and DeepEP are not published
     versions, notes = stack_versions(spelling)
-    assert versions.versions == {"megatron-core": "0.16.0", "megatron-bridge": "0.3.0", "transformer-engine": "2.12"}
+    assert versions.versions == {"megatron-core": "0.16.0", "megatron-bridge": "0.3.0", "transformer-engine": "2.12",
+                                 "cudnn": "9.18.0.50", "nccl": None, "deep-ep": None, "pytorch": "2.10.0a0"}
     assert notes == [] and versions.origin == "container nvcr.io/nvidia/nemo:26.02, NeMo Framework 26.02"
 
 
@@ -303,21 +308,28 @@ NAMED_FINDINGS = {
     "qwen3_next_64k_gb200": ["mtp-context-parallel-loss-scale", "global-aux-loss-scale"],
 }
 # ... and on NeMo 26.04's (megatron-core 0.17.0, megatron-bridge 0.4.0, TE 2.14): what the older stack adds
-NAMED_FINDINGS_2604 = {  # and TE 2.14 < 2.18 with the recipes' TE cross-entropy fusion
-    "dsv3_128k_h100": ["moe-aux-loss-per-token-tp-cp-scale", "te-fused-cross-entropy-bf16-grad"],  # per-token loss at CP32: aux gradient 1/32
-    "dsv3_256k_h100": ["moe-aux-loss-per-token-tp-cp-scale", "te-fused-cross-entropy-bf16-grad"],
+NAMED_FINDINGS_2604 = {  # and TE 2.14 < 2.18 with the recipes' TE cross-entropy fusion; megatron-bridge 0.4.0 < 0.6.0
+    # with the recipes' pipeline layouts and checkpoint saves (custom-pipeline-layout-checkpoint)
+    "dsv3_128k_h100": ["moe-aux-loss-per-token-tp-cp-scale", "te-fused-cross-entropy-bf16-grad",  # per-token loss at CP32: aux gradient 1/32
+                       "optimizer-offload-resume-fp32-master", "custom-pipeline-layout-checkpoint"],  # CPU offload, resumed
+    "dsv3_256k_h100": ["moe-aux-loss-per-token-tp-cp-scale", "te-fused-cross-entropy-bf16-grad",
+                       "optimizer-offload-resume-fp32-master", "custom-pipeline-layout-checkpoint"],
     "qwen3_235b_128k_gb200": ["moe-aux-loss-per-token-tp-cp-scale", "expert-grad-norm-tp-undercount",
                               "vpp-async-send-freed-output",
-                              "te-graphs-hybridep-router-grad", "te-fused-cross-entropy-bf16-grad"],  # TP4 CP4 EP32 VPP12, TE graphs with HybridEP
-    "qwen3_next_8k_gb200": ["vpp-async-send-freed-output", "te-fused-cross-entropy-bf16-grad"],  # VPP4, outputs deallocated, P2P overlapped
-    "qwen3_next_32k_gb200": ["moe-aux-loss-per-token-tp-cp-scale", "vpp-async-send-freed-output", "te-fused-cross-entropy-bf16-grad"],
-    "qwen3_next_64k_gb200": ["moe-aux-loss-per-token-tp-cp-scale", "vpp-async-send-freed-output", "te-fused-cross-entropy-bf16-grad"],
+                              "te-graphs-hybridep-router-grad", "te-fused-cross-entropy-bf16-grad",
+                              "custom-pipeline-layout-checkpoint"],  # TP4 CP4 EP32 VPP12, TE graphs with HybridEP
+    "qwen3_next_8k_gb200": ["vpp-async-send-freed-output", "te-fused-cross-entropy-bf16-grad",  # VPP4, outputs deallocated, P2P overlapped
+                            "custom-pipeline-layout-checkpoint"],
+    "qwen3_next_32k_gb200": ["moe-aux-loss-per-token-tp-cp-scale", "vpp-async-send-freed-output", "te-fused-cross-entropy-bf16-grad",
+                             "gdn-context-parallel-unsupported", "custom-pipeline-layout-checkpoint"],  # GDN at CP4: 0.17 refuses it
+    "qwen3_next_64k_gb200": ["moe-aux-loss-per-token-tp-cp-scale", "vpp-async-send-freed-output", "te-fused-cross-entropy-bf16-grad",
+                             "gdn-context-parallel-unsupported", "custom-pipeline-layout-checkpoint"],
 }
 
 
 def test_named_recipes_get_exactly_these_findings():
     assert [p.stem for p in RECIPE_YAMLS] == sorted(NAMED_FINDINGS)
-    nemo_2604 = StackVersions(dict(find_container("nvcr.io/nvidia/nemo:26.04").versions), "26.04")
+    nemo_2604 = StackVersions(find_container("nvcr.io/nvidia/nemo:26.04").stack, "26.04")  # its own cuDNN, PyTorch
     for path in RECIPE_YAMLS:
         assert recipe_rules(path, installed_versions()) == NAMED_FINDINGS[path.stem], path.stem
         added = [r for r in recipe_rules(path, nemo_2604) if r not in NAMED_FINDINGS[path.stem]]
@@ -336,9 +348,18 @@ def test_check_known_issues_lists_the_catalogue(capsys):
     assert ("error   mxfp8-vpp-te-cuda-graphs-nan: megatron-bridge >=0.2.0,<0.4.0 (fixed in megatron-bridge 0.4.0); "
             "these versions affected: no") in out
     assert "https://github.com/NVIDIA/Megatron-LM/issues/5100  https://github.com/NVIDIA/Megatron-LM/pull/5271" in out
+    for issue in catalogue()[0]:  # every entry's architectures and the stack components it is keyed to
+        assert f"architectures: {issue.architecture_text()}; stack: " in out
+    cudnn = installed_versions().versions["cudnn"] or "unknown"  # the pip wheel's cuDNN here
+    assert f"architectures: seen on hopper; blackwell: safe; stack: cudnn {cudnn} (the image's)" in out
+    assert "architectures: seen on blackwell; hopper: safe; stack: megatron-bridge 0.6.2 (overlaid on an image)" in out
     assert check_main(["--known-issues", "--container-image", "nvcr.io/nvidia/nemo:26.02"]) == 0
     out = capsys.readouterr().out
     assert "'these versions' = megatron-core 0.16.0, megatron-bridge 0.3.0, transformer-engine 2.12" in out
+    # the image's own cuDNN decides the cuDNN-keyed entries: 26.02 has cuDNN 9.18.0.50, past the 9.18 fix
+    assert ("cudnn-thd-cp-backward-nan-hopper: cudnn <9.18 (fixed in cudnn 9.18); these versions affected: no"
+            in out)
+    assert "stack: cudnn 9.18.0.50 (the image's)" in out
     assert "mxfp8-vpp-te-cuda-graphs-nan: megatron-bridge >=0.2.0,<0.4.0 (fixed in megatron-bridge 0.4.0); these " \
            "versions affected: yes" in out
 
@@ -375,7 +396,10 @@ def test_stock_dsv3_128k_h100_reports_what_applies_to_the_installed_versions(con
 # Field paths that only configs of older releases have (a trigger for an older stack reads them there).
 OLDER_RELEASE_FIELDS = {
     "dataset.packed_sequence_specs.packed_sequence_size",  # megatron-bridge 0.2-0.5 SFT packing (FinetuningDataset)
+    "model.hybrid_override_pattern",  # megatron-bridge before 0.4 (renamed hybrid_layer_pattern, PR #2628)
 }
+# Fields only the hybrid (Mamba) provider has (megatron-bridge HybridModelProvider), not the GPT / MLA providers.
+HYBRID_FIELDS = {"model.hybrid_layer_pattern"}
 
 
 @pytest.mark.slow
@@ -409,7 +433,7 @@ def test_object_and_to_dict_agree_and_every_field_path_exists(configs):
     missing = [p for p in sorted(paths) if not p.startswith("target.") and view.get(p) is ABSENT
                and not (p.startswith("dataset.") and p.split(".")[1] in sft_fields)
                and not p.startswith("mixed_precision.")  # fields of a MixedPrecisionConfig object
-               and p not in OLDER_RELEASE_FIELDS]
+               and p not in OLDER_RELEASE_FIELDS and p not in HYBRID_FIELDS]
     assert missing == []
 
 
@@ -483,8 +507,8 @@ PLANNER_FINDINGS = {
     ("dsv3", 131072, "h100", 256): ["mtp-context-parallel-loss-scale",  # CP8 with MTP
                                     "deepep-internode-dispatch-timeout"],  # DeepEP over EP256 on 8-GPU nodes
     ("qwen3_235b", 131072, "gb200", 128): [],
-    ("qwen3_next", 65536, "gb200", 32): ["optimizer-cpu-offload-checkpoint",  # the planner's PP8 CP2 EP4 VPP3
-                                         "mtp-context-parallel-loss-scale", "global-aux-loss-scale"],
+    ("qwen3_next", 65536, "gb200", 32): ["optimizer-cpu-offload-checkpoint",  # the planner's TP2 CP1 EP8 PP4 VPP6:
+                                         "global-aux-loss-scale"],  # a CP=1 tie avoids MTP under CP (rule 'hazard')
 }
 
 

@@ -122,8 +122,12 @@ def test_stack_beside_the_target():
 
 
 def test_job_versions_keep_the_images_transformer_engine():
-    versions, notes = job_versions("nvcr.io/nvidia/nemo:26.06")
-    assert versions.versions == {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.16"}
+    versions, notes = job_versions("nvcr.io/nvidia/nemo:26.06")  # the overlay replaces megatron only: the image's
+    # TE 2.16, cuDNN 9.21.1.3 and PyTorch stay (NCCL and DeepEP are not published for the image)
+    assert versions.versions == {"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.16",
+                                 "cudnn": "9.21.1.3", "nccl": None, "deep-ep": None, "pytorch": "2.12.0a0+0291f960b6"}
+    own, _ = job_versions("nvcr.io/nvidia/nemo:26.06", overlay=False)  # --no-overlay: the image's own megatron
+    assert own.versions["megatron-core"] == "0.18.0" and own.versions["cudnn"] == "9.21.1.3"
     assert versions.origin.endswith("with an overlay of megatron-core 0.19.2 / megatron-bridge 0.6.2") and notes == []
 
 

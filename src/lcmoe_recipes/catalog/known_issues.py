@@ -1,14 +1,15 @@
 """The catalogue of known upstream bugs (``known_issues.yaml``) and of NGC containers' versions (``containers.yaml``).
 
 Both files ship inside the package; their headers describe every field. Loading validates the structure (unique
-ids, severities, PEP 440 specifiers and versions, sources); the trigger conditions are checked by
+ids, severities, PEP 440 specifiers and versions, sources, architectures, a reason for every unpublished image
+version); the trigger conditions are checked by
 :mod:`lcmoe_recipes.checks.known_issues`, which owns their language.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -17,9 +18,19 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 COMPONENTS = ("megatron-core", "megatron-bridge", "transformer-engine")  # PyPI distribution names
-# Where a bug lives (the docs group by it); the versions that decide it are always COMPONENTS' (`affected`).
+# The rest of the stack a job runs: always the image's (the overlay replaces only megatron-core / megatron-bridge).
+IMAGE_COMPONENTS = ("cudnn", "nccl", "deep-ep", "pytorch")
+STACK_COMPONENTS = (*COMPONENTS, *IMAGE_COMPONENTS)  # what `affected` may key on
+OVERLAID = ("megatron-core", "megatron-bridge")  # what the overlay replaces on an image
+# Where a bug lives (the docs group by it); the versions that decide it are `affected`'s (STACK_COMPONENTS).
 PACKAGES = (*COMPONENTS, "deep-ep", "nemo-container")
 CONFIDENCES = ("high", "medium", "low")
+# GPU architectures, and the catalogue's hardware keys on each (catalog/hardware.py; kernels.yaml `generations`).
+ARCHITECTURES = ("hopper", "blackwell")
+ARCHITECTURE_OF = {"h100": "hopper", "h200": "hopper", "b200": "blackwell", "gb200": "blackwell",
+                   "gb300": "blackwell"}
+# What an entry says of the architectures it was not seen on.
+OTHERS = ("affected", "unknown", "safe")
 
 
 _SOURCE_KINDS = {"issue": int, "pull": int, "file": str, "commit": str}
@@ -74,6 +85,26 @@ class KnownIssue:
     fix: str
     sources: tuple[Source, ...]
     confidence: str = ""
+    seen_on: tuple[str, ...] = ()
+    others: str = "unknown"
+
+    def on_architecture(self, architecture: str | None) -> str:
+        """``seen`` when the bug was reported on ``architecture``, else what the entry says of the others:
+        ``affected`` (the cause is not architecture-specific), ``unknown`` or ``safe``; ``seen`` for None (no
+        target known: every architecture counts)."""
+        if architecture is None or architecture in self.seen_on:
+            return "seen"
+        return self.others
+
+    def seen_text(self) -> str:
+        """``hopper, blackwell``, or ``no architecture named`` for a report that names none."""
+        return ", ".join(self.seen_on) or "no architecture named"
+
+    def architecture_text(self) -> str:
+        """``seen on hopper; blackwell: unknown`` (``seen on no architecture named; hopper, blackwell: affected``
+        for a bug in code that runs the same on every GPU)."""
+        rest = [a for a in ARCHITECTURES if a not in self.seen_on]
+        return f"seen on {self.seen_text()}" + (f"; {', '.join(rest)}: {self.others}" if rest else "")
 
     def affects(self, versions: dict[str, str | None]) -> bool | None:
         """True when every component in :attr:`affected` has a version in its range, False when one is outside,
@@ -105,6 +136,8 @@ class Container:
         versions: component (one of :data:`COMPONENTS`) -> version, None where the sources do not give it.
         pytorch, python: the image's PyTorch and Python versions (``"3.12"``), None where unknown.
         origin: ``table`` (the software-versions table) or ``pins`` (the Megatron-Bridge tag's pinned commits).
+        image_stack: cuDNN, NCCL and DeepEP (:data:`IMAGE_COMPONENTS` but PyTorch) -> version, None where unpublished.
+        unpublished: component -> why its version is None (every None of :attr:`stack` has one).
     """
 
     image: str
@@ -114,6 +147,14 @@ class Container:
     python: str | None = None
     origin: str = "table"
     note: str = ""
+    image_stack: dict[str, str | None] = field(default_factory=dict)
+    unpublished: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def stack(self) -> dict[str, str | None]:
+        """Every component of :data:`STACK_COMPONENTS` -> its version in the image (None: not published; see
+        :attr:`unpublished` for why)."""
+        return {**self.versions, **self.image_stack, "pytorch": self.pytorch}
 
     @property
     def tag(self) -> str:
@@ -135,7 +176,8 @@ def _source(raw: dict[str, Any], where: str) -> Source:
     return Source(raw["repository"], kinds[0], raw[kinds[0]])
 
 
-_REQUIRED = {"id", "package", "title", "severity", "trigger", "affected", "status", "symptom", "fix", "sources"}
+_REQUIRED = {"id", "package", "title", "severity", "trigger", "affected", "status", "symptom", "fix", "sources",
+             "architectures"}
 
 
 def _issue(raw: dict[str, Any]) -> KnownIssue:
@@ -149,15 +191,22 @@ def _issue(raw: dict[str, Any]) -> KnownIssue:
     if raw.get("confidence", "high") not in CONFIDENCES:
         raise ValueError(f"{where}: confidence must be one of {', '.join(CONFIDENCES)}, not {raw['confidence']!r}")
     for component, spec in raw["affected"].items():
-        if component not in COMPONENTS:
-            raise ValueError(f"{where}: unknown component {component!r} (one of {', '.join(COMPONENTS)})")
+        if component not in STACK_COMPONENTS:
+            raise ValueError(f"{where}: unknown component {component!r} (one of {', '.join(STACK_COMPONENTS)})")
         SpecifierSet(spec)  # raises InvalidSpecifier for a bad range
     if not raw["affected"] or not raw["sources"]:
         raise ValueError(f"{where}: needs at least one affected component and one source")
     sources = tuple(_source(s, where) for s in raw["sources"])
+    arch = raw["architectures"]
+    if (not isinstance(arch, dict) or set(arch) != {"seen", "others"} or not isinstance(arch["seen"], list)
+            or set(arch["seen"]) - set(ARCHITECTURES) or arch["others"] not in OTHERS
+            or (not arch["seen"] and arch["others"] == "safe")):
+        raise ValueError(f"{where}: architectures is {{seen: [{'|'.join(ARCHITECTURES)}, ...], others: "
+                         f"{'|'.join(OTHERS)}}}, not {arch}")
     text = {k: " ".join(str(raw[k]).split()) for k in ("title", "status", "symptom", "fix")}
     return KnownIssue(id=raw["id"], package=raw["package"], severity=raw["severity"], trigger=raw["trigger"],
-                      affected=dict(raw["affected"]), sources=sources, confidence=raw.get("confidence", ""), **text)
+                      affected=dict(raw["affected"]), sources=sources, confidence=raw.get("confidence", ""),
+                      seen_on=tuple(arch["seen"]), others=arch["others"], **text)
 
 
 @functools.cache
@@ -175,7 +224,7 @@ def known_issues() -> tuple[tuple[KnownIssue, ...], dict[str, Any]]:
     return issues, dict(raw["conditions"])
 
 
-_CONTAINER_FIELDS = {"image", "release", "from", *COMPONENTS, "pytorch", "python"}
+_CONTAINER_FIELDS = {"image", "release", "from", *STACK_COMPONENTS, "python"}
 
 
 @functools.cache
@@ -189,17 +238,23 @@ def containers() -> tuple[tuple[Container, ...], str]:
     out = []
     for entry in raw["containers"]:
         where = f"containers.yaml, {entry.get('image', '?')}"
-        if not _CONTAINER_FIELDS <= set(entry) or set(entry) - _CONTAINER_FIELDS - {"note"}:
-            raise ValueError(f"{where}: fields {sorted(_CONTAINER_FIELDS)} (and an optional note) expected, "
-                             f"got {sorted(entry)}")
+        if not _CONTAINER_FIELDS <= set(entry) or set(entry) - _CONTAINER_FIELDS - {"note", "unpublished"}:
+            raise ValueError(f"{where}: fields {sorted(_CONTAINER_FIELDS)} (and optional note, unpublished) "
+                             f"expected, got {sorted(entry)}")
         if entry["from"] not in ("table", "pins"):
             raise ValueError(f"{where}: 'from' is table or pins, not {entry['from']!r}")
-        text = {key: None if entry[key] is None else str(entry[key]) for key in (*COMPONENTS, "pytorch", "python")}
+        text = {key: None if entry[key] is None else str(entry[key]) for key in (*STACK_COMPONENTS, "python")}
         for version in text.values():
             if version is not None:
                 Version(version)  # raises InvalidVersion
+        unpublished = {k: " ".join(str(v).split()) for k, v in (entry.get("unpublished") or {}).items()}
+        missing = [c for c in IMAGE_COMPONENTS if text[c] is None and c not in unpublished]
+        if missing or set(unpublished) - {c for c in STACK_COMPONENTS if text[c] is None}:
+            raise ValueError(f"{where}: `unpublished` gives a reason for each null component and only those "
+                             f"(missing: {missing}, got {sorted(unpublished)})")
         out.append(Container(entry["image"], entry["release"], {c: text[c] for c in COMPONENTS}, text["pytorch"],
-                             text["python"], entry["from"], entry.get("note", "")))
+                             text["python"], entry["from"], entry.get("note", ""),
+                             {c: text[c] for c in IMAGE_COMPONENTS if c != "pytorch"}, unpublished))
     return tuple(out), raw["source"]
 
 

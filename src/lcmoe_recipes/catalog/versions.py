@@ -1,5 +1,5 @@
-"""The versions of megatron-core, megatron-bridge and Transformer Engine a config will run with (package metadata
-only: nothing is imported)."""
+"""The versions of megatron-core, megatron-bridge and Transformer Engine a config will run with, and of the rest of
+its stack (cuDNN, NCCL, DeepEP, PyTorch) where known (package metadata only: nothing is imported)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
-from .known_issues import COMPONENTS
+from .known_issues import COMPONENTS, IMAGE_COMPONENTS
 
 # TE in the cluster container our recipes target; the version pip resolves for transformer-engine[pytorch] with
 # megatron-core 0.19.2 / torch 2.14 (requirements/te.txt). Override with LCMOE_TARGET_TE_VERSION.
@@ -43,8 +43,26 @@ class StackVersions:
         return "; ".join(parts)
 
 
+# The pip distributions that carry each image component here (the CUDA 13 wheels first); DeepEP has no wheel on PyPI
+# and is unknown unless built into this environment.
+IMAGE_DISTRIBUTIONS = {"cudnn": ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12"),
+                       "nccl": ("nvidia-nccl-cu13", "nvidia-nccl-cu12"),
+                       "deep-ep": ("deep_ep", "deep-ep"), "pytorch": ("torch",)}
+
+
+def _first_installed(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
 def installed_versions() -> StackVersions:
-    """megatron-core, megatron-bridge and Transformer Engine as installed here (package metadata, no import).
+    """megatron-core, megatron-bridge and Transformer Engine as installed here (package metadata, no import), and
+    cuDNN, NCCL, DeepEP and PyTorch from the pip distributions that carry them (:data:`IMAGE_DISTRIBUTIONS`; None
+    where none is installed).
 
     Transformer Engine is absent in the light environment: then the target's version
     (:data:`TARGET_TE_VERSION`, the cluster container's) is used, with a note saying so.
@@ -55,6 +73,8 @@ def installed_versions() -> StackVersions:
             found[component] = version(component)
         except PackageNotFoundError:
             found[component] = None
+    for component in IMAGE_COMPONENTS:  # None (unknown) where not installed
+        found[component] = _first_installed(IMAGE_DISTRIBUTIONS[component])
     notes = {}
     if found["transformer-engine"] is None:
         found["transformer-engine"] = TARGET_TE_VERSION

@@ -1,8 +1,8 @@
 """Known upstream bugs that apply to a config and the versions it will run with.
 
-The bugs are data (``catalog/known_issues.yaml``: trigger over the config's fields, affected megatron-core /
-megatron-bridge / Transformer Engine ranges, severity, symptom, fix, public sources); this module only evaluates
-them. The versions are, by default, the installed ones (package metadata; Transformer Engine, absent in the light
+The bugs are data (``catalog/known_issues.yaml``: trigger over the config's fields, affected ranges of megatron-core,
+megatron-bridge, Transformer Engine, cuDNN, NCCL, DeepEP or PyTorch, the architectures each was seen on, severity,
+symptom, fix, public sources); this module only evaluates them. The versions are, by default, the installed ones (package metadata; Transformer Engine, absent in the light
 environment, is the target's :data:`lcmoe_recipes.emit.target.TARGET_TE_VERSION`), or those of a listed container
 image (``catalog/containers.yaml``). See docs/known_issues.md.
 
@@ -16,7 +16,7 @@ import functools
 from typing import Any
 
 from ..catalog import Hardware
-from ..catalog.known_issues import KnownIssue, containers, find_container, known_issues
+from ..catalog.known_issues import ARCHITECTURE_OF, OVERLAID, KnownIssue, containers, find_container, known_issues
 from ..catalog.versions import StackVersions, installed_versions
 from .conditions import ConfigView, holds, problems
 from .feasibility import Finding
@@ -33,7 +33,7 @@ def stack_versions(container_image: str | None = None) -> tuple[StackVersions, l
         return installed_versions(), []
     found = find_container(container_image)
     if found is not None:
-        return StackVersions(dict(found.versions), f"container {found.image}, {found.release}"), []
+        return StackVersions(found.stack, f"container {found.image}, {found.release}"), []
     assumed = installed_versions()
     listed = ", ".join(c.image.rsplit(":", 1)[-1] for c in containers()[0])
     return assumed, [Finding(
@@ -47,11 +47,14 @@ def stack_versions(container_image: str | None = None) -> tuple[StackVersions, l
 
 def config_view(config: Any, hardware: Hardware | None = None, world_size: int | None = None) -> ConfigView:
     """A :class:`ConfigView` of ``config`` (ConfigContainer, its ``to_dict()``, or a YAML's dict) with the target's
-    pseudo-fields ``target.hardware``, ``target.hbm_gb`` (datasheet GB), ``target.gpus_per_node`` and
-    ``target.gpus``."""
+    pseudo-fields ``target.hardware``, ``target.architecture`` (hopper or blackwell:
+    :data:`lcmoe_recipes.catalog.known_issues.ARCHITECTURE_OF`), ``target.hbm_gb`` (datasheet GB),
+    ``target.gpus_per_node`` and ``target.gpus``."""
     target: dict[str, Any] = {}
     if hardware is not None:
         target.update(hardware=hardware.key, hbm_gb=hardware.hbm_bytes / 1e9, gpus_per_node=hardware.gpus_per_node)
+        if hardware.key in ARCHITECTURE_OF:
+            target["architecture"] = ARCHITECTURE_OF[hardware.key]
     if world_size is not None:
         target["gpus"] = world_size
     return ConfigView(config, target)
@@ -72,14 +75,26 @@ def catalogue() -> tuple[tuple[KnownIssue, ...], dict[str, Any]]:
     return issues, refs
 
 
-def _finding(issue: KnownIssue, versions: StackVersions) -> Finding:
+def _finding(issue: KnownIssue, versions: StackVersions, architecture: str | None = None) -> Finding:
     sources = ", ".join(s.short for s in issue.sources)
     confidence = (f"; an open report whose root cause upstream has not confirmed (confidence: {issue.confidence})"
                   if issue.confidence else "")
+    arch = issue.on_architecture(architecture)
+    if arch == "affected" and not issue.seen_on:  # a bug of code that runs the same everywhere: nothing to add
+        arch = "seen"
+    where = {"seen": "", "affected": f" (seen on {issue.seen_text()}; its cause is not specific to a GPU "
+                                     f"architecture, so {architecture} is affected too)",
+             "unknown": f" (seen on {issue.seen_text()}; whether {architecture} is affected is unknown, so it is "
+                        f"reported)"}[arch]
     return Finding(issue.severity, f"known-issue/{issue.id}",
                    f"{issue.title} [{sources}]. {issue.symptom} Affects {issue.affected_text()} "
-                   f"({issue.fixed_in()}){confidence}; this config runs "
+                   f"({issue.fixed_in()}){confidence}{where}; this config runs "
                    f"{versions.describe(tuple(issue.affected))}", issue.fix)
+
+
+def _architecture(view: ConfigView) -> str | None:
+    value = view.get("target.architecture")
+    return value if isinstance(value, str) else None
 
 
 def known_issue_findings(view: ConfigView | Any, versions: StackVersions | None = None) -> list[Finding]:
@@ -92,31 +107,43 @@ def known_issue_findings(view: ConfigView | Any, versions: StackVersions | None 
 
     Returns:
         Findings in catalogue order; severity, message (the bug, its sources, the affected and the matching versions,
-        the symptom) and fix come from the entry.
+        the symptom) and fix come from the entry. With a target (``target.architecture``), an entry whose
+        architectures say ``safe`` for it is skipped; one not seen there but ``affected`` or ``unknown`` is reported
+        and says so.
     """
     view = view if isinstance(view, ConfigView) else ConfigView(view)
     versions = versions or installed_versions()
     issues, refs = catalogue()
-    return [_finding(issue, versions) for issue in issues
-            if issue.affects(versions.versions) and holds(issue.trigger, view, refs)]
+    arch = _architecture(view)
+    return [_finding(issue, versions, arch) for issue in issues
+            if issue.affects(versions.versions) and issue.on_architecture(arch) != "safe"
+            and holds(issue.trigger, view, refs)]
 
 
-def catalogue_rows(versions: StackVersions) -> list[tuple[str, str, str, str, str, tuple[str, ...]]]:
+def catalogue_rows(versions: StackVersions) -> list[tuple[str, str, str, str, str, tuple[str, ...], str, str]]:
     """(id, severity, affected versions, whether ``versions`` are affected: yes / no / unknown, title with its package
-    and, for an open report, its confidence, source URLs) for every entry: what ``python -m lcmoe_recipes.check
-    --known-issues`` prints."""
+    and, for an open report, its confidence, source URLs, architectures (``seen on hopper; blackwell: unknown``),
+    stack components it is keyed to with where the job's version comes from) for every entry: what
+    ``python -m lcmoe_recipes.check --known-issues`` prints."""
     answer = {True: "yes", False: "no", None: "unknown"}
+
+    def components(issue: KnownIssue) -> str:
+        return ", ".join(f"{c} {versions.versions.get(c) or 'unknown'} "
+                         f"({'overlaid on an image' if c in OVERLAID else 'the image' + chr(39) + 's'})"
+                         for c in issue.affected)
+
     return [(issue.id, issue.severity, f"{issue.affected_text()} ({issue.fixed_in()})",
              answer[issue.affects(versions.versions)],
              f"{issue.title} [{issue.package}" + (f"; confidence {issue.confidence}" if issue.confidence else "") + "]",
-             tuple(s.url for s in issue.sources))
+             tuple(s.url for s in issue.sources), issue.architecture_text(), components(issue))
             for issue in catalogue()[0]]
 
 
 def job_versions(image: str | None, overlay: bool = True):
     """The versions a job on ``image`` runs, for the known issues and megatron-core's TE gates: the image's own,
     or, where the overlay replaces megatron-core / megatron-bridge (a listed image with other versions, unless
-    ``overlay`` is False), the pinned ones with the image's Transformer Engine.
+    ``overlay`` is False), the pinned ones with the image's Transformer Engine, cuDNN, NCCL, DeepEP and PyTorch
+    (``catalog/containers.yaml``; None where the image's version is not published).
 
     Returns:
         (:class:`lcmoe_recipes.checks.known_issues.StackVersions`, findings): the warning for an unlisted image.

@@ -17,6 +17,7 @@ import argparse
 import sys
 
 from ..catalog import HARDWARE
+from ..catalog.known_issues import STACK_COMPONENTS
 from ..checks.feasibility import layout_is_legal
 from ..checks.known_issues import catalogue_rows, stack_versions
 from ..errors import LcmoeError
@@ -30,12 +31,14 @@ def list_known_issues(container_image: str | None = None) -> int:
     """Print the known-issue catalogue with whether the installed (or the container's) versions are affected."""
     versions, notes = stack_versions(container_image)
     rows = catalogue_rows(versions)
-    print(f"{len(rows)} known upstream bugs (docs/known_issues.md); 'these versions' = {versions.describe()}")
+    print(f"{len(rows)} known upstream bugs (docs/known_issues.md); 'these versions' = "
+          f"{versions.describe(STACK_COMPONENTS)}")
     for note in notes:
         print(f"{note.severity} {note.rule}: {note.message}\n        fix: {note.fix}")
-    for issue_id, severity, affected, applies, title, urls in rows:
+    for issue_id, severity, affected, applies, title, urls, architectures, components in rows:
         print(f"\n{severity:<7} {issue_id}: {affected}; these versions affected: {applies}")
         print(f"        {title}")
+        print(f"        architectures: {architectures}; stack: {components}")
         print(f"        {'  '.join(urls)}")
     print("\nA config gets a finding only when its fields also match the entry's trigger: "
           "python -m lcmoe_recipes.check CONFIG.yaml [--container-image IMAGE]")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from ..core.plan import Plan, Reason
 from ..core.request import TrainingRequest
 from ..rules.extension import with_ep_overlap
+from .hazards import follow_recipe_choices
 
 
 def retarget_request(before: Plan, request: TrainingRequest) -> TrainingRequest:
@@ -41,7 +42,9 @@ def retarget_plan(before: Plan, best: Plan, name: str, keep_precision: bool = Tr
                                      "changed is kept as it was", "your config")}
     if keep_precision:
         reasons["precision"] = Reason(f"{best.precision}: the config's own (--precision changes it)", "your config")
-    # the config's own EP-overlap choice, kept where the new recompute and layout allow it
-    best = with_ep_overlap(best.with_changes(moe_ep_overlap=before.moe_ep_overlap, reasons=reasons))
+    # the config's own EP-overlap choice, kept where the new recompute and layout allow it, and where no upstream
+    # recipe turned it off on the new hardware (planner.hazards.RECIPE_CHOICES)
+    best = follow_recipe_choices(with_ep_overlap(best.with_changes(moe_ep_overlap=before.moe_ep_overlap,
+                                                                   reasons=reasons)))
     return best.with_changes(name=name, schedule=before.schedule, num_workers=before.num_workers,
                              eval_iters=before.eval_iters, pin_cpu_grads=before.pin_cpu_grads, reasons=best.reasons)

@@ -23,7 +23,12 @@ No torch / megatron import.
    constant is borrowed). The rule that decides is recorded (:attr:`SearchResult.rule`, every tie in
    :attr:`SearchResult.tie_break`): **fastest** -- the fastest candidate keeps at least
    :data:`~lcmoe_recipes.cost.bands.MEMORY_ERROR_BAND` of the limit free, and wins; **headroom** -- it does not, and
-   the fastest tie that does wins; **most headroom** -- no tie does, and the one with the most headroom wins. Memory
+   the fastest tie that does wins; **most headroom** -- no tie does, and the one with the most headroom wins;
+   **hazard** -- the fastest walks into more open hazards (catalogued upstream bugs with no fixed release, on the
+   pinned stack: :mod:`lcmoe_recipes.planner.hazards`) than another tie: the ties with the fewest are kept and the
+   memory rule picks among them. Every open hazard the winner still walks into is named in its reason with why it
+   cannot be avoided (:attr:`SearchResult.hazards`); where an upstream recipe changed a setting to avoid one, the
+   planner makes the same change before pricing. Memory
    is the whole HBM budget: the allocator's peak plus the buffers outside it (``MemoryBreakdown.hbm_total``: flex
    dispatcher, CUDA context, NCCL) against HBM less the request's ``memory_margin`` (the fragmentation margin).
 
@@ -65,6 +70,8 @@ from ..rules.extension import extension_fields, with_cp_comm, with_ep_overlap
 from ..rules.offload import offload_fractions, offload_reason
 from ..rules.precision import choose_precision
 from ..rules.recompute import recompute_ladder, recompute_reason
+from .hazards import describe as describe_hazard
+from .hazards import follow_recipe_choices, hazard_weight, open_hazards
 
 VPP_CHOICES = (16, 12, 8, 6, 4, 3, 2)
 MBS_CHOICES = (1, 2, 4)
@@ -100,10 +107,15 @@ class SearchResult:
         fastest: the fastest fitting candidate (the winner unless its memory headroom said otherwise).
         ties: fitting candidates within the step error band of the fastest, the winner among them.
         band: the step error band the ties were called with (fraction), and ``band_reason`` why.
-        rule: the rule that decided: "fastest", "headroom" or "most headroom" (module doc).
+        rule: the rule that decided: "fastest", "headroom", "most headroom" or "hazard" (module doc).
         tie_break: every tie, fastest first: (layout, MBS, step s, HBM headroom bytes, keeps the memory band free,
             is the winner).
         tp_note: why TP exceeds the width limit ("" when it does not).
+        hazards: the planner's answer to each open hazard (catalog/known_issues.yaml, no fixed release) the fastest
+            tie or the winner walks into: (hazard id, confidence, answer) with answer ``avoided: ...`` (an
+            equal-cost tie without it won), ``recipe: ...`` (the upstream recipe's setting, made) or
+            ``cannot avoid: ...`` (every tie walks into it; ``decided by the request`` when every fitting candidate
+            does). :mod:`lcmoe_recipes.planner.hazards`.
     """
 
     request: TrainingRequest
@@ -122,6 +134,7 @@ class SearchResult:
     rule: str = "fastest"
     tie_break: tuple[tuple[str, int, float, float, bool, bool], ...] = ()
     tp_note: str = ""
+    hazards: tuple[tuple[str, str, str], ...] = ()
 
 
 def _vpp(num_layers: int, mtp: int, pp: int) -> int | None:
@@ -334,6 +347,7 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) ->
             if any(f.severity == "error" for f in check_plan(plan) + host_findings(plan)):  # + a node's RAM
                 continue
             plan = with_cp_comm(with_ep_overlap(plan.with_changes(reasons=_reasons(ctx, plan, rules, level, fraction))))
+            plan = follow_recipe_choices(plan)  # an upstream recipe's setting that avoids an open hazard
             return Candidate(plan, _peak(ctx, plan), estimate_step(plan, ctx.table))
     _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
     return None
@@ -556,16 +570,21 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
     def headroom(c: Candidate) -> float:
         return ctx.limit - c.memory.hbm_total
 
-    safe_ties = [c for c in ties if headroom(c) >= safe]
-    if headroom(fastest) >= safe:
+    hazards = {id(c): open_hazards(c.plan) for c in ties}
+    weight = {id(c): hazard_weight(h) for c in ties for h in (hazards[id(c)],)}
+    fewest = min(weight.values())
+    pool = [c for c in ties if weight[id(c)] == fewest]  # equal cost: the ties with the fewest open hazards
+    safe_ties = [c for c in pool if headroom(c) >= safe]
+    if pool[0] is fastest and headroom(fastest) >= safe:
         best, rule = fastest, "fastest"
     elif safe_ties:
-        best, rule = safe_ties[0], "headroom"
+        best, rule = safe_ties[0], "headroom" if pool[0] is fastest else "hazard"
     else:
-        best, rule = max(ties, key=headroom), "most headroom"
+        best, rule = max(pool, key=headroom), "most headroom" if pool[0] is fastest else "hazard"
+    answers = _hazard_answers(best, fastest, ties, ranked_fits, hazards)
     tie_break = tuple((c.plan.layout.describe(), c.plan.micro_batch_size, c.step.step_seconds, headroom(c),
                        headroom(c) >= safe, c is best) for c in ties)
-    why = _why(best, fastest, ties, ctx.limit, safe, rule, ctx.band) + (
+    why = _why(best, fastest, ties, ctx.limit, safe, rule, ctx.band) + _hazard_text(answers) + (
         f"; {len(units)} candidates (layout x MBS) considered, {len(fits)} fitting ones priced"
         + (f" ({pruned} skipped: a lower bound of their step time is slower than every candidate kept)"
            if pruned else ""))
@@ -574,7 +593,47 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
     winner = Candidate(best.plan.with_changes(reasons=reasons, name=name), best.memory, best.step)
     ranked = [winner] + [c for c in ranked_fits if c is not best][: max(0, top - 1)]
     return SearchResult(request, winner, ranked, len(units), {k: v[0] for k, v in rejected.items()}, why,
-                      len(units) - pruned, pruned, ctx.limit, fastest, len(ties), band, ctx.band[1], rule, tie_break)
+                      len(units) - pruned, pruned, ctx.limit, fastest, len(ties), band, ctx.band[1], rule, tie_break,
+                      hazards=answers)
+
+
+def _hazard_answers(best: Candidate, fastest: Candidate, ties: list[Candidate], fits: list[Candidate],
+                    hazards: dict[int, tuple[str, ...]]) -> tuple[tuple[str, str, str], ...]:
+    """(hazard id, confidence, answer) for every open hazard the fastest tie or the winner walks into, and for every
+    one whose recipe choice the winner carries (:mod:`lcmoe_recipes.planner.hazards`)."""
+    from .hazards import RECIPE_CHOICES, confidence, decides
+
+    won, first = hazards[id(best)], hazards[id(fastest)]
+    out = []
+    for issue_id in dict.fromkeys((*first, *won)):
+        if issue_id in won and not decides(issue_id):
+            out.append((issue_id, confidence(issue_id), "not avoided: low confidence -- it does not decide among "
+                        "equal-cost ties, so no predicted step time is given up for it"))
+            continue
+        if issue_id not in won:
+            how = (f"avoided: {best.plan.layout.describe()}, MBS {best.plan.micro_batch_size} does not walk into it "
+                   f"and is within the step error band of the fastest ({fastest.plan.layout.describe()}, MBS "
+                   f"{fastest.plan.micro_batch_size}), which does")
+        elif all(issue_id in hazards[id(c)] for c in ties):
+            every = all(issue_id in open_hazards(c.plan) for c in fits)
+            how = ("cannot avoid: " + ("decided by the request: every fitting candidate priced walks into it"
+                                        if every else "every candidate within the step error band walks into it; "
+                                        "a layout without it is slower than the band allows"))
+        else:
+            how = "cannot avoid: the ties without it walk into more open hazards (or into an error one)"
+        out.append((issue_id, confidence(issue_id), how))
+    for issue_id, choice in RECIPE_CHOICES.items():
+        reason = best.plan.reasons.get(choice.field)
+        if reason is not None and reason.why == choice.why and issue_id not in won:
+            out.append((issue_id, confidence(issue_id), f"recipe: {choice.why}"))
+    return tuple(out)
+
+
+def _hazard_text(answers: tuple[tuple[str, str, str], ...]) -> str:
+    """The winner's reason, continued: the answer to each open hazard (empty when there is none)."""
+    if not answers:
+        return ""
+    return "; open hazards: " + "; ".join(f"{describe_hazard(i)} -- {how}" for i, _, how in answers)
 
 
 def _result_or_raise(ctx: _Request, result) -> SearchResult:
@@ -662,6 +721,11 @@ def _why(best: Candidate, fastest: Candidate, ties: list[Candidate], limit: floa
     if rule == "fastest":
         return (text + f"; rule 'fastest': the fastest of {len(ties)} candidates within {band_text}, and it keeps "
                 f"{memory_note} free ({free:.1f} GiB free)")
+    if rule == "hazard":
+        return (text + f"; rule 'hazard': {step.step_seconds / fastest.step.step_seconds - 1:+.1%} on the fastest "
+                f"({fastest.plan.layout.describe()}, MBS {fastest.plan.micro_batch_size}, "
+                f"{fastest.step.step_seconds:.2f} s), within {band_text}; it walks into fewer open hazards than the "
+                f"fastest ({free:.1f} GiB free)")
     if rule == "headroom":
         return (text + f"; rule 'headroom': {step.step_seconds / fastest.step.step_seconds - 1:+.1%} on the fastest "
                 f"({fastest.plan.layout.describe()}, MBS {fastest.plan.micro_batch_size}, "
