@@ -267,6 +267,10 @@ def test_package_root_keeps_the_public_api_and_the_command_doors():
     assert root == doors | {"__init__", "errors"}
     for door in doors - {"launch"}:
         assert GRAPH[f"{PACKAGE}.{door}"] == {f"{PACKAGE}.cli.{door}"}, door
+    import lcmoe_recipes
+
+    # importing a door sets the package attribute of its name: a facade name equal to a door would be replaced
+    assert not doors & set(lcmoe_recipes.__all__), doors & set(lcmoe_recipes.__all__)
     assert {m.rsplit(".", 1)[0] for m in GRAPH[f"{PACKAGE}.launch"]} <= {f"{PACKAGE}.cli", f"{PACKAGE}.jobs",
                                                                         f"{PACKAGE}.jobs.executors"}
 

@@ -146,7 +146,7 @@ def test_edited_named_recipe_says_so(tmp_path, capsys):
 def test_the_based_on_line_names_the_same_base_for_one_config(tmp_path):
     """A named recipe, the YAML launch wrote for it (its header records the base), and that YAML without the header
     (the base is unknown, not upstream's template)."""
-    from lcmoe_recipes import check, recipe_plan
+    from lcmoe_recipes import examine as check, recipe_plan
     from lcmoe_recipes.report.text import base_recipe_text, plan_rows
 
     recipe = ROOT / "recipes" / "qwen3_next_8k_gb200.yaml"

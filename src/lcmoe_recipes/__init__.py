@@ -91,12 +91,14 @@ def build_phases(model: str, lengths: Sequence[int], num_gpus: int, hardware: st
     return [one.cfg for one in configure_phases(request)]
 
 
-def check(config: str, gpus: int | None = None, hardware: str | None = None, container_image: str | None = None):
-    """Examine a ConfigContainer YAML or a named recipe for a target (:func:`lcmoe_recipes.planner.examine.examine`):
-    returns an :class:`~lcmoe_recipes.planner.examine.Examination` (plan, findings, scope)."""
-    from .planner.examine import examine
+def examine(config: str, gpus: int | None = None, hardware: str | None = None, container_image: str | None = None):
+    """Examine a ConfigContainer YAML or a named recipe for a target, as ``python -m lcmoe_recipes.check`` does
+    (:func:`lcmoe_recipes.planner.examine.examine`): returns an :class:`~lcmoe_recipes.planner.examine.Examination`
+    (plan, findings, scope, data). Not named ``check``: importing the command module ``lcmoe_recipes.check`` would
+    replace a facade function of that name."""
+    from .planner.examine import examine as _examine
 
-    return examine(config, gpus, hardware, container_image)
+    return _examine(config, gpus, hardware, container_image)
 
 
 def build_ranks(config, gpus: int | None = None, hardware: str | None = None):
@@ -154,6 +156,6 @@ __all__ = [
     "qwen3_next_8k_gb200", "qwen3_next_32k_gb200", "qwen3_next_64k_gb200",
     "TrainingRequest", "resolve", "Resolution", "phase_requests", "NAMED_RECIPES", "recipe_plan", "config_from_plan",
     "build_recipe",
-    "build_phases", "build_ranks", "check", "check_plan", "Plan", "Finding",
+    "build_phases", "build_ranks", "examine", "check_plan", "Plan", "Finding",
     "LcmoeError", "InfeasibleConfig", "ModelConfigError", "OverrideError", "UnknownName",
 ]
