@@ -353,7 +353,7 @@ def test_a_launch_that_trains_refuses_mock_data_random_weights_and_missing_gpus(
     out = tmp_path / "d.yaml"
     assert launch(["dsv3", "--seq", "131072", "--output", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "\nerror: this launch would not train as asked: (1) the config names no dataset" in err
+    assert "error: this launch would not train as asked: (1) the config names no dataset" in err
     assert "(3) this machine has 0 GPU(s); the config needs 256" in err
     assert ("fix: (1) give --data-path PREFIX (Megatron .bin/.idx prefixes) with --tokenizer NAME, or set --mock-data "
             "to train on mock data on purpose; (2) give --from-hf DIR (a Hugging Face folder, converted) or "
