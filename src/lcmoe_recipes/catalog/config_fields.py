@@ -22,12 +22,17 @@ def closest(word: str, names: list[str]) -> str | None:
     return close[0] if close else None
 
 
+def override_key(text: str) -> str:
+    """The dotted key a Hydra override ``text`` sets or removes: ``model.tensor_model_parallel_size`` for
+    ``model.tensor_model_parallel_size=4``, ``+key=value`` and ``~key``."""
+    return text.strip().lstrip("+~").partition("=")[0].strip()
+
+
 def unknown_override(text: str) -> tuple[str, str] | None:
     """(what is wrong, the fix) when the Hydra override ``text`` (``key=value``, ``+key=value``, ``~key``) names a
     ConfigContainer section that does not exist, or a field no config of that section has; None otherwise (also
     for what only Hydra's parser can judge: it runs later)."""
-    body = text.strip().lstrip("+~")
-    key = body.partition("=")[0].strip()
+    key = override_key(text)
     if not key:
         return None
     parts = key.split(".")

@@ -31,9 +31,8 @@ from ..planner.resolve import Resolution, phase_requests, resolve
 from .executors.common import nodes_for
 from .executors.kubeflow import KubeflowSettings, kube_job_overrides
 from .executors.slurm import SlurmSettings, job_dir_of, overlay_step
-from .executors.local import local_gpus
 from .job_checks import JobCheck
-from .start_gate import refuse_to_start, start_blockers
+from .start_gate import refuse_to_start
 from .overlay import nearest_image
 
 
@@ -147,9 +146,10 @@ def _follow_overrides(cfg, overrides: list[str], shown: Plan) -> tuple[Plan, lis
     """
     import math
 
+    from ..catalog.config_fields import override_key
     from ..rules.cp import choose_cp_comm
 
-    keys = {text.split("=", 1)[0].lstrip("+~") for text in overrides}
+    keys = {override_key(text) for text in overrides}
     derived: list = []
     model = cfg.model
     tp = model.tensor_model_parallel_size
@@ -284,11 +284,9 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
                         + _time_findings(one, settings, smoke, chained=index < len(configs) - 1)
                         + (phase_findings(one.shown, budget_hours or DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
         one.output = _output(one.plan, one.overrides, _phase_output(output, one, index, len(configs), request))
-    if start:
-        here = local_gpus() if settings is None else None
-        refuse_to_start([b for one in configs for b in start_blockers(
-            one.cfg, mock_data=mock_data, from_scratch=from_scratch,
-            gpus_needed=one.plan.layout.world if settings is None else None, gpus_here=here)], "this launch")
+    if start:  # every phase runs on the same target: a local run needs its ranks' GPUs here
+        refuse_to_start([one.cfg for one in configs], mock_data=mock_data, from_scratch=from_scratch,
+                        local_ranks=configs[0].plan.layout.world if settings is None else None)
     for one in configs:
         emit.write_yaml(one.cfg, one.output, one.meta)
         one.command = torchrun_command(one.output, one.plan.layout.world, one.plan.hardware_spec.gpus_per_node)

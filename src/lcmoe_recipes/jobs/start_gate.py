@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from ..emit.paths import real_data
 from ..errors import LcmoeError
+from .executors.local import local_gpus
 
 
 class Blocker(NamedTuple):
@@ -38,15 +39,15 @@ def extends_positions(cfg) -> bool:
     return any(isinstance(f, (int, float)) and f > 1 for f in factors)
 
 
-def start_blockers(cfg, *, mock_data: bool = False, from_scratch: bool = False, gpus_needed: int | None = None,
-                   gpus_here: int | None = None) -> list[Blocker]:
+def start_blockers(cfg, *, mock_data: bool = False, from_scratch: bool = False,
+                   local_ranks: int | None = None) -> list[Blocker]:
     """What stops ``cfg`` from training as a real run (rules ``start/*``), each with its fix.
 
     Args:
         cfg: the ConfigContainer the ranks will run (with the data and weights overrides applied).
         mock_data: the user asked for mock data on purpose (``--mock-data``).
         from_scratch: the user asked for random initialisation on purpose (``--from-scratch``).
-        gpus_needed, gpus_here: a local run's ranks and the GPUs this machine has (None: not a local run).
+        local_ranks: the ranks a local run starts on this machine, one GPU each (None: not a local run).
     """
     out: list[Blocker] = []
     tok = getattr(getattr(cfg, "tokenizer", None), "tokenizer_type", None)
@@ -66,24 +67,27 @@ def start_blockers(cfg, *, mock_data: bool = False, from_scratch: bool = False, 
                            "is null)", "give from_hf=DIR (a Hugging Face folder, converted) or "
                            "from_checkpoint=DIR (a Megatron checkpoint), or set `from_scratch` to start from random "
                            "weights on purpose", ("from_hf", "from_checkpoint", "from_scratch")))
-    if gpus_needed is not None and gpus_here is not None and gpus_here < gpus_needed:
-        out.append(Blocker("start/gpus-here", f"this machine has {gpus_here} GPU(s); the config needs "
-                           f"{gpus_needed}", "run it on the cluster (executor=slurm or executor=kubeflow), or check it here "
+    if local_ranks is not None and (here := local_gpus()) < local_ranks:
+        out.append(Blocker("start/gpus-here", f"this machine has {here} GPU(s); the config needs "
+                           f"{local_ranks}", "run it on the cluster (executor=slurm or executor=kubeflow), or check it here "
                            "with `smoke`", ("executor", "smoke")))
     return out
 
 
-def refuse_to_start(blockers: list[Blocker], where: str) -> None:
-    """Raise one error listing every blocker of ``where``, each once (nothing raised for none).
+def refuse_to_start(cfgs, *, mock_data: bool = False, from_scratch: bool = False,
+                    local_ranks: int | None = None) -> None:
+    """Raise one error listing every :func:`start_blockers` of the configs of one launch (its phases), each once;
+    nothing raised when there are none.
 
     Raises:
         LcmoeError: the blockers' messages, then their fixes, in order (exit 2: nothing was started or written).
     """
-    blockers = list(dict.fromkeys(blockers))  # phases of one launch share most of them: each said once
+    blockers = list(dict.fromkeys(b for cfg in cfgs for b in start_blockers(  # phases share most: each said once
+        cfg, mock_data=mock_data, from_scratch=from_scratch, local_ranks=local_ranks)))
     if not blockers:
         return
     fields = tuple(dict.fromkeys(name for b in blockers for name in b.fields))
-    raise LcmoeError(f"{where} would not train as asked: " + "; ".join(f"({i}) {b.message}" for i, b in
+    raise LcmoeError("this launch would not train as asked: " + "; ".join(f"({i}) {b.message}" for i, b in
                                                                       enumerate(blockers, 1)),
                      "; ".join(f"({i}) {b.fix}" for i, b in enumerate(blockers, 1))
                      + " (a dry run or a smoke check needs none of these)", fields=fields)

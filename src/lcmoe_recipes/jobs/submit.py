@@ -14,11 +14,11 @@ from ..checks.known_issues import job_versions
 from ..errors import LcmoeError
 from .executors.common import EXECUTORS, LaunchResult, nodes_for, train_arguments
 from .executors.kubeflow import KubeflowSettings, check_kubeflow_settings, kube_job_overrides, run_kubeflow
-from .executors.local import local_gpus, run_local
+from .executors.local import run_local
 from .executors.slurm import SlurmSettings, check_settings, run_slurm
 from .job_checks import JobCheck
 from .prepare import Configured, slurm_job_check
-from .start_gate import refuse_to_start, start_blockers
+from .start_gate import refuse_to_start
 
 
 def run(one: Configured, executor: str = "local", settings: SlurmSettings | KubeflowSettings | None = None, *,
@@ -184,9 +184,8 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
     if not (smoke or dry_run):  # a run that trains: refused, before anything is written, for what it lacks
         # here: the planned ranks' GPUs (another --nproc-per-node is refused by the local executor itself)
         local = executor == "local" and nproc_per_node in (None, meta["world_size"])
-        gate = lambda c: refuse_to_start(start_blockers(  # noqa: E731
-            c, mock_data=mock_data, from_scratch=from_scratch, gpus_needed=meta["world_size"] if local else None,
-            gpus_here=local_gpus() if local else None), "this launch")
+        gate = lambda c: refuse_to_start([c], mock_data=mock_data, from_scratch=from_scratch,  # noqa: E731
+                                         local_ranks=meta["world_size"] if local else None)
     if executor == "local":
         yaml, env_vars, _ = _materialize(cfg, meta, output, extra, versions=versions, gate=gate)
         args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer, save_dir=save_dir)
