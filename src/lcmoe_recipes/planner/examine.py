@@ -148,17 +148,14 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
             plan = plan.with_changes(layout=dataclasses.replace(plan.layout, world=gpus or plan.layout.world),
                                      hardware=(hw_arg or plan.hardware_spec).key)
         from .. import emit
-        from ..emit.paths import data_text
 
         # the recipe's own ConfigContainer, judged as its YAML is: upstream validate() and the known upstream bugs
         # read its fields, not the plan's
         cfg = emit.config_from_plan(plan, validate=False, quiet=True)
         versions, findings = job_versions(container_image, overlay)
         findings = emit.config_findings(cfg, plan.hardware_spec, plan.layout.world, config, versions) + findings
-        return Examination(plan, findings, f"our checks, the cost model, megatron-bridge validate() for the target "
-                           f"and the known upstream bugs for {versions.describe()}", data_text(cfg))
+        return _examined(plan, findings, versions, cfg)
     from .. import emit
-    from ..emit.paths import data_text
 
     cfg, meta, hw, gpus = read_config(config, gpus, hw_arg.key if hw_arg else None)
     name = meta.get("recipe") or Path(config).stem
@@ -181,6 +178,13 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
             f"checking for {gpus} x {hw.key}, but the YAML was written for {meta.get('world_size')} x "
             f"{meta.get('hardware')}: lcmoe_recipes.train refuses to start on a target other than the header's",
             f"rewrite it for this target: python -m lcmoe_recipes.launch ... --gpus {gpus} --hardware {hw.key} --dry-run"))
+    return _examined(plan, findings, versions, cfg)
+
+
+def _examined(plan: Plan, findings: list, versions, cfg) -> Examination:
+    """The Examination of a ConfigContainer (a YAML's, or a named recipe's own): what was checked, and its data."""
+    from ..emit.paths import data_text
+
     return Examination(plan, findings, f"our checks, the cost model, megatron-bridge validate() for the target and the "
                        f"known upstream bugs for {versions.describe()}", data_text(cfg))
 
