@@ -201,18 +201,41 @@ def test_the_data_line_names_what_the_yaml_trains_on(configs, tmp_path, capsys):
 
 
 def test_the_hbm_fix_offers_only_what_the_plan_has_not_done():
-    """DeepSeek-V3 128K squeezed onto 64 H100 (CP8, EP8) overflows HBM with its optimizer fully offloaded already: the fix does
-    not offer the offload again; without offload and recompute it offers both."""
+    """DeepSeek-V3 128K squeezed onto 64 H100 (CP8, EP8, PP8: DP=1) overflows HBM with its optimizer fully offloaded
+    already: the fix does not offer the offload again, every fix it offers is re-checked (priced by the memory model at
+    the same GPU count), and since none fits it says so; without offload and recompute it offers and prices both."""
     from lcmoe_recipes.checks.memory import memory_findings
     from lcmoe_recipes.planner.recipes import recipe_plan
 
     plan = recipe_plan("dsv3_128k_h100")
     small = plan.with_changes(layout=__import__("dataclasses").replace(plan.layout, world=64, cp=8, ep=8))
     (over,) = [f for f in memory_findings(small) if f.rule == "memory/exceeds-hbm"]
-    assert small.optimizer_offload_fraction == 1 and over.fix == (
-        "raise CP or PP, or recompute more (more selective modules, then full)")
+    assert small.optimizer_offload_fraction == 1 and "offload" not in over.fix
+    # no larger CP or PP folds into 64 GPUs at DP=1, so neither is offered; full recompute is, with its price
+    assert over.fix.startswith("re-checked at the same GPU count: full recompute (model.recompute_granularity=full "
+                               "model.recompute_method=uniform model.recompute_num_layers=1): ")
+    assert "still over the 70.8 GiB limit; nothing fits on 64 GPUs: use more GPUs" in over.fix
     bare = small.with_changes(optimizer_cpu_offload=False, optimizer_offload_fraction=0.0, recompute_granularity=None,
                               recompute_modules=())
     (over,) = [f for f in memory_findings(bare) if f.rule == "memory/exceeds-hbm"]
-    assert over.fix == ("raise CP or PP, recompute (selective modules, then full), or offload optimizer state "
-                        "(optimizer.optimizer_cpu_offload)")
+    assert "selective recompute of layernorm, moe_act (model.recompute_granularity=selective " in over.fix
+    assert ("offload the whole optimizer state (optimizer.optimizer_cpu_offload=true "
+            "optimizer.optimizer_offload_fraction=1.0 optimizer.use_precision_aware_optimizer=true)") in over.fix
+    assert "; all of them together: " in over.fix and "nothing fits on 64 GPUs" in over.fix
+
+
+def test_an_hbm_fix_is_priced_before_it_is_offered():
+    """DeepSeek-V3 128K on its 256 H100 with PP lowered to 4 (VPP 8) overflows; the fix prices going back to PP=8 x
+    VPP=4 (the named recipe's layout, which fits) and says that CP=64 alone and full recompute alone do not fit."""
+    from lcmoe_recipes.checks.memory import memory_findings
+    from lcmoe_recipes.core.pipeline import build_pipeline_layout
+    from lcmoe_recipes.planner.recipes import recipe_plan
+
+    plan = recipe_plan("dsv3_128k_h100")
+    four = plan.with_changes(layout=__import__("dataclasses").replace(plan.layout, pp=4, vpp=8),
+                             pipeline_model_parallel_layout=build_pipeline_layout(61, 32, 1))
+    (over,) = [f for f in memory_findings(four) if f.rule == "memory/exceeds-hbm"]
+    parts = dict(part.split(": ", 1) for part in over.fix.removeprefix("re-checked at the same GPU count: ").split("; "))
+    fitting = {k for k, v in parts.items() if v.endswith(", fits")}
+    assert fitting == {"PP=8 x VPP=4 (model.pipeline_model_parallel_size=8 model.virtual_pipeline_model_parallel_size=4)"}
+    assert parts["CP=64 (model.context_parallel_size=64)"].endswith("still over the 70.8 GiB limit")

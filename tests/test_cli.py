@@ -78,9 +78,10 @@ def test_bad_request(capsys, tmp_path, args, message, fix):
 @pytest.mark.slow
 @pytest.mark.parametrize("override,message", [
     ("model.tensor_model_paralel_size=4", "fix: use 'model.tensor_model_parallel_size'"),  # refused before loading
-    ("model.seq_length=131076", "'seq_length' is 131076 on the model but 131072 on the dataset"),
+    # dataset.seq_length follows the model's (derived again); 131,076 then splits into 2·CP chunks for no CP > 2
+    ("model.seq_length=131076", "CP=4 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split)"),
     ("model.seq_length=131076 dataset.seq_length=131076",
-     "CP=4 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split) (and 2 more"),
+     "CP=4 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split) (and "),
     ("model.moe_flex_dispatcher_backend=deepep", "DeepEP does not run on GB200 NVL72"),
     ("train.global_batch_size=63", "GBS=63 is not divisible by MBS·DP = 1·2 = 2"),
     ("model.recompute_modules=[up_proj,norm]", "unknown recompute module(s) ['up_proj', 'norm']"),

@@ -135,9 +135,6 @@ LATE = [
      "fp8/format", "model.fp8='e5m2'"),
     ("fp8/gemm-shapes", NEXT, {"mixed_precision": "bf16_with_mxfp8_mixed", "model.moe_ffn_hidden_size": 520},
      "fp8/gemm-shapes", "experts linear_fc1 [1040, 2048]"),
-    ("fp8/gemm-shapes-tokens", NEXT, {"mixed_precision": "bf16_with_mxfp8_mixed", "model.seq_length": 8200,
-                                      "dataset.seq_length": 8200},
-     "fp8/gemm-shapes", "MBS·seq_length/CP = 8200"),
     ("fp8/gdn-in-proj", NEXT, {"mixed_precision": "bf16_with_mxfp8_mixed", "model.linear_num_key_heads": 8,
                                "model.linear_num_value_heads": 8},
      "fp8/gdn-in-proj", "in_proj output dimension 4112 is not a multiple of 32"),
@@ -174,11 +171,16 @@ LATE = [
     ("mla/hybrid-cp", DSV3, {"model.hybrid_context_parallel": True}, "mla/hybrid-cp", "multi-latent attention"),
     ("gdn/activation", NEXT, {"model.activation_func": _torch_fn("gelu")}, "gdn/activation", "activation gelu"),
     ("data/dataloader-type", NEXT, {"dataset.dataloader_type": "random"}, "data/dataloader-type", "'random'"),
+    ("data/document-masking", QWEN, {"dataset.inter_document_masking": True}, "data/document-masking",
+     "does not pad documents to a multiple of 2·CP"),  # CP>1 and graphed attention
 ]
 
 # Upstream asserts whose condition a check of ours (checks/feasibility.py, emit/validate.py) catches first, under its
 # own rule id: the same end-to-end test.
 OURS_FIRST = [
+    ("divisibility/fp8-tokens", NEXT, {"mixed_precision": "bf16_with_mxfp8_mixed", "model.seq_length": 8200,
+                                       "dataset.seq_length": 8200},
+     "divisibility/fp8-tokens", "(MBS·seq_length/CP = 1·8200/1) to be a multiple of 32"),
     ("recompute/granularity", QWEN, {"model.recompute_granularity": "partial"}, "recompute/granularity", "'partial'"),
     ("recompute/full-args", DSV3, {**FULL_RECOMPUTE, "model.recompute_method": None}, "recompute/full-args",
      "recompute_method"),

@@ -152,3 +152,46 @@ def test_smoke_names_the_node_and_the_missing_path(tmp_path, capsys, monkeypatch
     assert (f"error: on node {NODE}: dataset prefix '/data/web_text_document': /data/web_text_document.bin and "
             "/data/web_text_document.idx not found") in captured.err
     assert f"fix: make these paths exist on {NODE} (a filesystem every node mounts at the same path" in captured.err
+
+
+def _tokenizer_folder(folder, size: int):
+    """A Hugging Face tokenizer folder of ``size`` tokens (a word-level vocabulary), made with the tokenizers library."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w1").save_pretrained(str(folder))
+    return str(folder)
+
+
+def test_the_tokenizer_vocabulary_is_checked_against_the_model_and_the_data(fresh_config, tmp_path):
+    """Where the job runs: the tokenizer is built with megatron-bridge's build_tokenizer and judged by its own start-up
+    rule (a model vocabulary smaller than the tokenizer's is refused); a dataset whose .idx stores uint16 token ids
+    (written here by megatron-core's IndexedDatasetBuilder) cannot come from a tokenizer of 70,000 tokens."""
+    import numpy
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from lcmoe_recipes.jobs.node import problems_here, vocabulary_problems
+
+    _, cfg = fresh_config("qwen3_next_8k_gb200")  # vocab_size 151,936
+    prefix = tmp_path / "web_text_document"
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=numpy.uint16)
+    builder.add_item(torch.tensor([5, 6, 7]))
+    builder.end_document()
+    builder.finalize(f"{prefix}.idx")
+    cfg.dataset.blend = [[str(prefix)], None]
+    cfg.tokenizer.tokenizer_type = "HuggingFaceTokenizer"
+    cfg.tokenizer.tokenizer_model = _tokenizer_folder(tmp_path / "small", 1000)
+    assert vocabulary_problems(cfg) == []  # 1,000 tokens in a 151,936-row embedding, uint16 ids: fits
+    cfg.tokenizer.tokenizer_model = big = _tokenizer_folder(tmp_path / "big", 70000)
+    assert vocabulary_problems(cfg) == [
+        f"{prefix}.idx stores token ids as uint16 (megatron-core writes uint16 only for vocabularies under 65,500), "
+        f"but the tokenizer '{big}' has 70,000 tokens: the data was tokenized with another tokenizer; tokenize it "
+        "again with this one (Megatron-LM's preprocess_data script, --tokenizer-model)"]
+    cfg.model.vocab_size = 50000
+    (first, _) = problems_here(cfg)
+    assert first == (f"tokenizer '{big}' has 70,000 tokens but the model's vocabulary is 50,000 (megatron-bridge: "
+                     "Model vocab_size (50000) cannot be smaller than tokenizer's vocab_size (70000).): give the "
+                     "model's own tokenizer")

@@ -76,9 +76,16 @@ class Finding:
         return f"[{self.severity}] {self.rule}: {self.message}; {self.fix}"
 
 
+CONSEQUENCES = ("memory/", "host-memory/")
+"""Rule prefixes of errors that follow from the rest of a config (its memory, priced from every other setting): an
+error of another rule is its root cause where both occur, and leads."""
+
+
 def raise_for_errors(findings: list[Finding], what: str = "plan") -> None:
-    """Raise :class:`InfeasibleConfig` naming the first error (all findings attached) if any is an error."""
-    errors = [f for f in findings if f.severity == "error"]
+    """Raise :class:`InfeasibleConfig` naming the first error (all findings attached) if any is an error; a root cause
+    (any rule but the :data:`CONSEQUENCES`) leads over the memory it overflows."""
+    errors = sorted((f for f in findings if f.severity == "error"), key=lambda f: f.rule.startswith(CONSEQUENCES))
     if errors:
         more = f" (and {len(errors) - 1} more: {'; '.join(e.rule for e in errors[1:])})" if len(errors) > 1 else ""
-        raise InfeasibleConfig(f"{what}: {errors[0].message}{more}", errors[0].fix, findings)
+        ordered = [errors[0]] + [f for f in findings if f is not errors[0]]  # the headline first, as it is shown
+        raise InfeasibleConfig(f"{what}: {errors[0].message}{more}", errors[0].fix, ordered)

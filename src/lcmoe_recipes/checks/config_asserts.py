@@ -543,10 +543,7 @@ def _fp8_shapes(r: Resolved):
     if bad:
         yield (f"{what}; per-rank weights: {', '.join(bad)}",
                "choose TP/ETP so the sharded dimensions keep the alignment, or use a different precision")
-    tokens = r.mbs * r.cfg.model.seq_length // r.cp
-    if not r.variable_length and tokens % lead:
-        yield (f"{'MXFP8' if mx else 'FP8'} needs the tokens per GEMM input (MBS·seq_length/CP = {tokens}) divisible "
-               f"by {lead}", f"choose seq_length / CP / MBS so MBS·seq_length/CP is a multiple of {lead}")
+    # the tokens per GEMM input (MBS·seq_length/CP): checks.feasibility rule divisibility/fp8-tokens, on the plan
 
 
 @_rule("fp8/gdn-in-proj", f"{MCORE} ssm/gated_delta_net/common.py, _GDNBase.__init__ (fp8_utils.get_fp8_align_size: "
@@ -561,6 +558,26 @@ def _fp8_gdn(r: Resolved):
     dim = 2 * k_dim + 2 * v_dim + 2 * r.get("linear_num_value_heads")
     if dim % align:
         yield f"gated DeltaNet in_proj output dimension {dim} is not a multiple of {align} under FP8", "use bf16"
+
+
+@_rule("data/document-masking", f"{MCORE} datasets/gpt_dataset.py (inter_document_masking: cu_seqlens per sample; "
+       "documents not padded to 2·CP); Transformer Engine attention/dot_product_attention/context_parallel.py (THD with "
+       "CP: every sequence of cu_seqlens divisible by 2·CP); megatron-bridge 0.6.2 training/config.py (packed attention "
+       "CUDA graphs need padded cu_seqlens); {MCORE} ssm/gated_delta_net (per-document CP split)")
+def _document_masking(r: Resolved):
+    if not getattr(r.cfg.dataset, "inter_document_masking", False):
+        return
+    if r.cp > 1:
+        what = ("gated DeltaNet splits every document over CP" if _is_gdn(r) else
+                "Transformer Engine's THD attention with CP needs every document's length divisible by 2·CP")
+        yield (f"dataset.inter_document_masking=true with CP={r.cp}: {what}, and megatron-core's GPTDataset does not "
+               f"pad documents to a multiple of 2·CP={2 * r.cp}",
+               "set dataset.inter_document_masking=false, or train at CP=1 to mask per document")
+    graphs = _names(r.get("cuda_graph_modules")) or _names(r.get("cuda_graph_scope"))
+    if r.get("cuda_graph_impl", "none") != "none" and (not graphs or "attn" in graphs):
+        yield ("dataset.inter_document_masking=true with attention in CUDA graphs: cu_seqlens change every sample, "
+               "and a graph replays the shapes it captured",
+               "set model.cuda_graph_modules without attn (or cuda_graph_impl=none), or inter_document_masking=false")
 
 
 # --- pipeline schedules -------------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from ..errors import Finding, InfeasibleConfig, raise_for_errors  # noqa: F401 (
 from ..core.plan import PRECISIONS, Plan
 from ..core.pipeline import layout_layer_counts, layout_stages
 from ..core.ranks import max_span
+from ..rules.cp import cp_first_guess
+from ..rules.precision import fp8_token_alignment
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts", "gdn_norm_out")
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
@@ -46,6 +48,11 @@ def _near(candidates: list[int], bad: int, n: int = 2) -> str:
     """'32 or 64': the ``n`` candidates closest to ``bad`` (ties: smaller first)."""
     best = sorted(sorted(set(candidates)), key=lambda c: (abs(c - bad), c))[:n]
     return " or ".join(str(c) for c in sorted(best)) if best else "none"
+
+
+def _nearest_power_of_two(n: int) -> int:
+    low = 1 << (n.bit_length() - 1)
+    return low * 2 if 2 * low - n < n - low else low
 
 
 def _divisors(n: int) -> list[int]:
@@ -142,6 +149,30 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         add("error", "divisibility/seq-cp",
             f"CP={cp} does not divide seq_length {plan.seq_length} into 2·CP chunks (load-balanced causal split)",
             f"use CP={_near(ok, cp)}")
+    align = fp8_token_alignment(plan.precision)
+    guess, _ = cp_first_guess(plan.seq_length)
+    splits = [c for c in (2**i for i in range(0, 12)) if (c == 1 or plan.seq_length % (2 * c) == 0)
+              and (not align or (plan.micro_batch_size * plan.seq_length // c) % align == 0)]
+    if splits and max(splits) < guess:  # (none at all: the FP8 token rule below refuses it)
+        power = _nearest_power_of_two(plan.seq_length)
+        add("warning", "divisibility/seq-length-cp",
+            f"seq_length {plan.seq_length:,} splits into 2·CP load-balanced chunks" + (
+                f" of a multiple of {align} tokens ({plan.precision})" if align else "")
+            + f" only for CP <= {max(splits)}, below the CP rule's first guess CP={guess} (seq_length/4096): the "
+            "layout must hold the attention of long sequences with less CP",
+            f"use seq_length {power:,} (a power of two: every CP up to {min(64, power // 2048)} splits it), e.g. "
+            f"--seq {power}")
+    tokens = plan.micro_batch_size * plan.seq_length // cp
+    if align and not plan.variable_length and (tokens % align or (plan.micro_batch_size * plan.seq_length) % cp):
+        unit = align * 2 * cp
+        low = plan.seq_length - plan.seq_length % unit
+        power = _nearest_power_of_two(plan.seq_length)
+        near = " or ".join(f"{v:,}" for v in (low, low + unit) if v)
+        add("error", "divisibility/fp8-tokens",
+            f"{plan.precision} needs the tokens per GEMM input (MBS·seq_length/CP = {plan.micro_batch_size}·"
+            f"{plan.seq_length}/{cp}) to be a multiple of {align}",
+            f"use seq_length {near} (multiples of {align}·2·CP = {unit}) at CP={cp}, or a power of two such as "
+            f"{power:,}, which every CP splits")
     if plan.sequence_parallel and tp > 1 and (plan.seq_length % cp or (plan.seq_length // cp) % tp):
         add("error", "divisibility/seq-tp-sp",
             f"with sequence parallel, seq_length/CP = {plan.seq_length}/{cp} does not split over TP={tp}",

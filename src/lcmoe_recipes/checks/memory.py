@@ -51,17 +51,115 @@ def memory_findings(plan: Plan) -> list[Finding]:
 
 
 def _hbm_fixes(plan: Plan) -> str:
-    """The ways to free HBM that ``plan`` has not taken yet (a fix already applied is not offered again)."""
-    fixes = ["raise CP or PP"]
-    if plan.recompute_granularity != "full":
-        fixes.append("recompute more (more selective modules, then full)" if plan.recompute_granularity == "selective"
-                     else "recompute (selective modules, then full)")
-    if not plan.optimizer_cpu_offload:
-        fixes.append("offload optimizer state (optimizer.optimizer_cpu_offload)")
-    elif plan.optimizer_offload_fraction < 1:
-        fixes.append(f"offload more optimizer state (optimizer.optimizer_offload_fraction, now "
-                     f"{plan.optimizer_offload_fraction:g})")
-    return ", ".join(fixes[:-1]) + f", or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
+    """The ways to free HBM that ``plan`` has not taken yet, each re-checked before it is offered: the next CP, the
+    next PP (PP x VPP kept where VPP allows), the next rung of the recompute ladder
+    (:func:`lcmoe_recipes.rules.recompute.recompute_ladder`) and the whole optimizer state offloaded, each priced by the
+    memory model and judged by the layout rules (:func:`lcmoe_recipes.checks.feasibility.check_plan`) at the same GPU
+    count. A fix already applied is not offered; one that does not fit alone says what it leaves; when none fits alone,
+    all of them together are priced too."""
+    limit = HBM_MARGIN * plan.hardware_spec.hbm_bytes
+    tried = [(label, override, candidate) for label, override, candidate in _candidates(plan)]
+    if not tried:
+        return "use more GPUs per model replica (this plan has no further CP, PP, recompute or offload step)"
+    parts, fitting = [], 0
+    for label, override, candidate in tried:
+        verdict, fits = _verdict(candidate, limit)
+        fitting += fits
+        parts.append(f"{label} ({override}): {verdict}")
+    text = "; ".join(parts)
+    if not fitting and len(tried) > 1:
+        together = plan
+        for _, _, candidate in tried:
+            together = together.with_changes(**{name: getattr(candidate, name) for name in _CHANGED
+                                                if getattr(candidate, name) != getattr(plan, name)})
+        verdict, fitting = _verdict(together, limit)
+        text += f"; all of them together: {verdict}"
+    if not fitting:
+        text += (f"; nothing fits on {plan.layout.world} GPUs: use more GPUs (room for a larger CP or PP, and more "
+                 "data-parallel ranks to shard the optimizer state over)")
+    return "re-checked at the same GPU count: " + text
+
+
+_CHANGED = ("layout", "pipeline_model_parallel_layout", "recompute_granularity", "recompute_modules", "cuda_graph_impl",
+            "cuda_graph_modules",
+            "recompute_method", "recompute_num_layers", "optimizer_cpu_offload", "optimizer_offload_fraction",
+            "use_precision_aware_optimizer")
+
+
+def _verdict(candidate: Plan, limit: float) -> tuple[str, bool]:
+    """'X GiB, fits' / 'X GiB, still over the Y GiB limit', and what the layout rules still refuse."""
+    from .feasibility import check_plan
+
+    total = estimate_memory(candidate).hbm_total
+    fits = total <= limit
+    text = f"{total / 2**30:.1f} GiB, " + ("fits" if fits else f"still over the {limit / 2**30:.1f} GiB limit")
+    errors = [f for f in check_plan(candidate) if f.severity == "error"]
+    if errors:
+        text += f", but then {errors[0].message} ({errors[0].fix})"
+    return text, fits and not errors
+
+
+def _candidates(plan: Plan):
+    """(label, the override that applies it, the Plan with it) for each HBM fix ``plan`` has not taken."""
+    from ..core.layout import ParallelLayout
+    from ..core.pipeline import build_pipeline_layout
+    from ..errors import LcmoeError
+    from ..rules.cp import cp_candidates
+    from ..rules.cuda_graphs import choose_cuda_graphs
+    from ..rules.recompute import recompute_ladder
+
+    lay = plan.layout
+    grow = dict(world=lay.world, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, etp=lay.etp, vpp=lay.vpp)
+    higher = [c for c in cp_candidates(plan.seq_length, lay.world) if c > lay.cp]
+    for cp in higher:
+        try:
+            layout = ParallelLayout(**{**grow, "cp": cp})
+            layout.dp, layout.edp  # noqa: B018 (raise when the GPUs do not fold into the new layout)
+        except LcmoeError:
+            continue
+        yield f"CP={cp}", f"model.context_parallel_size={cp}", plan.with_changes(layout=layout)
+        break
+    pp = lay.pp * 2
+    vpp = lay.vpp // 2 if lay.vpp and lay.vpp % 2 == 0 and lay.vpp >= 4 else (None if lay.vpp == 2 else lay.vpp)
+    try:
+        layout = ParallelLayout(**{**grow, "pp": pp, "vpp": vpp})
+        layout.dp, layout.edp  # noqa: B018
+        text = (build_pipeline_layout(plan.model_spec.num_layers, pp * (vpp or 1), plan.mtp_num_layers)
+                if plan.pipeline_model_parallel_layout else None)
+        override = f"model.pipeline_model_parallel_size={pp}" + (
+            f" model.virtual_pipeline_model_parallel_size={vpp or 'null'}" if vpp != lay.vpp else "")
+        yield (f"PP={pp}" + (f" x VPP={vpp}" if vpp else ""), override,
+               plan.with_changes(layout=layout, pipeline_model_parallel_layout=text))
+    except LcmoeError:
+        pass
+    ladder = recompute_ladder(plan.model_spec)
+    now = set(plan.recompute_modules) if plan.recompute_granularity == "selective" else set()
+    more = [(g, m) for g, m in ladder if plan.recompute_granularity != "full" and (
+        g == "full" or (g == "selective" and set(m) > now))]  # the next rung that recomputes more than now
+    if more:
+        granularity, modules = more[0]
+        changes = dict(recompute_granularity=granularity, recompute_modules=modules)
+        if granularity == "full":
+            changes.update(recompute_method="uniform", recompute_num_layers=1)
+            label, override = "full recompute", ("model.recompute_granularity=full model.recompute_method=uniform "
+                                                 "model.recompute_num_layers=1")
+        else:
+            label = f"selective recompute of {', '.join(modules)}"
+            override = f"model.recompute_granularity=selective model.recompute_modules=[{','.join(modules)}]"
+        candidate = plan.with_changes(**changes)
+        if plan.cuda_graph_impl != "none":  # derived again with the recompute, as an override would have it
+            (impl, graphs), _ = choose_cuda_graphs(plan.hardware_spec, plan.variable_length, granularity, modules,
+                                                   plan.moe_flex_dispatcher_backend, plan.model_spec.is_moe)
+            if (impl, tuple(graphs)) != (plan.cuda_graph_impl, tuple(plan.cuda_graph_modules)):
+                candidate = candidate.with_changes(cuda_graph_impl=impl, cuda_graph_modules=tuple(graphs))
+                label += " (CUDA graphs " + (f"on {', '.join(graphs)} only" if impl != "none" else "off") + ", derived)"
+        yield label, override, candidate
+    if not plan.optimizer_cpu_offload or plan.optimizer_offload_fraction < 1:
+        label = ("offload the whole optimizer state" if not plan.optimizer_cpu_offload else
+                 f"offload the whole optimizer state (now {plan.optimizer_offload_fraction:g})")
+        yield label, ("optimizer.optimizer_cpu_offload=true optimizer.optimizer_offload_fraction=1.0 "
+                      "optimizer.use_precision_aware_optimizer=true"), plan.with_changes(
+            optimizer_cpu_offload=True, optimizer_offload_fraction=1.0, use_precision_aware_optimizer=True)
 
 
 def host_findings(plan: Plan) -> list[Finding]:

@@ -97,7 +97,8 @@ class TrainingRequest(BaseModel):
     save_dir: str | None = Field(default=None, description="absolute folder on shared storage for checkpoints and "
                                  "logs (each phase in DIR/phaseN_<len>k)")
     data_path: tuple[str, ...] = Field(default=(), description="Megatron dataset prefixes, optionally weighted")
-    tokenizer: str | None = Field(default=None, description="Hugging Face tokenizer for real data")
+    tokenizer: str | None = Field(default=None, description="Hugging Face tokenizer for real data (default with "
+                                  "from_hf and data_path: the tokenizer of the from_hf folder)")
     calibration: str | None = Field(default=None, description="a calibration profile (lcmoe-calibrate): the search "
                                     "ranks and fits with its constants in place of the published fit")
     calibration_run: bool = Field(default=False, description="plan the one-node run that measures what calibration "

@@ -261,6 +261,24 @@ def _real_training(cfg, plan: Plan) -> None:
     cfg.validation.eval_iters = plan.eval_iters
 
 
+def _documents(cfg, plan: Plan) -> None:
+    if hasattr(cfg.dataset, "inter_document_masking"):
+        cfg.dataset.inter_document_masking = False
+
+
+DOCUMENTS_REASON = Reason(
+    "no inter-document masking: documents packed into one sequence attend across their boundaries (causal over the "
+    "whole sample, as megatron-bridge's pre-training template). megatron-core 0.19.2 can restrict attention to each "
+    "document (dataset.inter_document_masking=true: cu_seqlens per sample, THD attention), but its GPTDataset does not "
+    "pad documents to a multiple of 2·CP, which Transformer Engine's THD context parallelism needs for every document, "
+    "and per-sample cu_seqlens change every step, which attention CUDA graphs cannot replay; where CP=1 and attention "
+    "is not graphed it may be turned on (Llama 3 found document masking important in continued pre-training on very "
+    "long sequences)",
+    "megatron-core 0.19.2 datasets/gpt_dataset.py (GPTDatasetConfig.inter_document_masking; context_parallel_size "
+    "declared but unused); megatron-bridge 0.6.2 training/gpt_step.py (cu_seqlens batches -> PackedSeqParams, THD); "
+    "Llama 3 (arXiv 2407.21783) §3.2")
+
+
 def _numerics(cfg, plan: Plan) -> None:
     m = cfg.model
     if (m.num_moe_experts or 0) >= 32 and not m.moe_router_dtype:
@@ -389,6 +407,7 @@ SETTINGS: tuple[Setting, ...] = (
                     "benchmark-only setting), NaN checks on gradients and loss stay on, validation runs",
                     f"{UPSTREAM} perf_recipes/_common.py _benchmark_common and the model's perf common.py "
                     "(moe_router_force_load_balancing); recipes/common.py _pretrain_common for the training values")),
+    Setting("document_masking", ("dataset.inter_document_masking",), _documents, lambda plan: DOCUMENTS_REASON),
     Setting("numerics", ("model.moe_router_dtype",), _numerics,
             _answer("fp32 routing for 32+ experts (megatron-core warns without it)",
                     "megatron-core 0.19.2 transformer/transformer_config.py __post_init__ warning")),

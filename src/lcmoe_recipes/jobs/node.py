@@ -302,7 +302,7 @@ def problems_here(cfg) -> list[str]:
     and by ``--smoke``, which gathers every node's answer). Object-store URLs are not checked.
 
     * every dataset prefix: ``PREFIX.bin`` and ``PREFIX.idx`` exist;
-    * the tokenizer file/folder (when a path) exists;
+    * the tokenizer file/folder (when a path) exists, and its vocabulary fits the model's (:func:`vocabulary_problems`);
     * ``checkpoint.pretrained_checkpoint`` exists and holds a Megatron checkpoint or a Hugging Face model
       (megatron-bridge's ``checkpoint_exists`` / ``is_hf_checkpoint_dir``; anything else is skipped by
       ``pretrain``, which would then start from random weights);
@@ -326,6 +326,7 @@ def problems_here(cfg) -> list[str]:
                                 ".bin/.idx pair)")
         elif item.field.startswith("tokenizer.") and not file_exists(item.path):
             problems.append(f"{item.what} not found (copy the tokenizer there, or give a Hugging Face name)")
+    problems += vocabulary_problems(cfg)
     ckpt = cfg.checkpoint
     if ckpt.pretrained_checkpoint and not is_url(str(ckpt.pretrained_checkpoint)):
         path = str(ckpt.pretrained_checkpoint)
@@ -344,6 +345,65 @@ def problems_here(cfg) -> list[str]:
             problems.append(f"checkpoint.load '{path}' holds no checkpoint (megatron-bridge would warn and start "
                             "from random weights): fix the path, or set checkpoint.load to checkpoint.save to resume "
                             "a run when a checkpoint exists")
+    return problems
+
+
+def vocabulary_problems(cfg) -> list[str]:
+    """Whether the tokenizer of ``cfg`` (a local Hugging Face folder or file; a hub name is not loaded here) fits the
+    model and the data, judged as the run would: the tokenizer built by megatron-bridge's own ``build_tokenizer``, its
+    ``vocab_size`` against the model's by megatron-bridge 0.6.2's ``training/setup.py``
+    ``_validate_and_set_vocab_size`` (which refuses a model vocabulary smaller than the tokenizer's at start-up, and
+    with ``use_tokenizer_vocab_size`` resizes the model to the tokenizer: pretrained weights of another size then do not
+    load); and every dataset ``.idx`` read with megatron-core 0.19.2's own ``_IndexReader``: token ids stored as uint16
+    (megatron-core's ``DType.optimal_dtype`` picks it for vocabularies under 65,500) cannot come from a tokenizer of
+    65,500 tokens or more, so the data was tokenized with another tokenizer.
+
+    Returns:
+        one sentence per problem, naming the tokenizer, the sizes and the fix ([] when it fits, or nothing to load).
+    """
+    tok = cfg.tokenizer
+    path = getattr(tok, "tokenizer_model", None)
+    if tok.tokenizer_type != "HuggingFaceTokenizer" or not path or is_url(str(path)) or not Path(str(path)).exists():
+        return []  # NullTokenizer (mock data; the start gate refuses it with real data), a hub name, or reported missing
+    from megatron.bridge.training.setup import _validate_and_set_vocab_size
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+
+    try:
+        size = int(build_tokenizer(tok).vocab_size)
+    except Exception as exc:  # noqa: BLE001 -- any failure to load is the problem to report, on this node
+        return [f"tokenizer.tokenizer_model '{path}' does not load as a Hugging Face tokenizer "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}): give the model's own "
+                "tokenizer folder (the Hugging Face folder of the weights holds it)"]
+    problems = []
+    model_vocab = cfg.model.vocab_size
+    use_tokenizer = bool(getattr(tok, "use_tokenizer_vocab_size", False))
+    try:
+        _validate_and_set_vocab_size(model_vocab, size, use_tokenizer_vocab_size=use_tokenizer)
+    except ValueError as exc:
+        problems.append(f"tokenizer '{path}' has {size:,} tokens but the model's vocabulary is {model_vocab:,} "
+                        f"(megatron-bridge: {exc}): give the model's own tokenizer")
+    if use_tokenizer and model_vocab and size != model_vocab and cfg.checkpoint.pretrained_checkpoint:
+        problems.append(f"tokenizer.use_tokenizer_vocab_size=true resizes the model's embedding from {model_vocab:,} to "
+                        f"the tokenizer's {size:,} rows, and the pretrained weights "
+                        f"'{cfg.checkpoint.pretrained_checkpoint}' hold {model_vocab:,}: set "
+                        "tokenizer.use_tokenizer_vocab_size=false, or give the model's own tokenizer")
+    if size >= 65500:
+        import numpy
+        from megatron.core.datasets.indexed_dataset import _IndexReader
+
+        for item in job_paths(cfg):
+            index = next((f for f in item.files if f.endswith(".idx")), None) if item.files else None
+            if index is None or not Path(index).is_file():
+                continue
+            try:
+                dtype = _IndexReader(index, multimodal=False).dtype
+            except Exception:  # noqa: BLE001 -- not an index megatron-core reads: megatron reports it at start-up
+                continue
+            if dtype == numpy.uint16:
+                problems.append(f"{index} stores token ids as uint16 (megatron-core writes uint16 only for "
+                                f"vocabularies under 65,500), but the tokenizer '{path}' has {size:,} tokens: the data "
+                                "was tokenized with another tokenizer; tokenize it again with this one "
+                                "(Megatron-LM's preprocess_data script, --tokenizer-model)")
     return problems
 
 

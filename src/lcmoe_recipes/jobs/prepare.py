@@ -123,60 +123,16 @@ def configure(resolution: Resolution, overrides: list[str] = (), container_image
     if overrides:
         emit.apply_overrides(cfg, overrides)
         shown = emit.plan_from_config(cfg, hw, world, plan.name, plan.base_recipe)
-        shown, derived = _follow_overrides(cfg, overrides, shown)
-        overrides += [text for texts, _, _ in derived for text in texts]  # the header's overrides rebuild this
-        shown = shown.with_changes(reasons={**carry_reasons(plan, shown), **{k: r for _, k, r in derived}})
+        shown, derived = emit.follow_overrides(cfg, overrides, shown, plan, resolution.request.rope,
+                                               lambda c: emit.plan_from_config(c, hw, world, plan.name, plan.base_recipe))
+        overrides += [text for one in derived for text in one.overrides]  # the header's overrides rebuild this
+        shown = shown.with_changes(reasons={**carry_reasons(plan, shown), **{d.key: d.reason for d in derived}})
     warnings = validate_for_image(cfg, hw, world, plan.name, container_image, overlay)
-    warnings = [Finding("warning", "override/derived", f"{' '.join(texts)}: {reason.why}", "override them too to "
-                        "choose other values") for texts, _, reason in derived] + warnings
+    warnings = [Finding("warning", "override/derived", f"{' '.join(d.overrides)}: {d.reason.why}", "override them too "
+                        "to choose other values") for d in derived] + warnings
     one = Configured(resolution, shown, cfg, overrides, warnings, changes)
     one.meta = _header(one)
     return one
-
-
-def _follow_overrides(cfg, overrides: list[str], shown: Plan) -> tuple[Plan, list]:
-    """Settings derived from a quantity an override changed, derived again for the new value (in ``cfg`` in place),
-    unless an override sets them too: ``(plan read back, [(override texts, reason key, Reason), ...])``.
-
-    - TP -> ``sequence_parallel``: on exactly when TP > 1 (megatron-core refuses it at TP=1, and warns that EP with
-      TP > 1 needs it).
-    - CP (``model.context_parallel_size``) or TP -> ``cp_comm_type`` and ``hierarchical_context_parallel_sizes``:
-      hierarchical sizes whose product is no longer CP (megatron-bridge's validate() refuses them) are chosen again
-      by :func:`lcmoe_recipes.rules.cp.choose_cp_comm` for the new layout.
-    """
-    import math
-
-    from ..catalog.config_fields import override_key
-    from ..rules.cp import choose_cp_comm
-
-    keys = {override_key(text) for text in overrides}
-    derived: list = []
-    model = cfg.model
-    tp = model.tensor_model_parallel_size
-    if ("model.tensor_model_parallel_size" in keys and "model.sequence_parallel" not in keys
-            and bool(model.sequence_parallel) != (tp > 1)):
-        # megatron-core 0.19.2 ModelParallelConfig.__post_init__: sequence parallelism without TP is refused, and with
-        # EP > 1 and TP > 1 "sequence parallelism must be used" (a warning); our layouts pair them the same way
-        model.sequence_parallel = tp > 1
-        note = (f"derived again for TP={tp}: sequence parallelism " + ("on (megatron-core warns that expert and tensor "
-                "parallelism together need it)" if tp > 1 else "off (megatron-core refuses it without TP)"))
-        derived.append(((f"model.sequence_parallel={str(tp > 1).lower()}",), "sequence_parallel",
-                        Reason(note, "megatron-core 0.19.2 model_parallel_config.py")))
-        shown = shown.with_changes(sequence_parallel=tp > 1)
-    sizes = model.hierarchical_context_parallel_sizes
-    if (keys & {"model.context_parallel_size", "model.tensor_model_parallel_size"}
-            and not keys & {"model.cp_comm_type", "model.hierarchical_context_parallel_sizes"}
-            and sizes and math.prod(sizes) != model.context_parallel_size):
-        comm, split, why = choose_cp_comm(shown)
-        before = f"cp_comm_type {shown.cp_comm_type!r} with hierarchical_context_parallel_sizes {list(sizes)}"
-        model.cp_comm_type = comm
-        model.hierarchical_context_parallel_sizes = list(split) if split else None
-        note = f"derived again for CP={shown.layout.cp}, TP={shown.layout.tp} (was {before}): {why.why}"
-        texts = (f"model.cp_comm_type={comm}",
-                 f"model.hierarchical_context_parallel_sizes={list(split) if split else 'null'}".replace(" ", ""))
-        derived.append((texts, "cp_comm_type", Reason(note, why.source)))
-        shown = shown.with_changes(cp_comm_type=comm, hierarchical_cp_sizes=tuple(split) if split else None)
-    return shown, derived
 
 
 def configure_phases(request: TrainingRequest, container_image: str | None = None,
@@ -194,6 +150,8 @@ def configure_phases(request: TrainingRequest, container_image: str | None = Non
     from .. import emit
 
     phases = phase_requests(request)
+    # real data with the weights of a Hugging Face folder: that folder's tokenizer, unless one is given
+    tokenizer = request.tokenizer or (request.from_hf if request.data_path and request.from_hf else None)
     phased = len(phases) > 1
     out: list[Configured] = []
     for index, phase in enumerate(phases):
@@ -205,7 +163,7 @@ def configure_phases(request: TrainingRequest, container_image: str | None = Non
         save_dir = (f"{request.save_dir.rstrip('/')}/phase{index + 1}_{phase.seq_length // 1024}k"
                     if request.save_dir and phased else request.save_dir)
         overrides = (emit.save_overrides(save_dir) + (CALIBRATION_RUN_OVERRIDES if request.calibration_run else [])
-                     + list(request.overrides) + emit.data_overrides(list(request.data_path) or None, request.tokenizer))
+                     + list(request.overrides) + emit.data_overrides(list(request.data_path) or None, tokenizer))
         out.append(configure(resolution, overrides, container_image, overlay))
     return out
 

@@ -6,6 +6,17 @@ from ..catalog import Hardware, ModelSpec
 from ..catalog.history import history_of
 from ..core.plan import Reason
 
+def fp8_token_alignment(precision: str) -> int | None:
+    """The multiple the tokens of one GEMM input (MBS x seq_length / CP) must be under ``precision`` (one of
+    :data:`lcmoe_recipes.core.plan.PRECISIONS`): 32 for MXFP8 (both dimensions of every quantized tensor), 8 for the
+    other FP8 recipes (the leading dimension); None for BF16. Source: Transformer Engine 2.x
+    ``pytorch/utils.py`` ``assert_dim_for_fp8_exec`` / ``assert_dim_for_all_gather`` and megatron-core 0.19.2
+    ``fp8_utils.get_fp8_align_size``."""
+    if precision == "bf16":
+        return None
+    return 32 if precision == "mxfp8" else 8
+
+
 TE_SOURCE = ("NVIDIA Transformer Engine docs, 'Using FP8 with Transformer Engine' (FP8 block scaling: Hopper; MXFP8: "
              "Blackwell)")
 

@@ -1,0 +1,151 @@
+"""Settings derived from a quantity an override changes are derived again (lcmoe_recipes.emit.derived), one test per
+pair; the fixes the checks print are re-checked, and a root cause leads over the memory it overflows.
+
+The CP -> cp_comm_type and TP -> sequence_parallel pairs are also exercised through the command line in
+tests/test_resolve.py."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from lcmoe_recipes import TrainingRequest
+from lcmoe_recipes.errors import InfeasibleConfig
+from lcmoe_recipes.planner.recipes import recipe_plan
+from lcmoe_recipes.planner.resolve import resolve
+
+
+def _configure(recipe: str, overrides: list[str]):
+    from lcmoe_recipes.jobs.prepare import configure
+
+    return configure(resolve(TrainingRequest(recipe=recipe)), overrides)
+
+
+def _derived(one) -> dict[str, str]:
+    """override texts -> message, for each derived setting."""
+    return {w.message.split(": ", 1)[0]: w.message.split(": ", 1)[1] for w in one.warnings
+            if w.rule == "override/derived"}
+
+
+def test_cp_derives_the_cp_exchange_again():
+    one = _configure("dsv3_128k_h100", ["model.context_parallel_size=16", "model.tensor_model_parallel_size=2"])
+    assert (one.cfg.model.cp_comm_type, one.cfg.model.hierarchical_context_parallel_sizes) == ("p2p", None)
+    assert one.overrides[-2:] == ["model.cp_comm_type=p2p", "model.hierarchical_context_parallel_sizes=null"]
+    assert one.shown.cp_comm_type == "p2p" and one.shown.hierarchical_cp_sizes is None  # the plan the YAML states
+
+
+def test_ep_derives_hybridep_ranks_per_nvlink_domain():
+    """qwen3_next_8k_gb200 runs HybridEP over EP16: with EP=8 its environment says 8 ranks per NVLink domain."""
+    one = _configure("qwen3_next_8k_gb200", ["model.expert_model_parallel_size=8"])
+    assert one.cfg.env_vars["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"] == 8
+    (text,) = _derived(one)
+    assert text == "env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=8"
+    assert _derived(one)[text].startswith("derived again for EP=8, ETP=1, dispatcher flex/hybridep")
+
+
+def test_a_dispatcher_override_drops_hybridep_settings():
+    """alltoall instead of HybridEP: HybridEP's environment goes, as the planner writes it for alltoall."""
+    one = _configure("qwen3_235b_128k_gb200", ["model.moe_token_dispatcher_type=alltoall"])
+    assert not any(k.startswith("NUM_OF_HYBRID_EP") or k in ("USE_MNNVL", "NVLINK_DOMAIN_SIZE")
+                   for k in one.cfg.env_vars)
+    assert "~env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN" in one.overrides
+    assert one.cfg.model.moe_expert_rank_capacity_factor is None
+
+
+def test_vpp_derives_the_pipeline_layout(tmp_path):
+    """qwen3_235b_128k_gb200 (PP4 x VPP12, 'Et|(tt|)*46tL'): VPP=6 gives 24 stages, and a layout of 24 stages
+    spreading its 94 layers; the YAML's header overrides rebuild the same layout (the string is quoted for Hydra)."""
+    one = _configure("qwen3_235b_128k_gb200", ["model.virtual_pipeline_model_parallel_size=6"])
+    assert one.cfg.model.pipeline_model_parallel_layout == "Ettt|(t*4|)*22tttL"
+    assert one.overrides[-1] == "model.pipeline_model_parallel_layout='Ettt|(t*4|)*22tttL'"
+    from lcmoe_recipes.core.pipeline import layout_stages
+    from lcmoe_recipes.emit import apply_overrides, config_from_plan
+
+    assert len(layout_stages(one.cfg.model.pipeline_model_parallel_layout)) == 24
+    rebuilt = apply_overrides(config_from_plan(recipe_plan("qwen3_235b_128k_gb200"), validate=False), one.overrides)
+    assert rebuilt.model.pipeline_model_parallel_layout == "Ettt|(t*4|)*22tttL"
+    assert rebuilt.model.virtual_pipeline_model_parallel_size == 6
+
+
+def test_seq_length_derives_dataset_positions_and_gbs():
+    """qwen3_235b_128k_gb200 at 131,072 (YaRN factor 4 over Qwen3's 32,768, GBS 64 = 8.4M tokens per step):
+    model.seq_length=65536 sets the dataset's too, YaRN factor 2, and GBS 128 for the same tokens per step."""
+    one = _configure("qwen3_235b_128k_gb200", ["model.seq_length=65536"])
+    m = one.cfg.model
+    assert (m.seq_length, one.cfg.dataset.seq_length) == (65536, 65536)
+    assert m.yarn_rotary_scaling_factor == 2.0 and m.yarn_original_max_position_embeddings == 32768
+    assert one.cfg.train.global_batch_size == 128  # 128 x 65,536 = 64 x 131,072 = 8,388,608 tokens
+    assert one.overrides[-3:] == ["dataset.seq_length=65536", "model.yarn_rotary_scaling_factor=2.0",
+                                  "train.global_batch_size=128"]
+    assert "the same 8.4M tokens per step" in _derived(one)["train.global_batch_size=128"]
+
+
+def test_an_override_of_the_derived_setting_itself_wins():
+    """GBS given with the new seq_length: only the dataset's length and the positions follow."""
+    one = _configure("qwen3_235b_128k_gb200", ["model.seq_length=65536", "train.global_batch_size=64"])
+    assert one.cfg.train.global_batch_size == 64 and set(_derived(one)) == {
+        "dataset.seq_length=65536", "model.yarn_rotary_scaling_factor=2.0"}
+
+
+def test_recompute_derives_cuda_graphs():
+    """Full recompute on qwen3_235b_128k_gb200 (TE graphs on attn, moe_router, moe_preprocess): megatron-core forbids
+    CUDA graphs with full recompute, so they go, said; the config is then valid (it was refused before)."""
+    one = _configure("qwen3_235b_128k_gb200", ["model.recompute_granularity=full", "model.recompute_method=uniform",
+                                               "model.recompute_num_layers=1", "model.recompute_modules=null"])
+    assert (one.cfg.model.cuda_graph_impl, one.cfg.model.cuda_graph_modules) == ("none", [])
+    assert _derived(one)["model.cuda_graph_impl=none model.cuda_graph_modules=[]"].endswith(
+        "no CUDA graphs: megatron-core forbids them with full recompute")
+    # a recompute of the moe layer keeps graphs on attention only
+    one = _configure("qwen3_235b_128k_gb200", ["model.recompute_modules=[moe]"])
+    assert one.cfg.model.cuda_graph_modules == ["attn"]
+
+
+def test_bf16_derives_no_router_padding():
+    """A base with FP8 router padding (as megatron-bridge's gpt-oss perf recipes set it) overridden to BF16: the
+    padding goes (megatron-core pads routed tokens for FP8/FP4 GEMMs only)."""
+    from lcmoe_recipes.emit import apply_overrides, config_from_plan, follow_overrides, plan_from_config
+
+    plan = recipe_plan("dsv3_128k_h100")
+    cfg = config_from_plan(plan, validate=False)
+    cfg.model.moe_router_padding_for_quantization = True
+    apply_overrides(cfg, ["mixed_precision=bf16_mixed"])
+    shown = plan_from_config(cfg, "h100", plan.layout.world)
+    _, derived = follow_overrides(cfg, ["mixed_precision=bf16_mixed"], shown, plan)
+    assert cfg.model.moe_router_padding_for_quantization is False
+    assert [d.overrides for d in derived] == [("model.moe_router_padding_for_quantization=false",)]
+    # the padding overridden too: the user's value stays
+    cfg2 = copy.deepcopy(config_from_plan(plan, validate=False))
+    cfg2.model.moe_router_padding_for_quantization = True
+    keys = ["mixed_precision=bf16_mixed", "model.moe_router_padding_for_quantization=true"]
+    assert follow_overrides(cfg2, keys, plan_from_config(cfg2, "h100", plan.layout.world), plan)[1] == []
+
+
+def test_fp8_token_alignment_names_seq_lengths_that_fit():
+    """DeepSeek-V3 FP8 (blockwise) at seq_length 131,000 and CP=4: 32,750 tokens per GEMM input, not a multiple of 8;
+    the fix names the nearest lengths that are, and 131,072."""
+    from lcmoe_recipes.checks.feasibility import check_plan
+
+    plan = recipe_plan("dsv3_128k_h100")
+    odd = plan.with_changes(seq_length=131000, layout=__import__("dataclasses").replace(plan.layout, cp=4, world=32))
+    (bad,) = [f for f in check_plan(odd) if f.rule == "divisibility/fp8-tokens"]
+    assert bad.message == ("fp8_blockwise needs the tokens per GEMM input (MBS·seq_length/CP = 1·131000/4) to be a "
+                           "multiple of 8")
+    assert bad.fix == ("use seq_length 130,944 or 131,008 (multiples of 8·2·CP = 64) at CP=4, or a power of two such "
+                       "as 131,072, which every CP splits")
+    (hint,) = [f for f in check_plan(odd) if f.rule == "divisibility/seq-length-cp"]
+    assert "only for CP <= 1, below the CP rule's first guess CP=32" in hint.message
+    assert hint.fix.endswith("e.g. --seq 131072")
+    for fixed in (130944, 131008, 131072):
+        assert not [f for f in check_plan(odd.with_changes(seq_length=fixed)) if f.rule == "divisibility/fp8-tokens"]
+
+
+def test_a_root_cause_leads_over_the_memory_it_overflows():
+    """An unknown recompute module leaves that layer unrecomputed, so HBM overflows too: the module name is the
+    headline, the overflow an 'also'."""
+    with pytest.raises(InfeasibleConfig) as info:
+        _configure("qwen3_235b_128k_gb200", ["model.recompute_modules=[layernorm,moe_actt]"])
+    exc = info.value
+    assert exc.message.startswith("qwen3_235b_128k_gb200: unknown recompute module(s) ['moe_actt']")
+    assert exc.message.endswith("(and 1 more: memory/exceeds-hbm)")
+    assert [f.rule for f in exc.findings if f.severity == "error"][:2] == ["recompute/module-name", "memory/exceeds-hbm"]
