@@ -375,13 +375,13 @@ def _band_section(rows) -> list[str]:
 
 
 def _offload_section(rows) -> list[str]:
-    """What optimizer CPU offload costs the rows that run it (cost/host.py offload_step_seconds)."""
-    from lcmoe_recipes.cost.host import offload_step_seconds
+    """What optimizer CPU offload costs the rows that run it (cost/offload.py offload_step_seconds)."""
+    from lcmoe_recipes.cost.offload import offload_step_seconds
     from lcmoe_recipes.cost.step import estimate_step
 
     off = {k: r for k, r in rows.items() if r.plan.optimizer_cpu_offload}
     lines = ["### Optimizer CPU offload", "",
-             "Priced from the host (`cost/host.py` `offload_step_seconds`): per offloaded element the fused CPU AdamW "
+             "Priced from the host (`cost/offload.py` `offload_step_seconds`): per offloaded element the fused CPU AdamW "
              "reads the fp32 weight, gradient and two moments and writes three (28 bytes), and the gradient and the "
              "weight cross the GPU's host link once each (4 bytes each way, also through host memory), over the "
              "node's host memory bandwidth and each GPU's link (`catalog/hardware.py`: DGX H100 614.4 GB/s, PCIe Gen5 "

@@ -316,3 +316,22 @@ def test_planner_doc_states_the_bands():
 
     assert f"{UNCALIBRATED_FACTOR:.0%} of that" in text  # the gated-DeltaNet planning factor
     assert f"**±{BORROWED_WIDENING:.1%}**" in text
+
+
+def test_plan_says_which_rule_decided(capsys):
+    """`plan` prints the rule that decided (and the rules before it), `--explain` the rule that passed over each
+    tie, `--json` both: the README's example, Qwen3-235B at 64K on 64 GB200."""
+    args = ["qwen3_235b", "--seq", "65536", "--gpus", "64", "--hardware", "gb200", "--top", "3"]
+    assert main(args + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rule"] == "data parallel" and data["rules"] == ["headroom", "data parallel"]
+    assert data["band"] == HELD_OUT_BANDS[("gb200", "bf16")][2]
+    won = [t for t in data["tie_break"] if t["winner"]]
+    assert len(won) == 1 and won[0]["dp"] == 2 and won[0]["passed_over"] == ""
+    before = data["tie_break"][:data["tie_break"].index(won[0])]
+    assert before[-1]["dp"] == 1 and before[-1]["passed_over"] == "data parallel" and before[-1]["keeps_memory_band"]
+    assert main(args + ["--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "decided by: data parallel, after headroom (within ±10.8% of the fastest" in out
+    assert "DP1 EDP1 on 64 GPUs, MBS 1: 54.81 s, 23.6 GiB free, band free  (passed over: data parallel)" in out
+    assert "TP2 CP8 EP32 ETP1 PP2 VPP16 -> DP2 EDP1 on 64 GPUs, MBS 1: 54.82 s, 18.2 GiB free, band free  <- winner" in out

@@ -43,7 +43,7 @@ class Hardware:
         host_memory_gbps: the node's host (CPU) memory bandwidth, GB/s, all sockets together: channels x transfer
             rate x 8 bytes for DDR5 Xeons (the vendor's maximum memory speed with one DIMM per channel), the
             datasheet figure per Grace CPU for LPDDR5X. A peak: what CPU Adam under optimizer offload streams
-            through (:func:`lcmoe_recipes.cost.host.offload_step_seconds`).
+            through (:func:`lcmoe_recipes.cost.offload.offload_step_seconds`).
         host_link_gbps: host <-> GPU bandwidth per GPU per direction, GB/s: PCIe Gen5 x16 on HGX/DGX (64 GB/s),
             NVLink-C2C on Grace Blackwell (900 GB/s bidirectional per superchip, shared by its two GPUs: 225).
         host_source: the datasheets the two host figures come from.

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps({"why": result.why, "considered": result.considered, "evaluated": result.evaluated,
                           "pruned": result.pruned, "rejected": result.rejected,
-                          "candidates": json_records(result, calibrated), "rule": result.rule, "band": result.band,
+                          "candidates": json_records(result, calibrated), "rule": result.rule,
+                          "rules": list(result.rules), "band": result.band,
                           "band_reason": result.band_reason, "limit_gib": result.limit / 2**30,
                           "tie_break": [dict(zip(TIE_KEYS, (t.layout, t.mbs, t.step, t.headroom / 2**30, t.safe,
                                                             t.winner, t.dp, t.passed_over)))

@@ -30,7 +30,7 @@ Overlap, stated as assumptions (Megatron features the recipes turn on or off):
   (``overlap_grad_reduce`` / ``overlap_param_gather``), the rest exposed;
 * pipeline bubble: (PP - 1) / VPP microbatches;
 * optimizer CPU offload: the host's CPU Adam over the offloaded elements and their GPU <-> host copies, from the
-  elements each node holds and its host memory and link bandwidths (:func:`lcmoe_recipes.cost.host.
+  elements each node holds and its host memory and link bandwidths (:func:`lcmoe_recipes.cost.offload.
   offload_step_seconds`: 28 bytes of host memory traffic per element for the fused CPU AdamW, 4 each way for the
   copies), after the backward and not hidden behind it.
 """
@@ -45,6 +45,7 @@ from ..core.plan import Plan
 from .attention import layer_attention_seconds
 from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
 from .efficiency import Constant, constant
+from .offload import offload_step_seconds
 from .shapes import GDN, LayerShapes, shapes
 
 GDN_CHUNK = 64
@@ -268,8 +269,6 @@ def _dp_transfers(plan: Plan, rank: int):
 
 def step_terms(plan: Plan) -> StepTerms:
     """The :class:`StepTerms` of ``plan``."""
-    from .host import offload_step_seconds  # host imports wallclock, which imports this module
-
     lay = plan.layout
     peak = plan.hardware_spec.peak(plan.precision) * 1e12
     work = _work(plan)

@@ -125,7 +125,8 @@ class SearchResult:
         ties: fitting candidates within the step error band of the fastest, the winner among them.
         band: the step error band the ties were called with (fraction), and ``band_reason`` why.
         rule: the rule that decided: "fastest", "hazard", "headroom", "data parallel" or "most headroom" (module
-            doc; :func:`_tie_break`).
+            doc; :func:`_tie_break`): the last that passed over a tie faster than the winner; :attr:`rules` names
+            every one that did.
         tie_break: every tie, fastest first (:class:`Tie`: layout, MBS, step s, HBM headroom bytes, keeps the memory
             band free, is the winner, DP, the rule that passed it over).
         tp_note: why TP exceeds the width limit ("" when it does not).
@@ -153,6 +154,11 @@ class SearchResult:
     tie_break: tuple[Tie, ...] = ()
     tp_note: str = ""
     hazards: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """Every rule that passed over a tie faster than the winner, in the tie-break's order (:func:`rules_applied`)."""
+        return rules_applied(self.tie_break)
 
 
 def _vpp(num_layers: int, mtp: int, pp: int) -> int | None:
@@ -651,6 +657,17 @@ def _tie_break(ties: list[Candidate], hazards: dict[int, tuple[str, ...]], headr
     return best, rule, passed
 
 
+def rules_applied(tie_break) -> tuple[str, ...]:
+    """Every rule that passed over a tie faster than the winner, in the order the tie-break applies them (the last
+    is :attr:`SearchResult.rule`); () when the fastest won."""
+    faster = []
+    for t in tie_break:
+        if t.winner:
+            break
+        faster.append(t.passed_over)
+    return tuple(r for r in TIE_RULES if r in faster)
+
+
 def _hazard_answers(best: Candidate, fastest: Candidate, ties: list[Candidate], fits: list[Candidate],
                     hazards: dict[int, tuple[str, ...]]) -> tuple[tuple[str, str, str], ...]:
     """(hazard id, confidence, answer) for every open hazard the fastest tie or the winner walks into, and for every
@@ -795,4 +812,4 @@ def _why(best: Candidate, fastest: Candidate, ties: list[Candidate], limit: floa
                 f"layouts the planner keeps DP alive (Megatron-Bridge long-context MoE skill): this is the fastest "
                 f"with DP > 1 that keeps it (DP{lay.dp}, {free:.1f} GiB free)" + tail)
     return (text + f"; rule 'most headroom': none of the {len(ties)} candidates within {band_text} keeps "
-            f"{memory_note} free; this one keeps the most ({free:.1f} GiB)")
+            f"{memory_note} free; this one keeps the most ({free:.1f} GiB)" + tail)

@@ -261,8 +261,9 @@ def format_result(result, citations: Citations | None = None, explain: bool = Fa
     for knob, r in shown.items():
         line = f"  - {knob}: {r.why}"
         out.append(f"{line} {citations.cite(r.source)}" if explain else one_line(line, citations.cite(r.source)))
-    out.append(f"  decided by: {result.rule} (within ±{result.band:.1%} of the fastest, {result.ties} tie(s); "
-               f"{result.band_reason})" if result.band_reason else f"  decided by: {result.rule}")
+    after = f", after {', '.join(result.rules[:-1])}" if len(result.rules) > 1 else ""
+    out.append(f"  decided by: {result.rule}{after} (within ±{result.band:.1%} of the fastest, {result.ties} tie(s); "
+               f"{result.band_reason})" if result.band_reason else f"  decided by: {result.rule}{after}")
     if result.tp_note:
         out.append(f"  TP: {result.tp_note}")
     if explain and len(result.tie_break) > 1:
