@@ -23,7 +23,8 @@ from _generated import generated_main  # noqa: E402
 from published import ALLOCATOR_GAPS, QUALITY, TRACKER  # noqa: E402
 
 from lcmoe_recipes.catalog.kernels import kernel_tables  # noqa: E402
-from lcmoe_recipes.cost.bands import (BORROWED_WIDENING, MEMORY_ERROR_BAND, MIN_STEP_SECONDS, STEP_ERROR_BAND, TRUSTED,
+from lcmoe_recipes.cost.bands import (BORROWED_WIDENING, HELD_OUT_BANDS, MEMORY_ERROR_BAND, MIN_BAND_MODELS,
+                                      MIN_BAND_ROWS, MIN_STEP_SECONDS, STEP_ERROR_BAND, TRUSTED, band_for,
                                       held_out_ratios)
 from lcmoe_recipes.calibration.fit_memory import leave_one_out_constants  # noqa: E402
 from lcmoe_recipes.calibration.fit_step import leave_one_out_tables, predicted_tflops, spread  # noqa: E402
@@ -217,7 +218,8 @@ def _throughput_section(rows) -> list[str]:
     other = [k for k, r in rows.items() if not r.fit and r.source.quality not in TRUSTED]
     short = [k for k, r in rows.items() if not r.fit and r.source.quality in TRUSTED and k not in held]
     lines += ["", f"Held-out rows of trusted sources ({', '.join(TRUSTED)}): {len(inside)} of {len(held)} within "
-                  f"±{GOAL_STEP:.0%}; median |ours / published - 1| = {STEP_ERROR_BAND:.1%} (the step error band). "
+                  f"±{GOAL_STEP:.0%}; median |ours / published - 1| = {STEP_ERROR_BAND:.1%} (the pooled step error band; "
+                  "per GPU x precision below). "
                   f"Outside ±{GOAL_STEP:.0%}: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in outside.items()) + ". "
                   f"Not in the band ({', '.join(QUALITY[q].split(':')[0] for q in ('disputed', 'functional'))}): "
@@ -347,6 +349,52 @@ def _reach_section(rows) -> list[str]:
     return lines + [""]
 
 
+def _band_section(rows) -> list[str]:
+    """The tie band per GPU x precision (cost/bands.py HELD_OUT_BANDS) with the held-out rows behind each."""
+    held = held_out_ratios(rows, lambda p: predicted_tflops(p, FITTED))
+    by_key: dict[tuple[str, str], list[str]] = {}
+    for k, v in held.items():
+        plan = rows[k].plan
+        by_key.setdefault((plan.hardware_spec.key, plan.precision), []).append(f"{k} {v:.2f}")
+    lines = ["### The planner's tie band, per GPU x precision", "",
+             "`cost/bands.py` `HELD_OUT_BANDS`: the median |ours / published - 1| of the held-out trusted rows of each "
+             f"GPU x precision (steps of {MIN_STEP_SECONDS:g} s or more). With fewer than {MIN_BAND_ROWS} rows, or "
+             f"rows of fewer than {MIN_BAND_MODELS} models, the band is widened to the pooled median "
+             f"±{STEP_ERROR_BAND:.1%} or to the worst of its own rows, whichever is wider; a borrowed constant adds "
+             f"±{BORROWED_WIDENING:.1%} (`band_for`). GPU x precision pairs with no held-out row read the pooled "
+             "median, widened where they borrow.", "",
+             "| GPU x precision | held-out rows (ours / published) | models | median | worst | band the planner uses |",
+             "|---|---|---|---|---|---|"]
+    for (gpu, precision), (n, models, med, worst) in HELD_OUT_BANDS.items():
+        band, why = band_for(gpu, precision, False)
+        how = ("its own median" if n >= MIN_BAND_ROWS and models >= MIN_BAND_MODELS else "widened: too few rows")
+        how += ", + borrowing" if "stands in" in why else ""
+        lines.append(f"| {gpu} {precision} | {', '.join(by_key[(gpu, precision)])} | {models} | {med:.1%} | "
+                     f"{worst:.1%} | ±{band:.1%} ({how}) |")
+    return lines + [""]
+
+
+def _offload_section(rows) -> list[str]:
+    """What optimizer CPU offload costs the rows that run it (cost/offload.py offload_step_seconds)."""
+    from lcmoe_recipes.cost.offload import offload_step_seconds
+    from lcmoe_recipes.cost.step import estimate_step
+
+    off = {k: r for k, r in rows.items() if r.plan.optimizer_cpu_offload}
+    lines = ["### Optimizer CPU offload", "",
+             "Priced from the host (`cost/offload.py` `offload_step_seconds`): per offloaded element the fused CPU AdamW "
+             "reads the fp32 weight, gradient and two moments and writes three (28 bytes), and the gradient and the "
+             "weight cross the GPU's host link once each (4 bytes each way, also through host memory), over the "
+             "node's host memory bandwidth and each GPU's link (`catalog/hardware.py`: DGX H100 614.4 GB/s, PCIe Gen5 "
+             "64 GB/s per direction). The throughput rows that offload:", "",
+             "| row | layout | offloaded elements per node | host memory s | link s (each way) | share of the step |",
+             "|---|---|---|---|---|---|"]
+    for k, r in off.items():
+        t, step = offload_step_seconds(r.plan), estimate_step(r.plan).step_seconds
+        lines.append(f"| {k} | {r.plan.layout.describe()} | {t.node_elements / 1e9:.1f} G | {t.host_memory:.2f} | "
+                     f"{t.d2h:.2f} | {t.seconds / step:.1%} |")
+    return lines + [""]
+
+
 def build() -> str:
     from published import MEMORY_ROWS, REPORT_ROWS, THROUGHPUT_ROWS
 
@@ -358,8 +406,10 @@ def build() -> str:
     lines += _memory_section(MEMORY_ROWS, REPORT_ROWS)
     lines += _budget_section()
     lines += _throughput_section(THROUGHPUT_ROWS)
-    lines += [f"Error bands (`cost/bands.py`): step ±{STEP_ERROR_BAND:.1%} (+{BORROWED_WIDENING:.1%} where a constant "
-              f"is borrowed), memory {MEMORY_ERROR_BAND:.1%}.", ""]
+    lines += _band_section(THROUGHPUT_ROWS)
+    lines += _offload_section(THROUGHPUT_ROWS)
+    lines += [f"Error bands (`cost/bands.py`): step per GPU x precision (above; pooled ±{STEP_ERROR_BAND:.1%}, "
+              f"+{BORROWED_WIDENING:.1%} where a constant is borrowed), memory {MEMORY_ERROR_BAND:.1%}.", ""]
     return "\n".join(lines)
 
 

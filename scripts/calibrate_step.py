@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from published import MEMORY_ROWS, THROUGHPUT_ROWS  # noqa: E402
 
-from lcmoe_recipes.cost.bands import held_out_ratios, memory_band, step_band  # noqa: E402
+from lcmoe_recipes.cost.bands import group_bands, held_out_ratios, memory_band, step_band  # noqa: E402
 from lcmoe_recipes.calibration.fit_memory import leave_one_out as memory_leave_one_out  # noqa: E402
 from lcmoe_recipes.calibration.fit_step import fit, leave_one_out, predicted_tflops  # noqa: E402
 
@@ -29,5 +29,9 @@ for row, ratio in leave_one_out(fit_rows).items():
     print(f"  {row}: fitted {predicted_tflops(fit_rows[row][0], table) / fit_rows[row][1]:.2f}, leave-one-out {ratio:.2f}")
 held = held_out_ratios(THROUGHPUT_ROWS, lambda p: predicted_tflops(p, table))
 print(f"STEP_ERROR_BAND = {step_band(held)}  (median |held-out - 1|, primary and exact secondary rows)")
+print("HELD_OUT_BANDS: dict[tuple[str, str], tuple[int, int, float, float]] = {  # rows, models, median, worst")
+for key, value in group_bands(THROUGHPUT_ROWS, held).items():
+    print(f"    {key!r}: {value!r},")
+print("}")
 memory_rows = {k: (r.plan, r.value) for k, r in MEMORY_ROWS.items()}
 print(f"MEMORY_ERROR_BAND = {memory_band(memory_leave_one_out(memory_rows))}  (worst |leave-one-out - 1| of the memory rows)")

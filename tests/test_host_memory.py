@@ -19,6 +19,8 @@ from lcmoe_recipes.checks.memory import host_findings
 from lcmoe_recipes.cost import HOST_MARGIN, estimate_host_memory
 from lcmoe_recipes.cost.host import (MASK_BUILD_BYTES, MASK_BYTES, RANK_PROCESS_BYTES, loader_bytes_per_rank,
                                      optimizer_bytes_per_rank, pinned_rounding, sample_bytes)
+from lcmoe_recipes.cost.offload import CPU_ADAM_BYTES, CPU_COPY_BYTES, offload_step_seconds
+from lcmoe_recipes.cost.step import estimate_step
 from lcmoe_recipes.report.explain import explain_json, explain_text
 
 GIB = 2**30
@@ -32,6 +34,46 @@ def small_ram_h100(monkeypatch):
                                 host_memory_bytes=64 * 10**9)
     monkeypatch.setitem(hardware_catalog.HARDWARE, "h100", small)
     return small
+
+
+def test_cpu_adam_time_dsv3_128k_h100():
+    """Optimizer CPU offload's step time from the elements a node holds and its host memory bandwidth.
+
+    DGX H100: two Xeon 8480C, 8 DDR5-4800 channels each: 16 x 4.8 GT/s x 8 B = 614.4 GB/s (Intel ARK); each GPU on
+    PCIe Gen5 x16, 64 GB/s per direction (H100 datasheet). The busiest node holds 8 ranks of PP rank 6, each
+    2,876,821,504 + 7168/32 offloaded elements (test above)."""
+    plan = recipe_plan("dsv3_128k_h100")
+    assert CPU_ADAM_BYTES == 28 and CPU_COPY_BYTES == 4  # fp32 param, grad, m, v read; param, m, v written
+    hw = plan.hardware_spec
+    assert (hw.host_memory_gbps, hw.host_link_gbps) == (614.4, 64.0)
+    rank = 2_876_821_504 + 7168 // 32
+    t = offload_step_seconds(plan)
+    assert (t.node, t.rank_elements, t.node_elements) == (24, rank, 8 * rank)
+    assert t.host_memory == pytest.approx(8 * rank * 36 / 614.4e9) == pytest.approx(1.349, abs=1e-3)
+    assert t.d2h == t.h2d == pytest.approx(rank * 4 / 64e9) == pytest.approx(0.180, abs=1e-3)
+    assert t.seconds == t.host_memory  # the copies pipeline behind the updates (overlap_cpu_optimizer_d2h_h2d)
+    assert estimate_step(plan).parts["optimizer_offload"] == t.seconds
+    half = offload_step_seconds(plan.with_changes(optimizer_offload_fraction=0.5))
+    assert half.seconds == pytest.approx(t.seconds / 2, rel=1e-3)  # linear in the offloaded elements
+    # GB200 tray: two Grace CPUs at 500 GB/s each (Grace CPU Superchip datasheet), NVLink-C2C 225 GB/s per GPU
+    gb = recipe_plan("qwen3_235b_128k_gb200").with_changes(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0)
+    g = offload_step_seconds(gb)
+    assert gb.hardware_spec.gpus_per_node == 4 and g.node_elements == 4 * g.rank_elements
+    assert g.host_memory == pytest.approx(g.node_elements * 36 / 1000e9)
+    assert g.d2h == pytest.approx(g.rank_elements * 4 / 225e9)
+    # TP4 PP4 CP4 EP32: a stage's 24 MoE layers x 4 local experts x 3 x 4096 x 1536 (EDP 1) + 3% dense share
+    assert g.rank_elements == pytest.approx(24 * 4 * 3 * 4096 * 1536, rel=0.04)
+    assert g.seconds == pytest.approx(0.269, abs=1e-3)  # 4 x 1.87e9 elements x 36 B / 1,000 GB/s
+    assert offload_step_seconds(plan.with_changes(optimizer_cpu_offload=False)).seconds == 0.0
+
+
+def test_cpu_adam_needs_host_bandwidth(monkeypatch):
+    """A hardware entry without host bandwidths cannot price offload: the error names the fields to add."""
+    bare = dataclasses.replace(hardware_catalog.get_hardware("h100"), host_memory_gbps=0.0)
+    monkeypatch.setitem(hardware_catalog.HARDWARE, "h100", bare)
+    plan = recipe_plan("dsv3_128k_h100").with_changes(optimizer_offload_fraction=0.75)
+    with pytest.raises(ValueError, match="host_memory_gbps and host_link_gbps"):
+        offload_step_seconds(plan)
 
 
 def test_attention_mask_bytes_at_128k_and_256k():
@@ -144,11 +186,11 @@ def test_planner_avoids_plans_that_overflow_host_ram(monkeypatch):
     from lcmoe_recipes.planner.search import search_layouts as search
     from lcmoe_recipes.core.request import TrainingRequest
 
-    # a quarter of HBM kept free: the winner offloads half its optimizer state to the host (all of it while MLA's
-    # activations were over-counted; 0.75 before the HBM budget priced the CUDA context and NCCL buffers)
+    # a quarter of HBM kept free: the winner (TP4 CP8 EP128 PP2, DP4: the tie-break keeps DP > 1) offloads three
+    # quarters of its optimizer state to the host (half before the tie-break kept DP alive)
     request = TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=256, memory_margin=0.25)
     usual = search(request).best.plan
-    assert usual.optimizer_offload_fraction == 0.5
+    assert usual.optimizer_offload_fraction == 0.75 and usual.layout.dp == 4
     ram = 320 * 10**9  # with less RAM the asynchronous save copy alone (plus the processes) leaves no plan
     assert estimate_host_memory(usual).total > HOST_MARGIN * ram
     monkeypatch.setitem(hardware_catalog.HARDWARE, "h100", dataclasses.replace(

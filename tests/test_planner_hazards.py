@@ -37,21 +37,24 @@ def test_open_hazards_are_the_catalogues_unfixed_entries_on_the_pinned_stack():
 
 def test_dsv3_128k_h100_avoids_the_offload_and_names_what_it_cannot(dsv3_128k_h100):
     """DeepSeek-V3 at 128K on 256 H100: the fastest tie offloads the optimizer (a confirmed bug with checkpoints);
-    an equal-cost tie that does not wins. MTP with CP > 1 is decided by the request (128K needs CP; the model has
-    MTP); DeepEP across nodes is a low-confidence report: it decides nothing."""
+    an equal-cost tie that does not wins (the hazard rule, then headroom, then DP > 1 among the equal-cost rest:
+    rule 'data parallel'). MTP with CP > 1 is decided by the request (128K needs CP; the model has MTP); DeepEP
+    across nodes is a low-confidence report: it decides nothing."""
     result = dsv3_128k_h100
     best = result.best.plan
-    assert result.rule == "hazard" and best.layout.describe() == "TP2 CP16 EP32 ETP1 PP8 VPP4 -> DP1 EDP1 on 256 GPUs"
+    assert result.rules == ("hazard", "headroom", "data parallel") and result.rule == "data parallel"
+    assert best.layout.describe() == "TP4 CP16 EP128 ETP1 PP2 VPP16 -> DP2 EDP1 on 256 GPUs"
     assert not best.optimizer_cpu_offload and result.fastest.plan.optimizer_cpu_offload
     got = answers(result)
     assert list(got) == ["optimizer-cpu-offload-checkpoint", "mtp-context-parallel-loss-scale",
                          "deepep-internode-dispatch-timeout"]
     assert got["optimizer-cpu-offload-checkpoint"][0] == "confirmed"
-    assert got["optimizer-cpu-offload-checkpoint"][1].startswith(AVOIDED + "TP2 CP16 EP32 ETP1 PP8 VPP4")
+    assert got["optimizer-cpu-offload-checkpoint"][1].startswith(AVOIDED + "TP4 CP16 EP128 ETP1 PP2 VPP16")
     assert got["mtp-context-parallel-loss-scale"] == ("medium", UNAVOIDABLE)
     assert got["deepep-internode-dispatch-timeout"] == ("low", LOW)
     why = best.reasons["layout"].why
-    assert "rule 'hazard'" in why and ("open hazards: optimizer-cpu-offload-checkpoint (warning, confidence confirmed) "
+    assert "rule 'data parallel'" in why and "'hazard' passed over" in why
+    assert ("open hazards: optimizer-cpu-offload-checkpoint (warning, confidence confirmed) "
                                        "-- avoided: ") in why
     assert "mtp-context-parallel-loss-scale (warning, confidence medium) -- cannot avoid: decided by the request" in why
     # the winner walks into what the answers say, and nothing else
@@ -59,17 +62,19 @@ def test_dsv3_128k_h100_avoids_the_offload_and_names_what_it_cannot(dsv3_128k_h1
 
 
 def test_qwen3_next_64k_gb200_avoids_mtp_with_cp():
-    """Qwen3-Next at 64K on 32 GB200: a CP=1 tie (TP2 PP4 VPP6) is as fast as the CP2 fastest within the band, so the
-    MTP-under-CP hazard is avoided; the optimizer offload is needed by every fitting layout."""
+    """Qwen3-Next at 64K on 32 GB200: a CP=1 tie (TP2 PP2 VPP12) is as fast as the CP2 fastest within the band, so
+    the MTP-under-CP hazard is avoided (no CP=1 tie keeps the memory band free: the most headroom decides among
+    them); the optimizer offload is needed by every fitting layout."""
     result = search_layouts(TrainingRequest(model="qwen3_next", seq_length=65536, hardware="gb200", num_gpus=32))
     best = result.best.plan
-    assert result.rule == "hazard" and best.layout.describe() == "TP2 CP1 EP8 ETP1 PP4 VPP6 -> DP4 EDP1 on 32 GPUs"
+    assert result.rules == ("hazard", "most headroom") and result.rule == "most headroom"
+    assert best.layout.describe() == "TP2 CP1 EP16 ETP1 PP2 VPP12 -> DP8 EDP1 on 32 GPUs"
     assert result.fastest.plan.layout.cp == 2 and best.layout.cp == 1
     got = answers(result)
     assert list(got) == ["optimizer-cpu-offload-checkpoint", "mtp-context-parallel-loss-scale"]
     assert got["optimizer-cpu-offload-checkpoint"] == ("confirmed", UNAVOIDABLE)
     assert got["mtp-context-parallel-loss-scale"][0] == "medium"
-    assert got["mtp-context-parallel-loss-scale"][1].startswith(AVOIDED + "TP2 CP1 EP8 ETP1 PP4 VPP6")
+    assert got["mtp-context-parallel-loss-scale"][1].startswith(AVOIDED + "TP2 CP1 EP16 ETP1 PP2 VPP12")
     assert open_hazards(best) == ("optimizer-cpu-offload-checkpoint",)
 
 
@@ -78,7 +83,8 @@ def test_qwen3_next_8k_h100_avoids_the_offload_not_the_low_confidence_deepep_rep
     It keeps DeepEP over EP16 (two nodes): that report is of low confidence, so no step time is given up for it."""
     result = search_layouts(TrainingRequest(model="qwen3_next", seq_length=8192, hardware="h100", num_gpus=64))
     best = result.best.plan
-    assert result.rule == "hazard" and not best.optimizer_cpu_offload and result.fastest.plan.optimizer_cpu_offload
+    assert result.rules == ("hazard", "headroom") and result.rule == "headroom"
+    assert not best.optimizer_cpu_offload and result.fastest.plan.optimizer_cpu_offload
     assert best.layout.describe() == "TP2 CP1 EP16 ETP1 PP4 VPP6 -> DP8 EDP1 on 64 GPUs"
     got = answers(result)
     assert list(got) == ["optimizer-cpu-offload-checkpoint", "deepep-internode-dispatch-timeout"]

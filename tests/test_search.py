@@ -12,12 +12,13 @@ from lcmoe_recipes.catalog import MODELS, get_hardware
 from lcmoe_recipes.cli.plan import main
 from lcmoe_recipes.core.request import TrainingRequest
 from lcmoe_recipes.cost import estimate_memory, estimate_step
-from lcmoe_recipes.cost.bands import (BORROWED_WIDENING, MEMORY_ERROR_BAND, STEP_ERROR_BAND, borrowed_widening,
+from lcmoe_recipes.cost.bands import (BORROWED_WIDENING, HELD_OUT_BANDS, MEMORY_ERROR_BAND, MIN_BAND_MODELS,
+                                      MIN_BAND_ROWS, STEP_ERROR_BAND, band_for, borrowed_widening, group_bands,
                                       held_out_ratios, memory_band, step_band)
 from lcmoe_recipes.cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
 from lcmoe_recipes.errors import InfeasibleConfig
-from lcmoe_recipes.planner.search import (MIN_TP_WIDTH, _context, _with_knobs, enumerate_layouts, search_layouts,
-                                          tp_width_limit)
+from lcmoe_recipes.planner.search import (MIN_TP_WIDTH, _context, _tie_break, _with_knobs, enumerate_layouts,
+                                          search_layouts, tp_width_limit)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,28 +88,96 @@ def test_bounds_never_exceed_the_prediction(fields):
     assert checked >= 40 * len(ctx.ladder)
 
 
-def test_ties_are_decided_by_the_fastest_unless_headroom():
-    """Qwen3-235B at 64K on 64 GB200: candidates within the step error band of the fastest are a tie; the fastest
-    wins unless it leaves less than the memory band free, and then the fastest tie that keeps it wins; the rule that
-    decided and every tie (layout, MBS, step, headroom, safe, chosen) are recorded."""
+def test_ties_keep_dp_alive_qwen3_235b_64k_64_gb200():
+    """Qwen3-235B at 64K on 64 GB200 (issue 26's planned case): the band is the median error of the held-out GB200
+    BF16 rows (LC8 0.89, LC10 1.01, HC11 1.09, PS11 1.46, PS24 1.41: ±10.8%), not the pooled ±24.2%. Within it, the
+    fastest (TP2 CP8 EP32 PP1, DP4) and the next four leave less than the memory band free (rule 'headroom'); the
+    fastest that keeps it, TP2 CP8 EP16 PP4 (the pick before this rule), has DP1 and is passed over for the
+    DP2 layout 0.03% slower: rule 'data parallel' decides."""
     result = search_layouts(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64), top=5)
     fastest, best, gib = result.fastest, result.best, 2**30
-    assert result.band == STEP_ERROR_BAND  # every gb200 bf16 constant fitted on gb200 rows: no widening
+    assert HELD_OUT_BANDS[("gb200", "bf16")] == (5, 3, 0.108, 0.459)
+    assert result.band == 0.108 < STEP_ERROR_BAND and "5 published gb200 bf16 rows" in result.band_reason
     ties = result.tie_break
     assert len(ties) == result.ties > 1
-    steps = [t[2] for t in ties]
+    steps = [t.step for t in ties]
     assert steps == sorted(steps) and steps[0] == fastest.step.step_seconds
     assert steps[-1] <= steps[0] * (1 + result.band)
     safe = MEMORY_ERROR_BAND * result.limit
-    assert all(t[4] == (t[3] >= safe) for t in ties)
-    chosen = [t for t in ties if t[5]]
+    assert all(t.safe == (t.headroom >= safe) for t in ties)
+    chosen = [t for t in ties if t.winner]
     assert len(chosen) == 1 and chosen[0][:2] == (best.plan.layout.describe(), best.plan.micro_batch_size)
-    if ties[0][4]:
-        assert result.rule == "fastest" and chosen[0] is ties[0]
-    else:
-        assert result.rule == "headroom" and chosen[0] == next(t for t in ties if t[4])
-        assert "rule 'headroom'" in best.plan.reasons["layout"].why
+    assert result.rule == "data parallel" and "rule 'data parallel'" in best.plan.reasons["layout"].why
+    lay = best.plan.layout
+    assert (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp) == (2, 8, 32, 2, 2) and lay.dp >= 2
+    before = ties.index(chosen[0])
+    assert [t.passed_over for t in ties[:before]] == ["headroom"] * (before - 1) + ["data parallel"]
+    dp1 = ties[before - 1]
+    assert dp1.layout.startswith("TP2 CP8 EP16 ETP1 PP4 VPP12 -> DP1") and dp1.safe and dp1.dp == 1
+    assert not any(t.safe and t.dp > 1 for t in ties[:before])  # no faster tie was both safe and DP > 1
+    assert best.step.step_seconds / fastest.step.step_seconds - 1 < result.band
     assert best.memory.hbm_total <= result.limit and round(result.limit / gib, 1) == 164.6
+
+
+def _tie(step, dp, free, hazards=()):
+    from types import SimpleNamespace
+
+    lay = SimpleNamespace(dp=dp)
+    return SimpleNamespace(plan=SimpleNamespace(layout=lay), step=SimpleNamespace(step_seconds=step), free=free,
+                           hazards=hazards)
+
+
+@pytest.mark.parametrize("ties, winner, rule, passed", [
+    # the fastest is safe and DP > 1: it wins
+    ([(1.00, 2, 20), (1.01, 1, 30)], 0, "fastest", ["", "data parallel"]),
+    # the fastest is safe, DP1; an equal-cost safe DP2 wins
+    ([(1.00, 1, 20), (1.01, 2, 20), (1.02, 4, 30)], 1, "data parallel", ["data parallel", "", ""]),
+    # no tie with DP > 1 keeps the band free: the fastest safe DP1 wins (memory before DP)
+    ([(1.00, 2, 5), (1.01, 1, 20), (1.02, 2, 1)], 1, "headroom", ["headroom", "", "headroom"]),
+    # every tie is DP1: headroom alone decides
+    ([(1.00, 1, 5), (1.01, 1, 20)], 1, "headroom", ["headroom", ""]),
+    # none keeps the band free: the most headroom wins
+    ([(1.00, 2, 5), (1.01, 1, 8), (1.02, 2, 3)], 1, "most headroom", ["most headroom", "", "most headroom"]),
+    # the fastest walks into an open hazard; of the rest, DP > 1 and safe
+    ([(1.00, 2, 20, ("h",)), (1.01, 1, 20), (1.02, 2, 20)], 2, "data parallel", ["hazard", "data parallel", ""]),
+])
+def test_tie_break_rules_in_order(ties, winner, rule, passed, monkeypatch):
+    """The tie-break's rules in order -- hazard, headroom, data parallel, then the fastest; most headroom when no
+    tie keeps the memory band (10 here) free -- and the rule that decided is the last that passed over a faster
+    tie."""
+    from lcmoe_recipes.planner import search
+
+    monkeypatch.setattr(search, "hazard_weight", lambda ids: len(ids))
+    cands = [_tie(*t) for t in ties]
+    best, decided, over = _tie_break(cands, {id(c): c.hazards for c in cands}, lambda c: c.free, 10)
+    assert best is cands[winner] and decided == rule
+    assert [over.get(id(c), "") for c in cands] == passed
+
+
+def test_band_is_the_held_out_error_of_the_gpu_and_precision():
+    """HELD_OUT_BANDS is what tests/published.py's held-out rows give per GPU x precision at the fitted constants;
+    a GPU x precision with too few rows (or rows of one model) is widened, and the reason says so."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from published import THROUGHPUT_ROWS
+
+    held = held_out_ratios(THROUGHPUT_ROWS, lambda p: estimate_step(p).tflops_per_gpu)
+    assert group_bands(THROUGHPUT_ROWS, held) == HELD_OUT_BANDS  # after a refit: scripts/calibrate_step.py
+    assert step_band(held) == STEP_ERROR_BAND and sum(n for n, *_ in HELD_OUT_BANDS.values()) == len(held) == 29
+    for (gpu, precision), (rows, models, med, worst) in HELD_OUT_BANDS.items():
+        band, why = band_for(gpu, precision, False)
+        if rows >= MIN_BAND_ROWS and models >= MIN_BAND_MODELS:
+            assert band >= med and f"{rows} published {gpu} {precision} rows" in why
+        else:
+            assert band >= max(STEP_ERROR_BAND, worst) and "widened" in why and f"only {rows} held-out" in why
+            assert "a band of its own needs 3 rows of 2+ models" in why
+    # H100 FP8 blockwise: 4 rows, all DeepSeek-V3 (LC2, LC4, LC6, HC1): one model's rows, widened to the pooled
+    assert HELD_OUT_BANDS[("h100", "fp8_blockwise")][:2] == (4, 1)
+    assert band_for("h100", "fp8_blockwise", False)[0] == STEP_ERROR_BAND
+    # H100 FP8 current scaling: one row (PS22 0.75) whose error, 24.7%, is above the pooled median
+    assert band_for("h100", "fp8_cs", False)[0] == HELD_OUT_BANDS[("h100", "fp8_cs")][3] == 0.247
+    # H200: no rows and borrowed constants: the pooled median widened by the borrowing
+    band, why = band_for("h200", "bf16", False)
+    assert band == round(STEP_ERROR_BAND + BORROWED_WIDENING, 3) and "no held-out h200 bf16 row" in why
 
 
 def test_tp_no_wider_than_the_width_supports():
@@ -238,7 +307,31 @@ def test_launch_takes_memory_margin():
 def test_planner_doc_states_the_bands():
     text = (ROOT / "docs" / "planner.md").read_text()
     assert f"**±{STEP_ERROR_BAND:.1%}**" in text and f"**{MEMORY_ERROR_BAND:.1%}**" in text
+    assert f"GB200 BF16 **±{HELD_OUT_BANDS[('gb200', 'bf16')][2]:.1%}**" in text
+    for name, key in (("GB200 MXFP8", ("gb200", "mxfp8")), ("GB300 MXFP8", ("gb300", "mxfp8")),
+                      ("H100 BF16", ("h100", "bf16"))):
+        assert f"{name} ±{HELD_OUT_BANDS[key][2]:.1%}" in text
+    assert f"one row, ±{band_for('h100', 'fp8_cs', False)[0]:.1%}" in text
     from lcmoe_recipes.planner.search import UNCALIBRATED_FACTOR
 
     assert f"{UNCALIBRATED_FACTOR:.0%} of that" in text  # the gated-DeltaNet planning factor
     assert f"**±{BORROWED_WIDENING:.1%}**" in text
+
+
+def test_plan_says_which_rule_decided(capsys):
+    """`plan` prints the rule that decided (and the rules before it), `--explain` the rule that passed over each
+    tie, `--json` both: the README's example, Qwen3-235B at 64K on 64 GB200."""
+    args = ["qwen3_235b", "--seq", "65536", "--gpus", "64", "--hardware", "gb200", "--top", "3"]
+    assert main(args + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rule"] == "data parallel" and data["rules"] == ["headroom", "data parallel"]
+    assert data["band"] == HELD_OUT_BANDS[("gb200", "bf16")][2]
+    won = [t for t in data["tie_break"] if t["winner"]]
+    assert len(won) == 1 and won[0]["dp"] == 2 and won[0]["passed_over"] == ""
+    before = data["tie_break"][:data["tie_break"].index(won[0])]
+    assert before[-1]["dp"] == 1 and before[-1]["passed_over"] == "data parallel" and before[-1]["keeps_memory_band"]
+    assert main(args + ["--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "decided by: data parallel, after headroom (within ±10.8% of the fastest" in out
+    assert "DP1 EDP1 on 64 GPUs, MBS 1: 54.81 s, 23.6 GiB free, band free  (passed over: data parallel)" in out
+    assert "TP2 CP8 EP32 ETP1 PP2 VPP16 -> DP2 EDP1 on 64 GPUs, MBS 1: 54.82 s, 18.2 GiB free, band free  <- winner" in out

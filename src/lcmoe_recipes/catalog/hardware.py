@@ -40,6 +40,13 @@ class Hardware:
         cpu_arch: the node CPU's architecture as ``platform.machine()`` names it: ``x86_64`` (Intel Xeon on
             HGX/DGX) or ``aarch64`` (Grace, Arm Neoverse V2, on NVL72), as the sources say: the platform of the
             wheels an overlay for these nodes holds (:mod:`lcmoe_recipes.jobs.overlay`).
+        host_memory_gbps: the node's host (CPU) memory bandwidth, GB/s, all sockets together: channels x transfer
+            rate x 8 bytes for DDR5 Xeons (the vendor's maximum memory speed with one DIMM per channel), the
+            datasheet figure per Grace CPU for LPDDR5X. A peak: what CPU Adam under optimizer offload streams
+            through (:func:`lcmoe_recipes.cost.offload.offload_step_seconds`).
+        host_link_gbps: host <-> GPU bandwidth per GPU per direction, GB/s: PCIe Gen5 x16 on HGX/DGX (64 GB/s),
+            NVLink-C2C on Grace Blackwell (900 GB/s bidirectional per superchip, shared by its two GPUs: 225).
+        host_source: the datasheets the two host figures come from.
     """
 
     key: str
@@ -58,6 +65,9 @@ class Hardware:
     source: str
     aliases: tuple[str, ...] = field(default=())
     cpu_arch: str = "x86_64"
+    host_memory_gbps: float = 0.0
+    host_link_gbps: float = 0.0
+    host_source: str = ""
 
     def peak(self, precision: str) -> float:
         """Dense peak TFLOP/s for one of our precision keys (bf16, fp8_blockwise, fp8_cs, mxfp8)."""
@@ -106,19 +116,32 @@ HARDWARE: dict[str, Hardware] = {
                  "sparsity, half that dense; NVLink 900 GB/s); DGX H100: one ConnectX-7 400 Gb/s per GPU; host: "
                  "NVIDIA DGX BasePOD reference architecture, 'Core Components' (DGX H200 and H100: dual Intel Xeon "
                  "Platinum 8480C, 112 cores total; 2 TB of DDR5 system memory)",
-                 ("h100_sxm", "h100-sxm")),
+                 ("h100_sxm", "h100-sxm"), host_memory_gbps=614.4, host_link_gbps=64.0,
+                 host_source="Intel ARK, Xeon Platinum 8480+ (DGX's 8480C is its custom variant): 8 DDR5 "
+                             "channels, max memory speed 4800 MT/s -> 8 x 4.8 GT/s x 8 B = 307.2 GB/s per socket, "
+                             "614.4 GB/s for two; NVIDIA H100 Tensor Core GPU datasheet (SXM: PCIe Gen5 128 GB/s, "
+                             "64 GB/s per direction)"),
         Hardware("h200", "H200 SXM 141GB (HGX)", "NVIDIA H200", (9, 0), 141 * 10**9, 8, 8, 8,
                  {"bf16": 989.4, "fp8": 1978.9}, 450.0, 50.0, 2 * 10**12, 112,
                  "NVIDIA H200 Tensor Core GPU datasheet (141 GB HBM3e; same tensor cores as H100 SXM; NVLink "
                  "900 GB/s); HGX H200: one 400 Gb/s NIC per GPU; host: NVIDIA DGX BasePOD reference architecture, "
                  "'Core Components' (DGX H200: dual Xeon Platinum 8480C, 112 cores; 2 TB of DDR5 system memory)",
-                 ("h200_sxm",)),
+                 ("h200_sxm",), host_memory_gbps=614.4, host_link_gbps=64.0,
+                 host_source="Intel ARK, Xeon Platinum 8480+ (DGX's 8480C is its custom variant): 8 DDR5 "
+                             "channels, max memory speed 4800 MT/s -> 8 x 4.8 GT/s x 8 B = 307.2 GB/s per socket, "
+                             "614.4 GB/s for two; NVIDIA H200 Tensor Core GPU datasheet (SXM: PCIe Gen5 128 GB/s, "
+                             "64 GB/s per direction)"),
         Hardware("b200", "B200 180GB (HGX/DGX B200)", "NVIDIA B200", (10, 0), 180 * 10**9, 8, 8, 8,
                  {"bf16": 2250.0, "fp8": 4500.0, "fp4": 9000.0}, 900.0, 50.0, 2 * 10**12, 112,
                  "NVIDIA DGX B200 datasheet (8 GPUs, 1,440 GB HBM3e; 72 PFLOPS FP8 training and 144 PFLOPS FP4 "
                  "inference with sparsity for 8 GPUs; NVLink 5 1.8 TB/s per GPU; 8 x ConnectX-7 400 Gb/s); host: "
                  "NVIDIA DGX B200 User Guide, 'Introduction to NVIDIA DGX B200 Systems' (2 x Intel Xeon 8570, 56 "
-                 "cores each; system memory 2 TB using 32 DIMMs, upgradable to 4 TB -- the shipped 2 TB is used)"),
+                 "cores each; system memory 2 TB using 32 DIMMs, upgradable to 4 TB -- the shipped 2 TB is used)",
+                 host_memory_gbps=716.8, host_link_gbps=64.0,
+                 host_source="Intel ARK, Xeon Platinum 8570: 8 DDR5 channels, max memory speed 5600 MT/s -> 358.4 "
+                             "GB/s per socket, 716.8 GB/s for two (32 DIMMs on 16 channels is two per channel, which "
+                             "Intel rates lower: an upper bound); HGX B200: each GPU on PCIe Gen5 x16 to the host "
+                             "(64 GB/s per direction)"),
         Hardware("gb200", "GB200 NVL72", "NVIDIA GB200", (10, 0), 186 * 10**9, 4, 72, 64,
                  {"bf16": 2500.0, "fp8": 5000.0, "fp4": 10000.0}, 900.0, 50.0, 960 * 10**9, 144,
                  "NVIDIA GB200 NVL72 datasheet (72 GPUs: 13.4 TB HBM3e = 186 GB each; FP8 720 / BF16 360 / FP4 1,440 "
@@ -126,7 +149,12 @@ HARDWARE: dict[str, Hardware] = {
                  "same datasheet (GB200 Grace Blackwell Superchip: 72 Arm Neoverse V2 cores, up to 480 GB LPDDR5X; "
                  "rack: 36 Grace CPUs, 2,592 cores, up to 17 TB LPDDR5X) -- a compute tray (a Slurm node) holds two "
                  "superchips: 144 cores and up to 960 GB",
-                 ("gb200_nvl72", "gb200-nvl72"), "aarch64"),
+                 ("gb200_nvl72", "gb200-nvl72"), "aarch64", host_memory_gbps=1000.0, host_link_gbps=225.0,
+                 host_source="NVIDIA Grace CPU Superchip datasheet (LPDDR5X, up to 1 TB/s for its two Grace "
+                             "CPUs: 500 GB/s per Grace); a compute tray holds two Grace CPUs: 1,000 GB/s per node; "
+                             "GB200 NVL72 datasheet "
+                             "(NVLink-C2C 900 GB/s bidirectional between a Grace and its two GPUs: 450 GB/s per "
+                             "direction, 225 per GPU)"),
         Hardware("gb300", "GB300 NVL72", "NVIDIA GB300", (10, 3), 288 * 10**9, 4, 72, 64,
                  {"bf16": 2500.0, "fp8": 5000.0, "fp4": 15000.0}, 900.0, 100.0, 960 * 10**9, 144,
                  "NVIDIA GB300 NVL72 datasheet (72 Blackwell Ultra GPUs, up to 288 GB HBM3e each; FP8 720 PFLOPS "
@@ -134,7 +162,12 @@ HARDWARE: dict[str, Hardware] = {
                  "the same datasheet (36 Grace CPUs, 2,592 Arm Neoverse V2 cores, up to 17 TB LPDDR5X per rack) and "
                  "NVIDIA Enterprise Reference Architecture 'NVL72 AI factory', System Hardware & Components (a compute "
                  "tray holds 4 GPUs and 2 Grace CPUs): 144 cores and up to 2 x 480 GB per tray",
-                 ("gb300_nvl72", "gb300-nvl72"), "aarch64"),
+                 ("gb300_nvl72", "gb300-nvl72"), "aarch64", host_memory_gbps=1000.0, host_link_gbps=225.0,
+                 host_source="NVIDIA Grace CPU Superchip datasheet (LPDDR5X, up to 1 TB/s for its two Grace "
+                             "CPUs: 500 GB/s per Grace); a compute tray holds two Grace CPUs: 1,000 GB/s per node; "
+                             "GB300 NVL72 datasheet "
+                             "(NVLink-C2C 900 GB/s bidirectional between a Grace and its two GPUs: 450 GB/s per "
+                             "direction, 225 per GPU)"),
     )
 }
 

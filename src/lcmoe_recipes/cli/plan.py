@@ -18,7 +18,7 @@ from ..report.text import Citations, aligned, format_result, json_records, table
 from .common import ArgumentParser, model_argument, report_error, request_arguments, request_from_args, write_plot_files
 
 
-TIE_KEYS = ("layout", "mbs", "step_seconds", "headroom_gib", "keeps_memory_band", "winner")
+TIE_KEYS = ("layout", "mbs", "step_seconds", "headroom_gib", "keeps_memory_band", "winner", "dp", "passed_over")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,10 +65,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps({"why": result.why, "considered": result.considered, "evaluated": result.evaluated,
                           "pruned": result.pruned, "rejected": result.rejected,
-                          "candidates": json_records(result, calibrated), "rule": result.rule, "band": result.band,
+                          "candidates": json_records(result, calibrated), "rule": result.rule,
+                          "rules": list(result.rules), "band": result.band,
                           "band_reason": result.band_reason, "limit_gib": result.limit / 2**30,
-                          "tie_break": [dict(zip(TIE_KEYS, (lay, mbs, step, free / 2**30, safe, won)))
-                                        for lay, mbs, step, free, safe, won in result.tie_break],
+                          "tie_break": [dict(zip(TIE_KEYS, (t.layout, t.mbs, t.step, t.headroom / 2**30, t.safe,
+                                                            t.winner, t.dp, t.passed_over)))
+                                        for t in result.tie_break],
                           "tp_note": result.tp_note, "named_recipe": named.name if named else None,
                           "winner": explain_json(result.best.plan)}, indent=2, default=str))
     elif sys.stdout.isatty():

@@ -36,9 +36,9 @@ FITTED: dict[tuple[str, str], float] = {
     ('gb200', 'mxfp8'): 0.318,
     ('gb300', 'bf16'): 0.457,
     ('gb300', 'mxfp8'): 0.451,
-    ('h100', 'attention'): 0.72,
-    ('h100', 'bf16'): 0.335,
-    ('h100', 'fp8_blockwise'): 0.31,
+    ('h100', 'attention'): 0.724,
+    ('h100', 'bf16'): 0.334,
+    ('h100', 'fp8_blockwise'): 0.325,
     ('h100', 'fp8_cs'): 0.179,
 }
 

@@ -47,6 +47,8 @@ is ``Hardware.host_memory_bytes``. The terms, per rank:
   synchronously needs less.
 * **processes** -- :data:`RANK_PROCESS_BYTES` per rank (Python, torch, megatron-bridge, the CUDA context).
 
+Host *time* -- what CPU Adam under optimizer offload adds to a step -- is :mod:`lcmoe_recipes.cost.offload`.
+
 Not counted: the OS and the file system's page cache (the dataset's ``.bin``/``.idx`` files and index arrays are
 memory-mapped, so they are shared and reclaimable), NCCL / InfiniBand registration buffers.
 The planning fraction :data:`HOST_MARGIN` leaves room for them. Imports neither torch nor megatron.
@@ -57,7 +59,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.plan import Plan
-from .memory import rank_memory
+from .offload import node_stages, offload_elements
 from .shapes import shapes
 from .wallclock import rank_save_bytes
 
@@ -155,7 +157,7 @@ def optimizer_bytes_per_rank(plan: Plan, pp_rank: int) -> tuple[float, float]:
     """(pageable, pinned) host bytes of one rank's CPU-offloaded optimizer state on pipeline rank ``pp_rank``."""
     if not plan.optimizer_cpu_offload or plan.optimizer_offload_fraction <= 0:
         return 0.0, 0.0
-    elements = plan.optimizer_offload_fraction * rank_memory(plan, pp_rank).detail["optimizer_shard_params"]
+    elements = offload_elements(plan, pp_rank)
     pinned = ((CPU_GRAD_BYTES if plan.pin_cpu_grads else 0)
               + (0 if plan.use_precision_aware_optimizer else CPU_MASTER_BYTES))
     pageable = CPU_MASTER_BYTES + CPU_MOMENT_BYTES + CPU_GRAD_BYTES - pinned
@@ -169,15 +171,7 @@ def estimate_host_memory(plan: Plan) -> HostMemoryBreakdown:
     loader = loader_bytes_per_rank(plan)
     by_stage = [optimizer_bytes_per_rank(plan, p) for p in range(pp)]
     saves = [rank_save_bytes(plan, p) for p in range(pp)]
-    stage = world // pp
-    if stage % per_node == 0:  # every node inside one pipeline stage: one node per stage tells all
-        nodes = {p * stage // per_node: [p] * per_node for p in range(pp)}
-    else:
-        nodes = {}
-        for n in range((world + per_node - 1) // per_node):
-            ranks = range(n * per_node, min(world, (n + 1) * per_node))
-            nodes.setdefault(tuple(r * pp // world for r in ranks), n)
-        nodes = {n: list(stages) for stages, n in nodes.items()}
+    nodes = node_stages(world, pp, per_node)
     best = None
     for n, stages in nodes.items():
         ranks = len(stages)

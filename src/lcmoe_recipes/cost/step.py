@@ -29,8 +29,10 @@ Overlap, stated as assumptions (Megatron features the recipes turn on or off):
 * DP / EDP gradient reduce-scatter and parameter all-gather: hidden behind one microbatch's compute
   (``overlap_grad_reduce`` / ``overlap_param_gather``), the rest exposed;
 * pipeline bubble: (PP - 1) / VPP microbatches;
-* optimizer CPU offload: +0.15 s per step x offloaded fraction ("optimizer offload ... 0.1-0.2 s/iter",
-  Megatron-Bridge skill moe-optimization-workflow, card.yaml).
+* optimizer CPU offload: the host's CPU Adam over the offloaded elements and their GPU <-> host copies, from the
+  elements each node holds and its host memory and link bandwidths (:func:`lcmoe_recipes.cost.offload.
+  offload_step_seconds`: 28 bytes of host memory traffic per element for the fused CPU AdamW, 4 each way for the
+  copies), after the backward and not hidden behind it.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ from ..core.plan import Plan
 from .attention import layer_attention_seconds
 from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
 from .efficiency import Constant, constant
+from .offload import offload_step_seconds
 from .shapes import GDN, LayerShapes, shapes
 
-OFFLOAD_STEP_SECONDS = 0.15
 GDN_CHUNK = 64
 BACKWARD_SHARE = 2 / 3  # backward = 2x forward FLOPs: 2/3 of a microbatch's forward + backward (no recompute)
 
@@ -273,7 +275,7 @@ def step_terms(plan: Plan) -> StepTerms:
     return StepTerms(plan, work, tuple(w.gemm_flops / peak for w in work),
                      _gdn_seconds(plan.micro_batch_size, plan.seq_length, 1.0), 0.5 if plan.moe_ep_overlap else 1.0,
                      plan.num_microbatches, (lay.pp - 1) / (lay.vpp or 1),
-                     OFFLOAD_STEP_SECONDS * plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0,
+                     offload_step_seconds(plan).seconds,
                      model_flops_per_token(plan) * plan.global_batch_size * plan.seq_length)
 
 

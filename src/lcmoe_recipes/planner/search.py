@@ -19,18 +19,21 @@ No torch / megatron import.
    (rules); the checks (:func:`lcmoe_recipes.checks.check_plan`) drop what Megatron would reject, and
    :func:`lcmoe_recipes.checks.memory.host_findings` what a node's RAM cannot hold;
 3. rank by predicted step time. Candidates within the step error band of the fastest are a tie (the band of the
-   request's GPU and precision, :func:`lcmoe_recipes.cost.bands.band_for`: the held-out median error, wider where a
-   constant is borrowed). The rule that decides is recorded (:attr:`SearchResult.rule`, every tie in
-   :attr:`SearchResult.tie_break`): **fastest** -- the fastest candidate keeps at least
-   :data:`~lcmoe_recipes.cost.bands.MEMORY_ERROR_BAND` of the limit free, and wins; **headroom** -- it does not, and
-   the fastest tie that does wins; **most headroom** -- no tie does, and the one with the most headroom wins;
-   **hazard** -- the fastest walks into more open hazards (catalogued upstream bugs with no fixed release, on the
-   pinned stack: :mod:`lcmoe_recipes.planner.hazards`) than another tie: the ties with the fewest are kept and the
-   memory rule picks among them. Every open hazard the winner still walks into is named in its reason with why it
-   cannot be avoided (:attr:`SearchResult.hazards`); where an upstream recipe changed a setting to avoid one, the
-   planner makes the same change before pricing. Memory
-   is the whole HBM budget: the allocator's peak plus the buffers outside it (``MemoryBreakdown.hbm_total``: flex
-   dispatcher, CUDA context, NCCL) against HBM less the request's ``memory_margin`` (the fragmentation margin).
+   request's GPU and precision, :func:`lcmoe_recipes.cost.bands.band_for`: the median error of the held-out rows
+   of that GPU and precision, widened where it has too few or a constant is borrowed). The tie-break applies its
+   rules in order (:func:`_tie_break`): **hazard** -- keep the ties that walk into the fewest open hazards
+   (catalogued upstream bugs with no fixed release, on the pinned stack: :mod:`lcmoe_recipes.planner.hazards`);
+   **headroom** -- of those, keep the ones that leave at least :data:`~lcmoe_recipes.cost.bands.MEMORY_ERROR_BAND`
+   of the limit free; **data parallel** -- of those, keep the ones with DP > 1 if any ("keep DP alive",
+   Megatron-Bridge's long-context MoE skill); the fastest kept tie wins; **most headroom** -- when no tie keeps the
+   memory band free, the one with the most headroom wins. Memory safety comes before DP: an out-of-memory error
+   costs the job. The rule that decided (:attr:`SearchResult.rule`) is the last one that passed over a tie faster
+   than the winner, **fastest** when none did; every tie, with the rule that passed it over, is in
+   :attr:`SearchResult.tie_break`. Every open hazard the winner still walks into is named in its reason with why
+   it cannot be avoided (:attr:`SearchResult.hazards`); where an upstream recipe changed a setting to avoid one,
+   the planner makes the same change before pricing. Memory is the whole HBM budget: the allocator's peak plus the
+   buffers outside it (``MemoryBreakdown.hbm_total``: flex dispatcher, CUDA context, NCCL) against HBM less the
+   request's ``memory_margin`` (the fragmentation margin).
 
 Bounds, not shortcuts: every layout the rules allow is enumerated, then visited in order of a compute-time lower
 bound of its step (:func:`lcmoe_recipes.cost.bounds.compute_lower_bound`). A layout is skipped only when a lower
@@ -46,6 +49,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import NamedTuple
 
 from ..catalog import Hardware, ModelSpec, get_hardware, get_model
 from ..catalog.upstream import base_recipe
@@ -91,6 +95,19 @@ class Candidate:
     step: StepEstimate
 
 
+class Tie(NamedTuple):
+    """One candidate within the step error band of the fastest, as the tie-break saw it."""
+
+    layout: str         # ParallelLayout.describe()
+    mbs: int
+    step: float         # predicted step, s
+    headroom: float     # HBM left under the limit, bytes
+    safe: bool          # keeps the memory model's worst error (MEMORY_ERROR_BAND of the limit) free
+    winner: bool
+    dp: int             # data-parallel size
+    passed_over: str    # the rule that passed it over (TIE_RULES), "" for the winner and slower kept ties
+
+
 @dataclass(frozen=True)
 class SearchResult:
     """The search's answer.
@@ -107,9 +124,11 @@ class SearchResult:
         fastest: the fastest fitting candidate (the winner unless its memory headroom said otherwise).
         ties: fitting candidates within the step error band of the fastest, the winner among them.
         band: the step error band the ties were called with (fraction), and ``band_reason`` why.
-        rule: the rule that decided: "fastest", "headroom", "most headroom" or "hazard" (module doc).
-        tie_break: every tie, fastest first: (layout, MBS, step s, HBM headroom bytes, keeps the memory band free,
-            is the winner).
+        rule: the rule that decided: "fastest", "hazard", "headroom", "data parallel" or "most headroom" (module
+            doc; :func:`_tie_break`): the last that passed over a tie faster than the winner; :attr:`rules` names
+            every one that did.
+        tie_break: every tie, fastest first (:class:`Tie`: layout, MBS, step s, HBM headroom bytes, keeps the memory
+            band free, is the winner, DP, the rule that passed it over).
         tp_note: why TP exceeds the width limit ("" when it does not).
         hazards: the planner's answer to each open hazard (catalog/known_issues.yaml, no fixed release) the fastest
             tie or the winner walks into: (hazard id, confidence, answer) with answer ``avoided: ...`` (an
@@ -132,9 +151,14 @@ class SearchResult:
     band: float = 0.0
     band_reason: str = ""
     rule: str = "fastest"
-    tie_break: tuple[tuple[str, int, float, float, bool, bool], ...] = ()
+    tie_break: tuple[Tie, ...] = ()
     tp_note: str = ""
     hazards: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """Every rule that passed over a tie faster than the winner, in the tie-break's order (:func:`rules_applied`)."""
+        return rules_applied(self.tie_break)
 
 
 def _vpp(num_layers: int, mtp: int, pp: int) -> int | None:
@@ -571,20 +595,12 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
         return ctx.limit - c.memory.hbm_total
 
     hazards = {id(c): open_hazards(c.plan) for c in ties}
-    weight = {id(c): hazard_weight(h) for c in ties for h in (hazards[id(c)],)}
-    fewest = min(weight.values())
-    pool = [c for c in ties if weight[id(c)] == fewest]  # equal cost: the ties with the fewest open hazards
-    safe_ties = [c for c in pool if headroom(c) >= safe]
-    if pool[0] is fastest and headroom(fastest) >= safe:
-        best, rule = fastest, "fastest"
-    elif safe_ties:
-        best, rule = safe_ties[0], "headroom" if pool[0] is fastest else "hazard"
-    else:
-        best, rule = max(pool, key=headroom), "most headroom" if pool[0] is fastest else "hazard"
+    best, rule, passed = _tie_break(ties, hazards, headroom, safe)
     answers = _hazard_answers(best, fastest, ties, ranked_fits, hazards)
-    tie_break = tuple((c.plan.layout.describe(), c.plan.micro_batch_size, c.step.step_seconds, headroom(c),
-                       headroom(c) >= safe, c is best) for c in ties)
-    why = _why(best, fastest, ties, ctx.limit, safe, rule, ctx.band) + _hazard_text(answers) + (
+    tie_break = tuple(Tie(c.plan.layout.describe(), c.plan.micro_batch_size, c.step.step_seconds, headroom(c),
+                          headroom(c) >= safe, c is best, c.plan.layout.dp, passed.get(id(c), ""))
+                      for c in ties)
+    why = _why(best, fastest, ties, ctx.limit, safe, rule, ctx.band, passed) + _hazard_text(answers) + (
         f"; {len(units)} candidates (layout x MBS) considered, {len(fits)} fitting ones priced"
         + (f" ({pruned} skipped: a lower bound of their step time is slower than every candidate kept)"
            if pruned else ""))
@@ -595,6 +611,61 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
     return SearchResult(request, winner, ranked, len(units), {k: v[0] for k, v in rejected.items()}, why,
                       len(units) - pruned, pruned, ctx.limit, fastest, len(ties), band, ctx.band[1], rule, tie_break,
                       hazards=answers)
+
+
+TIE_RULES = ("hazard", "headroom", "data parallel", "most headroom")  # the order the tie-break applies them
+
+
+def _tie_break(ties: list[Candidate], hazards: dict[int, tuple[str, ...]], headroom, safe: float):
+    """(winner, the rule that decided, {id(tie): the rule that passed it over}) among ``ties`` (fastest first).
+
+    The rules, in order (module doc, step 3): **hazard** keeps the ties walking into the fewest open hazards;
+    **headroom** keeps those that leave :data:`~lcmoe_recipes.cost.bands.MEMORY_ERROR_BAND` of the limit free;
+    **data parallel** keeps, among those, the ones with DP > 1 where there are any (Megatron-Bridge's
+    ``skills/nemo-mbridge-perf-moe-long-context/SKILL.md``, CP sizing rule 2: "keep DP alive if possible":
+    long-context scaling becomes brittle once CP, EP, TP and PP squeeze DP to the floor); the fastest kept tie wins.
+    When no tie keeps the memory band free, **most headroom**: the one with the most wins. The rule that decided is
+    the last one that passed over a tie faster than the winner ("fastest" when none did)."""
+    passed: dict[int, str] = {}
+    weight = {id(c): hazard_weight(hazards[id(c)]) for c in ties}
+    fewest = min(weight.values())
+    pool = []
+    for c in ties:  # equal cost: the ties with the fewest open hazards
+        if weight[id(c)] == fewest:
+            pool.append(c)
+        else:
+            passed[id(c)] = "hazard"
+    kept = [c for c in pool if headroom(c) >= safe]
+    if kept:
+        for c in pool:
+            if headroom(c) < safe:
+                passed[id(c)] = "headroom"
+        wide = [c for c in kept if c.plan.layout.dp > 1]
+        if wide:
+            for c in kept:
+                if c.plan.layout.dp == 1:
+                    passed[id(c)] = "data parallel"
+            kept = wide
+        best = kept[0]
+    else:
+        best = max(pool, key=headroom)
+        for c in pool:
+            if c is not best:
+                passed[id(c)] = "most headroom"
+    faster = [passed[id(c)] for c in ties[:next(i for i, c in enumerate(ties) if c is best)]]  # fastest first
+    rule = max(faster, key=TIE_RULES.index) if faster else "fastest"
+    return best, rule, passed
+
+
+def rules_applied(tie_break) -> tuple[str, ...]:
+    """Every rule that passed over a tie faster than the winner, in the order the tie-break applies them (the last
+    is :attr:`SearchResult.rule`); () when the fastest won."""
+    faster = []
+    for t in tie_break:
+        if t.winner:
+            break
+        faster.append(t.passed_over)
+    return tuple(r for r in TIE_RULES if r in faster)
 
 
 def _hazard_answers(best: Candidate, fastest: Candidate, ties: list[Candidate], fits: list[Candidate],
@@ -707,8 +778,9 @@ def _cut(steps: list[float], top: int, band: float) -> float:
 
 
 def _why(best: Candidate, fastest: Candidate, ties: list[Candidate], limit: float, safe: float, rule: str,
-         band: tuple[float, str]) -> str:
-    """The winner's reason: its prediction, the band, and the rule that decided among the ties."""
+         band: tuple[float, str], passed: dict[int, str] | None = None) -> str:
+    """The winner's reason: its prediction, the band, and the rule that decided among the ties (with every other
+    rule that passed over a faster tie)."""
     lay, step, gib = best.plan.layout, best.step, 2**30
     free = (limit - best.memory.hbm_total) / gib
     text = (f"{lay.describe()}, MBS {best.plan.micro_batch_size}: predicted {step.step_seconds:.2f} s per step "
@@ -719,17 +791,25 @@ def _why(best: Candidate, fastest: Candidate, ties: list[Candidate], limit: floa
         return text + f"; the fastest fitting candidate, and no other within {band_text}"
     memory_note = f"the memory model's {MEMORY_ERROR_BAND:.1%} worst error ({safe / gib:.1f} GiB)"
     if rule == "fastest":
+        dp = "" if lay.dp > 1 else ", and no tie that keeps it has DP > 1"
         return (text + f"; rule 'fastest': the fastest of {len(ties)} candidates within {band_text}, and it keeps "
-                f"{memory_note} free ({free:.1f} GiB free)")
+                f"{memory_note} free ({free:.1f} GiB free){dp}")
+    passed = passed or {}
+    faster = [c for c in ties[:ties.index(best)]]
+    counts = {r: sum(passed.get(id(c)) == r for c in faster) for r in TIE_RULES}
+    also = [f"'{r}' passed over {n}" for r, n in counts.items() if n and r != rule]
+    lead = (f"; rule '{rule}': {step.step_seconds / fastest.step.step_seconds - 1:+.1%} on the fastest "
+            f"({fastest.plan.layout.describe()}, MBS {fastest.plan.micro_batch_size}, "
+            f"{fastest.step.step_seconds:.2f} s), within {band_text}")
+    tail = (f" (of the {len(faster)} faster ties, " + ", ".join(also) + ")") if also else ""
     if rule == "hazard":
-        return (text + f"; rule 'hazard': {step.step_seconds / fastest.step.step_seconds - 1:+.1%} on the fastest "
-                f"({fastest.plan.layout.describe()}, MBS {fastest.plan.micro_batch_size}, "
-                f"{fastest.step.step_seconds:.2f} s), within {band_text}; it walks into fewer open hazards than the "
-                f"fastest ({free:.1f} GiB free)")
+        return text + lead + f"; it walks into fewer open hazards than the faster ties ({free:.1f} GiB free)" + tail
     if rule == "headroom":
-        return (text + f"; rule 'headroom': {step.step_seconds / fastest.step.step_seconds - 1:+.1%} on the fastest "
-                f"({fastest.plan.layout.describe()}, MBS {fastest.plan.micro_batch_size}, "
-                f"{fastest.step.step_seconds:.2f} s), within {band_text}, which leaves less than {memory_note} free; "
-                f"this is the fastest of the {len(ties)} ties that keeps it ({free:.1f} GiB free)")
+        return (text + lead + f"; every faster tie leaves less than {memory_note} free; this is the fastest of the "
+                f"{len(ties)} ties that keeps it ({free:.1f} GiB free)" + tail)
+    if rule == "data parallel":
+        return (text + lead + f"; the faster ties that keep {memory_note} free have DP1, and among equal-cost "
+                f"layouts the planner keeps DP alive (Megatron-Bridge long-context MoE skill): this is the fastest "
+                f"with DP > 1 that keeps it (DP{lay.dp}, {free:.1f} GiB free)" + tail)
     return (text + f"; rule 'most headroom': none of the {len(ties)} candidates within {band_text} keeps "
-            f"{memory_note} free; this one keeps the most ({free:.1f} GiB)")
+            f"{memory_note} free; this one keeps the most ({free:.1f} GiB)" + tail)

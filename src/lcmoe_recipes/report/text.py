@@ -261,15 +261,19 @@ def format_result(result, citations: Citations | None = None, explain: bool = Fa
     for knob, r in shown.items():
         line = f"  - {knob}: {r.why}"
         out.append(f"{line} {citations.cite(r.source)}" if explain else one_line(line, citations.cite(r.source)))
-    out.append(f"  decided by: {result.rule} (within ±{result.band:.1%} of the fastest, {result.ties} tie(s); "
-               f"{result.band_reason})" if result.band_reason else f"  decided by: {result.rule}")
+    after = f", after {', '.join(result.rules[:-1])}" if len(result.rules) > 1 else ""
+    out.append(f"  decided by: {result.rule}{after} (within ±{result.band:.1%} of the fastest, {result.ties} tie(s); "
+               f"{result.band_reason})" if result.band_reason else f"  decided by: {result.rule}{after}")
     if result.tp_note:
         out.append(f"  TP: {result.tp_note}")
     if explain and len(result.tie_break) > 1:
-        out.append("  ties (layout, MBS, step s, HBM headroom GiB, keeps the memory band free, winner):")
-        shown = [t for t in result.tie_break[:TIES_SHOWN]] + [t for t in result.tie_break[TIES_SHOWN:] if t[5]]
-        out += [f"    {lay}, MBS {mbs}: {step:.2f} s, {free / 2**30:.1f} GiB free{', band free' if safe else ''}"
-                f"{'  <- winner' if won else ''}" for lay, mbs, step, free, safe, won in shown]
+        out.append("  ties (layout, MBS, step s, HBM headroom GiB, keeps the memory band free; the rule that passed "
+                   "it over, or the winner):")
+        shown = [t for t in result.tie_break[:TIES_SHOWN]] + [t for t in result.tie_break[TIES_SHOWN:] if t.winner]
+        out += [f"    {t.layout}, MBS {t.mbs}: {t.step:.2f} s, {t.headroom / 2**30:.1f} GiB free"
+                f"{', band free' if t.safe else ''}"
+                + ("  <- winner" if t.winner else f"  (passed over: {t.passed_over})" if t.passed_over else "")
+                for t in shown]
         if len(result.tie_break) > len(shown):
             out.append(f"    ... and {len(result.tie_break) - len(shown)} more (all in --json: tie_break)")
     if result.rejected:
