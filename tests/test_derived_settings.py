@@ -149,3 +149,25 @@ def test_a_root_cause_leads_over_the_memory_it_overflows():
     assert exc.message.startswith("qwen3_235b_128k_gb200: unknown recompute module(s) ['moe_actt']")
     assert exc.message.endswith("(and 1 more: memory/exceeds-hbm)")
     assert [f.rule for f in exc.findings if f.severity == "error"][:2] == ["recompute/module-name", "memory/exceeds-hbm"]
+
+
+def test_a_cp_fix_is_rechecked_before_it_is_offered():
+    """seq_length 131,000 on dsv3_128k_h100 (FP8 blockwise, CP=32): the CPs that split it into 2·CP chunks are 2
+    and 4, and under FP8 neither leaves the tokens per GEMM a multiple of 8 -- so the fix names CP=4 with what it
+    then needs, instead of offering a CP that fails the next rule. For CP=48 on qwen3_235b_128k_gb200 the nearest
+    CPs pass every layout rule and are offered as they are."""
+    import dataclasses
+
+    from lcmoe_recipes.checks.feasibility import check_plan
+
+    odd = recipe_plan("dsv3_128k_h100").with_changes(seq_length=131000)
+    (bad,) = [f for f in check_plan(odd) if f.rule == "divisibility/seq-cp"]
+    assert bad.fix.startswith("use CP=4, which then also needs: use seq_length 130,944 or 131,008 (multiples of "
+                              "8·2·CP = 64) at CP=4")
+    qwen = recipe_plan("qwen3_235b_128k_gb200")
+    wide = qwen.with_changes(layout=dataclasses.replace(qwen.layout, cp=48))
+    fixes = {f.rule: f.fix for f in check_plan(wide) if f.severity == "error"}
+    assert fixes["divisibility/seq-cp"] == fixes["rank-folding/dense"] == "use CP=4 or 8"
+    for cp in (4, 8):
+        assert not [f for f in check_plan(qwen.with_changes(layout=dataclasses.replace(qwen.layout, cp=cp)))
+                    if f.severity == "error"]

@@ -24,6 +24,7 @@ Sources of the rules (megatron-core 0.19.2 unless said otherwise):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..errors import Finding, InfeasibleConfig, raise_for_errors  # noqa: F401 (re-exported by checks)
@@ -48,6 +49,40 @@ def _near(candidates: list[int], bad: int, n: int = 2) -> str:
     """'32 or 64': the ``n`` candidates closest to ``bad`` (ties: smaller first)."""
     best = sorted(sorted(set(candidates)), key=lambda c: (abs(c - bad), c))[:n]
     return " or ".join(str(c) for c in sorted(best)) if best else "none"
+
+
+_RECHECKING = [False]  # True while a fix is being re-checked: a fix's own fixes are not re-checked again
+
+
+def _fitting(plan: Plan, candidates: list[int], bad: int, make, n: int = 2) -> str:
+    """Like :func:`_near`, but each candidate value is re-checked first: ``make(value)`` is the plan with the fix
+    applied, and a value whose plan the layout rules still refuse is not offered. When none passes, the nearest
+    candidate is named with what else it needs (its first error's fix)."""
+    if _RECHECKING[0]:
+        return _near(candidates, bad, n)
+    ranked = sorted(sorted(set(candidates)), key=lambda c: (abs(c - bad), c))
+    passing, first = [], None
+    _RECHECKING[0] = True
+    try:
+        for value in ranked:
+            try:
+                errors = [f for f in check_plan(make(value)) if f.severity == "error"]
+            except InfeasibleConfig as exc:
+                errors = [Finding("error", "layout", exc.message, exc.fix)]
+            if not errors:
+                passing.append(value)
+                if len(passing) == n:
+                    break
+            elif first is None:
+                first = (value, errors[0])
+    finally:
+        _RECHECKING[0] = False
+    if passing:
+        return " or ".join(str(c) for c in sorted(passing))
+    if first is None:
+        return "none"
+    value, error = first
+    return f"{value}, which then also needs: {error.fix} ({error.message})"
 
 
 def _nearest_power_of_two(n: int) -> int:
@@ -106,7 +141,8 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         ok = [c for c in _divisors(world // (tp * pp)) if plan.seq_length % (2 * c) == 0] if world % (tp * pp) == 0 else []
         ok_tp = [t for t in _divisors(world) if world % (t * pp * cp) == 0 and model.num_attention_heads % t == 0]
         add("error", "rank-folding/dense", f"TP={tp} · PP={pp} · CP={cp} = {tp * pp * cp} does not divide the world size {world}",
-            f"use CP={_near(ok, cp)}" if ok else (f"use TP={_near(ok_tp, tp)}" if ok_tp else
+            f"use CP={_fitting(plan, ok, cp, lambda c: plan.with_changes(layout=dataclasses.replace(lay, cp=c)))}"
+            if ok else (f"use TP={_near(ok_tp, tp)}" if ok_tp else
                                                   f"make TP·PP·CP divide {world}, or use {_multiples(folds, world)} GPUs"))
     if world % (etp * ep * pp):
         ok = [e for e in _divisors(world // (etp * pp)) if model.num_moe_experts % e == 0] if world % (etp * pp) == 0 else []
@@ -148,7 +184,7 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         ok = folds or ok  # prefer CPs that also fold into the world size, so the two fixes agree
         add("error", "divisibility/seq-cp",
             f"CP={cp} does not divide seq_length {plan.seq_length} into 2·CP chunks (load-balanced causal split)",
-            f"use CP={_near(ok, cp)}")
+            f"use CP={_fitting(plan, ok, cp, lambda c: plan.with_changes(layout=dataclasses.replace(lay, cp=c)))}")
     align = fp8_token_alignment(plan.precision)
     guess, _ = cp_first_guess(plan.seq_length)
     splits = [c for c in (2**i for i in range(0, 12)) if (c == 1 or plan.seq_length % (2 * c) == 0)
