@@ -553,3 +553,23 @@ def test_te_gated_issue_is_judged_for_the_images_transformer_engine(configs):
     assert found.severity == "warning" and "this config runs transformer-engine 2.16" in found.message
     assert found.fix.startswith("On an image whose Transformer Engine is older than 2.18")
 
+
+
+def test_the_launch_summary_lists_known_issues_in_one_line_each():
+    """A known upstream issue is several lines of symptom, versions and fix: the summary gives its title and sources
+    and points at --explain, which prints it in full."""
+    from lcmoe_recipes.core.plan import Reason  # noqa: F401 (the report's own types)
+    from lcmoe_recipes.errors import Finding
+    from lcmoe_recipes.planner.recipes import recipe_plan
+    from lcmoe_recipes.report.text import format_plan
+
+    issue = Finding("warning", "known-issue/x", "A title [Megatron-LM #1]. A long symptom. Affects megatron-core "
+                    ">=0.1 (no fixed release known); this config runs megatron-core 0.19.2", "The fix.")
+    other = Finding("warning", "memory/thin-headroom", "little left", "measure")
+    plan = recipe_plan("dsv3_128k_h100")
+    short = format_plan(plan, [issue, other])
+    assert "    - known-issue/x: A title [Megatron-LM #1]\n" in short and "A long symptom" not in short
+    assert "    - memory/thin-headroom: little left; measure\n" in short
+    assert "--explain for each one's symptom, affected versions and fix" in short
+    full = format_plan(plan, [issue, other], explain=True)
+    assert "A long symptom. Affects megatron-core >=0.1" in full and "The fix." in full

@@ -159,8 +159,23 @@ def format_plan(plan: Plan, warnings: list[Finding] = (), overrides: list[str] =
             lines.append(f"    - {knob}: {r.why} {tail}" if explain else one_line(f"    - {knob}: {r.why}", tail))
     if warnings:
         lines.append("  warnings:")
-        lines += [f"    - {w.rule}: {w.message}; {w.fix}" for w in warnings]
+        lines += [f"    - {w.rule}: {w.message}; {w.fix}" if explain else _short_warning(w) for w in warnings]
+        if not explain and any(_is_known_issue(w) for w in warnings):
+            lines.append("    (known upstream issues in one line each: --explain for each one's symptom, affected "
+                         "versions and fix)")
     return "\n".join(lines)
+
+
+def _is_known_issue(w: Finding) -> bool:
+    return w.rule.startswith("known-issue/") and "]. " in w.message
+
+
+def _short_warning(w: Finding) -> str:
+    """A warning as the summary lists it: in full, except a known upstream issue, whose title and sources stand for
+    it (its symptom, affected versions and fix are several lines each; --explain prints them)."""
+    if _is_known_issue(w):
+        return f"    - {w.rule}: {w.message.split(']. ', 1)[0]}]"
+    return f"    - {w.rule}: {w.message}; {w.fix}"
 
 
 TABLE_COLUMNS = ("rank", "TP", "CP", "EP", "PP", "VPP", "DP", "EDP", "recompute", "offload", "MBS", "memory GiB",
