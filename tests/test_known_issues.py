@@ -558,7 +558,6 @@ def test_te_gated_issue_is_judged_for_the_images_transformer_engine(configs):
 def test_the_launch_summary_lists_known_issues_in_one_line_each():
     """A known upstream issue is several lines of symptom, versions and fix: the summary gives its title and sources
     and points at --explain, which prints it in full."""
-    from lcmoe_recipes.core.plan import Reason  # noqa: F401 (the report's own types)
     from lcmoe_recipes.errors import Finding
     from lcmoe_recipes.planner.recipes import recipe_plan
     from lcmoe_recipes.report.text import format_plan
