@@ -22,14 +22,50 @@ def test_checkpoint_size_and_cadence_for_deepseek_v3():
     step = estimate_step(plan).step_seconds
     cadence = wc.save_intervals(plan, base_interval=2000)
     assert cadence.persistent == 250  # four kept saves in 1,000 steps (upstream's 2,000 would keep none)
-    assert cadence.non_persistent * step <= wc.MAX_HOURS_BETWEEN_SAVES * 3600  # a failure loses under 2 h
+    # Young/Daly: sqrt(2 x 336 s x 198 h) = 4.0 h between recovery saves on 256 GPUs (Llama 3's rate)
+    assert cadence.mtbf_hours == pytest.approx(54 * 24 * 16384 / 419 / 256)
+    assert cadence.optimum_seconds == pytest.approx((2 * cadence.write_seconds * cadence.mtbf_hours * 3600) ** 0.5)
+    assert cadence.non_persistent == round(cadence.optimum_seconds / step) and cadence.bound is None
     assert cadence.non_persistent * step >= cadence.write_seconds  # one write apart
-    slow = wc.save_intervals(plan, fs_gbps=0.5, base_interval=2000)  # 3.7 h per write: no closer than one write
-    assert slow.non_persistent == -(-slow.write_seconds // step) > cadence.non_persistent
-    assert "no closer than 14 steps, one write apart" in slow.reason.why  # 13,421 s per write / 968 s per step
+    # 3.7 h per write and a failure an hour: the optimum (2.7 h) is closer than one write, so one write apart
+    slow = wc.save_intervals(plan, fs_gbps=0.5, base_interval=2000, mtbf_hours=1.0)
+    assert slow.optimum_seconds < slow.write_seconds
+    assert slow.non_persistent == -(-slow.write_seconds // step) == 14  # 13,421 s per write / 968 s per step
+    assert "raised to one write apart (14 steps)" in slow.reason.why
     assert wc.save_intervals(plan, fs_gbps=0.1).persistent * step >= wc.write_seconds(plan, 0.1)
     with pytest.raises(ValueError, match="bandwidth 0 GB/s is not positive"):
         wc.save_intervals(plan, fs_gbps=0)
+
+
+def test_young_daly_interval_from_the_llama3_failure_rate():
+    """The recovery saves' interval is Young/Daly's sqrt(2 C MTBF) (Young, CACM 1974; Daly, FGCS 2006), MTBF from the
+    unexpected interruptions Meta published for Llama 3 (419 in 54 days on 16,384 H100, arXiv 2407.21783 section
+    3.3.4): 50,677 GPU-hours per failure, 99 h on the 512 GPUs of dsv3_256k_h100 -- "about once every four days"."""
+    assert wc.GPU_MTBF_HOURS == pytest.approx(50677.0, abs=1)
+    assert wc.job_mtbf_hours(512) == pytest.approx(98.98, abs=0.01)
+    assert wc.job_mtbf_hours(512, 24.0) == 24.0
+    with pytest.raises(ValueError, match="not positive"):
+        wc.job_mtbf_hours(512, 0)
+    plan = recipe_plan("dsv3_256k_h100")
+    step = estimate_step(plan).step_seconds
+    base = wc.save_intervals(plan)
+    assert base.mtbf_hours == pytest.approx(98.98, abs=0.01) and "arXiv 2407.21783" in base.mtbf_source
+    # four times the failures: half the interval (sqrt), within a step's rounding
+    often = wc.save_intervals(plan, mtbf_hours=base.mtbf_hours / 4)
+    assert often.optimum_seconds == pytest.approx(base.optimum_seconds / 2)
+    assert abs(often.non_persistent - base.optimum_seconds / 2 / step) <= 0.5
+    # a plan's own MTBF (launch --mtbf-hours) is used when no argument is given
+    assert wc.save_intervals(plan.with_changes(mtbf_hours=base.mtbf_hours / 4)).non_persistent == often.non_persistent
+    # bounded by the time limit: a 2-hour job saves at least every 2 h
+    short = wc.save_intervals(plan, time_limit_hours=2.0)
+    assert short.non_persistent == int(2 * 3600 // step) < base.non_persistent and "usable 2.0 h" in short.bound
+    # the plan's price: failures/day x (half an interval + write + read back + restart) x GPUs
+    cost = wc.failure_cost(plan, base)
+    assert cost.failures_per_day == pytest.approx(24 / base.mtbf_hours)
+    lost = (base.non_persistent * step / 2 + 2 * base.write_seconds + wc.RESTART_SECONDS) / 3600
+    assert cost.failure_gpu_hours == pytest.approx(cost.failures_per_day * lost * 512)
+    assert cost.saving_gpu_hours == pytest.approx(86400 / (base.non_persistent * step) * base.write_seconds / 3600 * 512)
+    assert "GPU-h/day to failures" in cost.text() and "GPU-h/day to saving" in cost.text()
 
 
 def eval_batch(plan):

@@ -126,6 +126,7 @@ def as_flags(text: str, fields) -> str:
 _REQUEST_FLAGS = ("precision", "gbs", "mbs", "dispatcher", "tp", "pp", "cp", "ep", "memory_margin", "rope",
                   "tokens_per_step", "lr", "train_iters", "model_config", "variable_length", "gpus", "hardware", "seq",
                   "from_hf", "from_checkpoint", "convert_to", "from_config", "save_dir", "tokenizer", "fs_gbps",
+                  "mtbf_hours",
                   "calibration", "calibration_run")
 
 

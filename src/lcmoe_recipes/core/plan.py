@@ -145,6 +145,9 @@ class Plan:
             (megatron-bridge's default).
         fs_gbps: aggregate write bandwidth of the filesystem the checkpoints go to, GB/s (1e9 bytes/s), which sets
             the save cadence (:func:`lcmoe_recipes.cost.wallclock.save_intervals`); None: its stated default.
+        mtbf_hours: the job's mean time between failures, hours, which sets the recovery saves' interval
+            (Young/Daly); None: Llama 3's published per-GPU rate over the job's GPUs
+            (:func:`lcmoe_recipes.cost.wallclock.job_mtbf_hours`).
         pin_cpu_grads: ``optimizer.pin_cpu_grads``: CPU-offloaded optimizer's gradient copies in pinned memory
             (megatron-core 0.19.2 default True).
         reasons: knob name -> :class:`Reason`.
@@ -189,6 +192,7 @@ class Plan:
     eval_iters: int = 32
     eval_global_batch_size: int | None = None
     fs_gbps: float | None = None
+    mtbf_hours: float | None = None
     pin_cpu_grads: bool = True
     reasons: dict[str, Reason] = field(default_factory=dict, compare=False)
 

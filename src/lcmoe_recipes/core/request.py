@@ -105,6 +105,9 @@ class TrainingRequest(BaseModel):
                                   "needs (the target's per-GPU shapes, fewer layers, PP 1) instead of the target")
     fs_gbps: float | None = Field(default=None, description="write bandwidth of the checkpoint filesystem, GB/s: sets "
                                   "the save cadence (default: lcmoe_recipes.cost.wallclock.DEFAULT_FS_GBPS)")
+    mtbf_hours: float | None = Field(default=None, description="the job's mean time between failures, hours: sets the "
+                                     "recovery saves' interval (default: Llama 3's per-GPU failure rate over the "
+                                     "job's GPUs, lcmoe_recipes.cost.wallclock.job_mtbf_hours)")
     phase: int | None = Field(default=None, description="1-based phase of a phased run (set by the resolver)")
 
     # --- construction ----------------------------------------------------------------------------------------------
@@ -235,6 +238,14 @@ class TrainingRequest(BaseModel):
         if value is not None and not value > 0:
             raise ValueError(f"fs_gbps {value:g} must be greater than 0 (GB/s the checkpoint filesystem writes); use "
                              "e.g. 20")
+        return value
+
+    @field_validator("mtbf_hours")
+    @classmethod
+    def _mtbf_hours(cls, value: float | None) -> float | None:
+        if value is not None and not value > 0:
+            raise ValueError(f"mtbf_hours {value:g} must be greater than 0 (hours between failures of the job); use "
+                             "e.g. 100")
         return value
 
     @field_validator("rope")

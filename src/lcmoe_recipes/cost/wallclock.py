@@ -22,6 +22,13 @@ constants below, each with where it comes from.
   ``dist_checkpointing/strategies/filesystem_async.py``, ``preload_tensors``) and a background process writes it
   at the filesystem's bandwidth (``fs_gbps``, default :data:`DEFAULT_FS_GBPS`). The next save waits for the
   previous write, so saves are at least one write apart (:func:`save_intervals`).
+* **Failures.** The overwritten (recovery) saves come at Young/Daly's optimum interval sqrt(2 x C x MTBF)
+  (J. W. Young, "A first order approximation to the optimum checkpoint interval", CACM 17(9), 1974; J. T. Daly, "A
+  higher order estimate of the optimum checkpoint interval for restart dumps", FGCS 22(3), 2006): C is one save's
+  predicted write, MTBF the job's mean time between failures -- the per-GPU rate Meta published for Llama 3
+  pre-training (:data:`LLAMA3_INTERRUPTIONS` unexpected interruptions in :data:`LLAMA3_DAYS` days on
+  :data:`LLAMA3_GPUS` H100; arXiv 2407.21783 section 3.3.4) scaled to the job's GPUs (:func:`job_mtbf_hours`), or the
+  one given (``mtbf_hours``, ``launch --mtbf-hours``). :func:`failure_cost` prices the result in GPU-hours a day.
 """
 
 from __future__ import annotations
@@ -41,9 +48,18 @@ DEFAULT_FS_GBPS = 20.0
 """Aggregate write bandwidth of the shared filesystem the checkpoints go to, GB/s (1e9 bytes/s): our default, a
 modest parallel filesystem (the same figure as the 20-minute exit margin's, lcmoe_recipes.jobs.job_checks); give your
 cluster's (``fs_gbps``)."""
-MAX_HOURS_BETWEEN_SAVES = 2.0
-"""A failure loses at most this much training: the non-persistent (overwritten) saves come at least this often
-(our choice; megatron-bridge keeps the two newest, ``training/checkpointing.py``)."""
+LLAMA3_INTERRUPTIONS = 419
+"""Unexpected interruptions during Llama 3 405B pre-training (Dubey et al., "The Llama 3 Herd of Models",
+arXiv 2407.21783, section 3.3.4 and Table 5: 466 job interruptions in a 54-day snapshot, 47 planned, 419
+unexpected; 78% of these hardware: GPUs, HBM, hosts, network)."""
+LLAMA3_DAYS = 54
+"""Days of that snapshot (arXiv 2407.21783 section 3.3.4)."""
+LLAMA3_GPUS = 16384
+"""H100 GPUs of that job (arXiv 2407.21783 section 3.3.1)."""
+GPU_MTBF_HOURS = LLAMA3_DAYS * 24 * LLAMA3_GPUS / LLAMA3_INTERRUPTIONS
+"""Mean time between unexpected interruptions per GPU, hours: 54 d x 24 h x 16,384 GPUs / 419 = 50,677 GPU-hours
+(5.8 years per GPU); a job on N GPUs fails every GPU_MTBF_HOURS / N hours (failures independent, each stopping the
+whole synchronous job), e.g. 99 h (4.1 days) on 512 GPUs."""
 PERSISTENT_SAVES_PER_PHASE = 4
 """Checkpoints kept from a phase (for evaluation and roll-back), evenly spaced; the last one is the phase's end."""
 DEFAULT_PHASE_BUDGET_HOURS = 48.0
@@ -92,6 +108,29 @@ def eval_seconds(plan: Plan) -> float:
     return plan.eval_iters * (micro + bubble) * FORWARD_SHARE * microbatch_seconds(plan)
 
 
+def job_mtbf_hours(gpus: int, mtbf_hours: float | None = None) -> float:
+    """The job's mean time between failures, hours: ``mtbf_hours`` when given, else :data:`GPU_MTBF_HOURS` / ``gpus``
+    (Llama 3's published per-GPU rate scaled to the job: any GPU's failure stops a synchronous job).
+
+    Raises:
+        ValueError: ``gpus`` < 1 or ``mtbf_hours`` not positive.
+    """
+    if mtbf_hours is not None:
+        if not mtbf_hours > 0:
+            raise ValueError(f"mtbf_hours {mtbf_hours:g} is not positive (hours between failures of the job)")
+        return float(mtbf_hours)
+    if gpus < 1:
+        raise ValueError(f"{gpus} GPUs: a job has at least one")
+    return GPU_MTBF_HOURS / gpus
+
+
+def young_daly_seconds(save_seconds: float, mtbf_seconds: float) -> float:
+    """Young/Daly's optimum time between checkpoints, seconds: sqrt(2 x C x M) for a save costing ``save_seconds``
+    (C) and a mean time between failures of ``mtbf_seconds`` (M) (Young 1974; Daly 2006 shows it is within a few
+    percent of the optimum while C << M)."""
+    return math.sqrt(2.0 * save_seconds * mtbf_seconds)
+
+
 @dataclass(frozen=True)
 class SaveIntervals:
     """Checkpoint cadence of a phase, in steps.
@@ -100,7 +139,9 @@ class SaveIntervals:
         persistent: ``checkpoint.save_interval``: the saves kept.
         non_persistent: ``checkpoint.non_persistent_save_interval`` (overwritten saves for recovery), or None when
             the persistent ones are frequent enough.
-        write_seconds: one save's background write; step_seconds: the predicted step.
+        write_seconds: one save's background write (C); step_seconds: the predicted step.
+        mtbf_hours: the job's mean time between failures; mtbf_source: where it comes from.
+        optimum_seconds: Young/Daly's sqrt(2 C MTBF); bound: what moved the interval off it (None: nothing).
     """
 
     persistent: int
@@ -108,42 +149,125 @@ class SaveIntervals:
     write_seconds: float
     step_seconds: float
     reason: Reason
+    mtbf_hours: float = 0.0
+    mtbf_source: str = ""
+    optimum_seconds: float = 0.0
+    bound: str | None = None
+
+    @property
+    def recovery(self) -> int:
+        """Steps between the saves a restart resumes from (the overwritten ones where set, else the kept ones)."""
+        return min(self.persistent, self.non_persistent or self.persistent)
 
 
-def save_intervals(plan: Plan, fs_gbps: float | None = None, base_interval: int | None = None) -> SaveIntervals:
-    """The checkpoint cadence of ``plan`` from its checkpoint size, the filesystem bandwidth and the time budget:
-    :data:`PERSISTENT_SAVES_PER_PHASE` kept saves (never rarer than ``base_interval``, upstream's), and overwritten
-    ones so that a failure loses at most :data:`MAX_HOURS_BETWEEN_SAVES` of training; no two saves closer than one
-    background write (the next save would wait for it).
+def save_intervals(plan: Plan, fs_gbps: float | None = None, base_interval: int | None = None,
+                   mtbf_hours: float | None = None, time_limit_hours: float | None = None) -> SaveIntervals:
+    """The checkpoint cadence of ``plan``: :data:`PERSISTENT_SAVES_PER_PHASE` kept saves (never rarer than
+    ``base_interval``, upstream's), and overwritten ones at Young/Daly's optimum sqrt(2 x C x MTBF)
+    (:func:`young_daly_seconds`) from the predicted write C (:func:`write_seconds`) and the job's MTBF
+    (:func:`job_mtbf_hours`: ``mtbf_hours``, else the plan's, else Llama 3's per-GPU rate over the plan's GPUs).
+    Bounded by the file system -- no two saves closer than one background write (the next save would wait for it)
+    -- and by the job's time limit (``time_limit_hours``: usable hours before the job's own exit; a save at least
+    once per job, so a failure never costs more than one job's work).
 
     Raises:
-        ValueError: ``fs_gbps`` is not positive.
+        ValueError: ``fs_gbps``, ``mtbf_hours`` or ``time_limit_hours`` not positive.
     """
     fs_gbps = _bandwidth(plan, fs_gbps)
     if fs_gbps <= 0:
         raise ValueError(f"filesystem bandwidth {fs_gbps} GB/s is not positive")
+    if time_limit_hours is not None and not time_limit_hours > 0:
+        raise ValueError(f"time limit {time_limit_hours:g} h is not positive")
+    given = mtbf_hours if mtbf_hours is not None else plan.mtbf_hours
+    mtbf = job_mtbf_hours(plan.layout.world, given)
+    source = (f"given ({mtbf:g} h)" if given is not None else
+              f"{GPU_MTBF_HOURS:,.0f} GPU-hours per failure (Llama 3: {LLAMA3_INTERRUPTIONS} unexpected interruptions "
+              f"in {LLAMA3_DAYS} days on {LLAMA3_GPUS:,} H100, arXiv 2407.21783 section 3.3.4) / {plan.layout.world} "
+              f"GPUs = {mtbf:.0f} h")
     step = estimate_step(plan).step_seconds
     iters = plan.schedule.train_iters if plan.schedule else (base_interval or 1000) * PERSISTENT_SAVES_PER_PHASE
     write = write_seconds(plan, fs_gbps)
     floor = max(1, math.ceil(write / step))
     persistent = max(floor, min(base_interval or iters, max(1, iters // PERSISTENT_SAVES_PER_PHASE)))
-    budget = max(floor, int(MAX_HOURS_BETWEEN_SAVES * 3600 // step))
-    recovery = budget if budget < persistent else None
+    optimum = young_daly_seconds(write, mtbf * 3600)
+    interval, bound = max(1, round(optimum / step)), None
+    if interval < floor:
+        interval, bound = floor, f"raised to one write apart ({floor} steps)"
+    if time_limit_hours is not None:
+        cap = max(1, int(time_limit_hours * 3600 // step))
+        if interval > cap:
+            interval, bound = max(floor, cap), f"lowered to the job's usable {time_limit_hours:.1f} h ({cap} steps)"
+    recovery = interval if interval < persistent else None
     size = checkpoint_bytes(plan)
     text = (f"a save is {size / 1e12:.2f} TB ({shapes(plan.model_spec).total_params / 1e9:.0f}B parameters x "
             f"{size / shapes(plan.model_spec).total_params:.0f} bytes), {write / 60:.1f} min at {fs_gbps:g} GB/s, "
             f"written asynchronously and in parallel by every rank; kept saves every {persistent} steps "
-            f"({persistent * step / 3600:.1f} h, {math.ceil(iters / persistent)} per phase)")
+            f"({persistent * step / 3600:.1f} h, {math.ceil(iters / persistent)} per phase); the job's MTBF is "
+            f"{source}; Young/Daly's optimum sqrt(2 x {write:.0f} s x {mtbf:.0f} h) = {optimum / 3600:.2f} h = "
+            f"{optimum / step:.0f} steps of {step:.0f} s")
+    if bound:
+        text += f", {bound}"
     if recovery:
-        text += (f", and overwritten saves (the two newest kept) every {recovery} steps, so a failure loses at most "
-                 f"{recovery * step / 3600:.1f} h")
-    if floor > 1:
-        text += f"; no closer than {floor} steps, one write apart"
+        text += (f"; overwritten saves (the two newest kept) every {recovery} steps, so a failure loses at most "
+                 f"{recovery * step / 3600:.2f} h")
+    else:
+        text += f"; no overwritten saves (the kept ones, every {persistent} steps, are as frequent)"
     return SaveIntervals(persistent, recovery, write, step, Reason(
         text, "megatron-bridge's checkpointing guide https://docs.nvidia.com/nemo/megatron-bridge/0.6.0/training/"
               "checkpointing.html (async_save, fully_parallel_save, non_persistent_ckpt_type 'global'); megatron-bridge "
-              "0.6.2 training/checkpointing.py (the two newest non-persistent saves kept); lcmoe_recipes.cost.wallclock "
-              "(size, bandwidth default, cadence)"))
+              "0.6.2 training/checkpointing.py (the two newest non-persistent saves kept); Young, CACM 17(9) 1974 and "
+              "Daly, FGCS 22(3) 2006 (the optimum interval); arXiv 2407.21783 section 3.3.4 (the failure rate); "
+              "lcmoe_recipes.cost.wallclock (size, bandwidth default, cadence)"),
+        mtbf, source, optimum, bound)
+
+
+@dataclass(frozen=True)
+class FailureCost:
+    """Expected GPU-hours a day that failures and checkpointing cost a job (modelled).
+
+    Attributes:
+        failures_per_day: 24 / MTBF hours.
+        lost_per_failure_hours: wall hours a failure costs: on average half a recovery interval of work redone, the
+            save being written when it struck (its predecessor is the one loaded), and the restart (the checkpoint
+            read back at the file system's bandwidth, and ``restart_seconds`` of start-up).
+        failure_gpu_hours, saving_gpu_hours: GPU-hours a day lost to failures and to saving (every save's write
+            counted as lost: the upper bound; asynchronous saving hides most of it).
+    """
+
+    gpus: int
+    failures_per_day: float
+    lost_per_failure_hours: float
+    failure_gpu_hours: float
+    saving_gpu_hours: float
+    saves_per_day: float
+
+    def text(self) -> str:
+        """One line for the plan: ``failures ~0.24/day x 2.7 h = 330 GPU-h/day lost; saving ... GPU-h/day``."""
+        return (f"expected losses on {self.gpus} GPUs: {self.failures_per_day:.2f} failures/day x "
+                f"{self.lost_per_failure_hours:.2f} h each = {self.failure_gpu_hours:,.0f} GPU-h/day to failures; "
+                f"{self.saves_per_day:.1f} saves/day = at most {self.saving_gpu_hours:,.0f} GPU-h/day to saving "
+                f"({(self.failure_gpu_hours + self.saving_gpu_hours) / (24 * self.gpus):.1%} of the job), modelled")
+
+
+RESTART_SECONDS = 600.0
+"""Seconds a restart spends before training again, beside reading the checkpoint: a new allocation's or process's
+start, imports, the model build and the first step's setup (our estimate; Llama 3's team reports automated
+restarts handling most of its 419 interruptions, arXiv 2407.21783 section 3.3.4)."""
+
+
+def failure_cost(plan: Plan, cadence: SaveIntervals | None = None, restart_seconds: float = RESTART_SECONDS,
+                 fs_gbps: float | None = None) -> FailureCost:
+    """Expected GPU-hours a day lost to failures and to saving with ``cadence`` (default :func:`save_intervals`):
+    failures/day x (half a recovery interval + one write + the checkpoint read back + ``restart_seconds``), and
+    saves/day x one write, each x the plan's GPUs."""
+    cadence = cadence or save_intervals(plan, fs_gbps)
+    gpus = plan.layout.world
+    per_day = 24.0 / cadence.mtbf_hours
+    interval = cadence.recovery * cadence.step_seconds
+    read = write_seconds(plan, fs_gbps)
+    lost = (interval / 2 + cadence.write_seconds + read + restart_seconds) / 3600
+    saves = 86400.0 / max(interval, cadence.write_seconds)
+    return FailureCost(gpus, per_day, lost, per_day * lost * gpus, saves * cadence.write_seconds / 3600 * gpus, saves)
 
 
 @dataclass(frozen=True)

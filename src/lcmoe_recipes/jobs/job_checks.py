@@ -238,11 +238,13 @@ class JobCheck:
         overrides: Hydra overrides for the ranks' command line (``train.exit_duration_in_mins=N``).
         findings: warnings about the job's paths and folder (errors are raised instead).
         notes: lines for the summary (the exit duration and why, the job folder rule).
+        resilience: the job's :class:`lcmoe_recipes.jobs.resilience.Resilience` (None: not planned).
     """
 
     overrides: list[str] = field(default_factory=list)
     findings: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    resilience: object = None
 
 
 def slurm_job(cfg, settings, job_dir: str, smoke: bool = False) -> JobCheck:

@@ -520,6 +520,15 @@ def run_rank(config: str | None = None, recipe: str | None = None, *, data_path=
                          "make the paths exist on every node (a shared filesystem; in a container, "
                          "--container-mounts), or check the job first with --smoke")
     prepare_weights(weights, meta.get("model", ""), rank0)
+    from .resilience import missing_package, needs_package
+
+    if (parts := needs_package(cfg)) and (missing := missing_package()):
+        raise LcmoeError(f"the config turns on {', '.join(parts)}, but {missing}",
+                         "run an image that has it (NVIDIA's NeMo images do), install it there, or launch with "
+                         "--no-resiliency")
+    from .resume import pin_resume
+
+    pin_resume(cfg, log=_line if rank0 else (lambda _text: None))  # the newest complete checkpoint, or refused
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 

@@ -185,7 +185,7 @@ def _header(one: Configured) -> dict:
 def prepare(request: TrainingRequest, *, container_image: str | None = None, output: str | Path | None = None,
           settings: SlurmSettings | KubeflowSettings | None = None, smoke: bool = False, smoke_nodes: int = 1,
           budget_hours: float | None = None, overlay: bool | None = None, start: bool = False,
-          mock_data: bool = False, from_scratch: bool = False) -> list[Configured]:
+          mock_data: bool = False, from_scratch: bool = False, resiliency: bool = True) -> list[Configured]:
     """The validated configs of ``request``, one per phase (:func:`configure_phases`), each written as YAML.
 
     Args:
@@ -205,6 +205,9 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
             tokenizer, an extension has its pretrained weights, and a local run has its GPUs here
             (:func:`lcmoe_recipes.jobs.start_gate.start_blockers`); ``mock_data`` / ``from_scratch`` accept mock data /
             random initialisation on purpose.
+        resiliency: a multi-node Slurm training job gets the FT launcher, in-job restart, straggler detection and
+            a time-limit exit that leaves room for the final save (:mod:`lcmoe_recipes.jobs.resilience`); False
+            (``launch --no-resiliency``) turns them off.
 
     Raises:
         LcmoeError: anything :func:`configure_phases` refuses; phases on Slurm without ``save_dir``; a job folder or
@@ -238,6 +241,8 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
         if settings is not None:
             one.job = checks[index](one.cfg)
             one.warnings = one.warnings + one.job.findings
+            if isinstance(settings, SlurmSettings):
+                _resilience(one, settings, smoke, resiliency)
         one.warnings = (one.warnings + list(one.weights.notes)
                         + _time_findings(one, settings, smoke, chained=index < len(configs) - 1)
                         + (phase_findings(one.shown, budget_hours or DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
@@ -247,8 +252,47 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
                         local_ranks=configs[0].plan.layout.world if settings is None else None)
     for one in configs:
         emit.write_yaml(one.cfg, one.output, one.meta)
+        if one.job is not None and one.job.resilience is not None and one.job.resilience.enabled:
+            from .resilience import ft_config_text
+
+            ft_file = one.output.with_name(one.output.stem + ".ft.yaml")
+            ft_file.write_text(ft_config_text(one.job.resilience))
+            one.job.notes.append(f"FT config (ft_launcher --fault-tol-cfg-path): {ft_file}")
         one.command = torchrun_command(one.output, one.plan.layout.world, one.plan.hardware_spec.gpus_per_node)
     return configs
+
+
+def _resilience(one: Configured, settings: SlurmSettings, smoke: bool, enabled: bool) -> None:
+    """Plan the resiliency of ``one``'s Slurm job (:func:`lcmoe_recipes.jobs.resilience.plan_resilience`), set its
+    megatron-bridge sections on the config (validated by megatron-bridge), bound the recovery saves by the time
+    limit, and move the job's exit earlier when the final save needs more room."""
+    from ..cost.wallclock import save_intervals
+    from .job_checks import exit_duration, slurm_minutes
+    from .resilience import apply_resilience, plan_resilience
+
+    plan, job = one.shown, one.job
+    limit = slurm_minutes(settings.time) if settings.time and not smoke else None
+    prefix = "train.exit_duration_in_mins="
+    given = next((int(o[len(prefix):]) for o in job.overrides if o.startswith(prefix)), None)
+    res = plan_resilience(plan, nodes=nodes_for(plan.layout.world, plan.hardware_spec.gpus_per_node),
+                          executor="slurm", smoke=smoke, enabled=enabled, time_limit_minutes=limit,
+                          exit_minutes=given)
+    job.resilience = res
+    job.notes.extend(res.notes())
+    if not res.enabled:
+        return
+    apply_resilience(one.cfg, res)
+    if res.exit_duration_in_mins is not None and given is not None:
+        job.overrides = [o for o in job.overrides if not o.startswith(prefix)] + [
+            f"{prefix}{res.exit_duration_in_mins}"]
+        job.notes = [n for n in job.notes if not n.startswith(prefix)]
+    usable = res.exit_duration_in_mins or given or (exit_duration(limit) if limit else None)
+    if usable:
+        cadence = save_intervals(plan, time_limit_hours=usable / 60)
+        ckpt = one.cfg.checkpoint
+        if cadence.bound and cadence.non_persistent and cadence.non_persistent != ckpt.non_persistent_save_interval:
+            ckpt.non_persistent_save_interval, ckpt.non_persistent_ckpt_type = cadence.non_persistent, "global"
+            job.notes.append(f"checkpoint.non_persistent_save_interval={cadence.non_persistent}: {cadence.bound}")
 
 
 def _phase_output(output, one: Configured, index: int, phases: int, request: TrainingRequest) -> str | Path | None:

@@ -44,7 +44,8 @@ def run(one: Configured, executor: str = "local", settings: SlurmSettings | Kube
         settings = dataclasses.replace(settings, sbatch={**settings.sbatch, "dependency": f"afterok:{after_job}"})
     return run_slurm(one.output, one.meta, dict(one.cfg.env_vars or {}), settings, smoke=smoke,
                      smoke_ranks=smoke_ranks, smoke_nodes=smoke_nodes, dry_run=dry_run, wait=wait,
-                     train_args=train_args, notes=one.job.notes if one.job else [])
+                     train_args=train_args, notes=one.job.notes if one.job else [],
+                     resilience=one.job.resilience if one.job else None)
 
 
 def _target(found: dict, world_size: int | None, hardware: str | None, where: str) -> dict:

@@ -301,6 +301,8 @@ def resolve(request: TrainingRequest) -> Resolution:
         plan = plan.with_changes(name=f"{plan.name}-phase{request.phase}")
     if request.fs_gbps is not None:
         plan = plan.with_changes(fs_gbps=request.fs_gbps)
+    if request.mtbf_hours is not None:
+        plan = plan.with_changes(mtbf_hours=request.mtbf_hours)
     if request.calibration_run:
         from ..calibration import calibration_run_plan
 
