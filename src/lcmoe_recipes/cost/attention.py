@@ -300,3 +300,17 @@ def window_waste(window: int) -> float:
     """Work the fused kernel does over the useful work for a sliding window of ``window`` keys: a query tile
     touches ceil(window / :data:`KEY_TILE`) + 1 key tiles (module doc)."""
     return (math.ceil(window / KEY_TILE) + 1) * KEY_TILE / window
+
+
+def attention_backends(plan) -> tuple[tuple[str, Backend], ...]:
+    """(attention kind, :class:`Backend`) of each softmax-attention kind of ``plan``'s model ("mla", "full",
+    "sliding"), in layer order, as the step model prices them (BF16 attention, the target image's cuDNN)."""
+    from .shapes import shapes
+
+    s = shapes(plan.model_spec)
+    cc = plan.hardware_spec.compute_capability
+    out: dict[str, Backend] = {}
+    for i in range(s.num_layers):
+        if s.is_softmax(i) and s.kind(i) not in out:
+            out[s.kind(i)] = select_backend(s, i, cc, plan.layout.cp, plan.cp_comm_type, plan.variable_length)
+    return tuple(out.items())
