@@ -227,16 +227,26 @@ def _throughput_section(rows) -> list[str]:
                   + ", ".join(f"{k} {predicted_tflops(rows[k].plan, FITTED) / rows[k].comparable:.2f}" for k in short)
                   + ".", "",
               "Why the misses miss, as far as the record shows:", "",
-              "* gpt-oss-120b (PS3, PS4, PS10-PS13, PS24, PS25): predicted 1.3-1.6x its published throughput on "
+              "* gpt-oss-120b (PS3, PS4, PS10-PS13, PS24, PS25): predicted 1.2-1.6x its published throughput on "
               "every GPU and precision once each row is brought to our FLOP count (1.2-1.9x before: releases before "
-              "megatron-bridge 0.5.0 counted 0.83-0.89 of our FLOPs for it). Its attention (learnable sinks, "
-              "128-token windows) is a small share of its FLOPs, so the kernel tables do not explain it; a term for "
-              "the memory-bound work between GEMMs (norms, permutation, activation, FP8 casts, priced from the bytes "
-              "they move at the datasheet HBM bandwidth) did not either: it moved Qwen3-30B's rows as much as "
-              "gpt-oss's. What does is not in the published record (its GEMMs: hidden 2880, biased, clamped-SwiGLU "
-              "experts). The model has no term for it and says so only here;",
-              "* DeepSeek-V3 on B200 with expert parallelism across nodes (HC3, PS14): the model leaves DeepEP's "
-              "InfiniBand dispatch exposed; the published runs hide most of it (overlap not published);",
+              "megatron-bridge 0.5.0 counted 0.83-0.89 of our FLOPs for it). Not the attention backend: by "
+              "Transformer Engine's rules (`cost/attention.py`, `select_backend`) its learnable sinks turn "
+              "FlashAttention off but leave cuDNN fused attention on from cuDNN 9.13.1 (every image these rows ran "
+              "on has it; the unfused path needs 9.11 or packed sequences before 9.18), and its 128-token windows, "
+              "priced at the two key tiles they touch, are a small share of its step. A term for the memory-bound "
+              "work between GEMMs (norms, permutation, activation, FP8 casts, at the datasheet HBM bandwidth) moved "
+              "Qwen3-30B's rows as much as gpt-oss's. What is left is in its GEMMs (hidden 2880 = 22.5 tiles of "
+              "128, biased, clamped-SwiGLU experts: tile and wave quantization, not modelled) and, on GB200, the "
+              "cuDNN-frontend grouped-GEMM regression megatron-bridge's 26.06.01 summary names;",
+              "* DeepSeek-V3 on 1,024 H100 with the EP overlap (HC1, 1.20): the overlap is priced as each quarter "
+              "of a layer's all-to-all beside one compute block of the other microbatch (`cost/overlap.py`), which "
+              "hides nearly all of DeepEP's traffic; the published gain of the overlap (PS26 -> HC1, same layout: "
+              "330 -> 368, +12%) is smaller. The mechanism left out is the SMs DeepEP's kernels take from the GEMMs "
+              "beside them (20-24 of 132 on H100), not priced;",
+              "* DeepSeek-V3 on B200 with MXFP8 (HC3, PS14, ~0.5): the EP overlap is not published for these rows "
+              "(they are priced without it; with it they read 0.64-0.70), and their GEMM constant is B200 MXFP8's, "
+              "fitted on the two Qwen3 rows (PS15, PS16) that ask for 0.15 where these ask for 0.6-0.8: one "
+              "constant per GPU x precision cannot hold both (the reach table below);",
               "* the Moonlight recompute study (RC1-RC6): one 4K microbatch per rank, a 0.46 s step -- the optimizer "
               "step and per-step host work, which the model does not price, dominate (outside its stated scope);",
               "* natural-routing runs (VC4, VC5) and the single-node B200/GB200/GB300 Qwen3-30B rows mix expert "

@@ -73,6 +73,7 @@ class LayerShapes:
     lin_nv: int
     lin_dk: int
     lin_dv: int
+    sinks: bool = False     # learnable softmax offsets (gpt-oss: megatron-core softmax_type="learnable")
 
     def kind(self, layer: int) -> str:
         """Attention kind of decoder layer ``layer`` ("mla", "full", "sliding", "gdn")."""
@@ -190,4 +191,5 @@ def shapes(spec: ModelSpec) -> LayerShapes:
         f_expert=f_exp, f_shared=f_shared, f_dense=f_dense, nq=nq, nkv=nkv, d_qk=d_qk, d_v=d_v,
         mla=spec.multi_latent_attention, qk_norm=spec.qk_layernorm, out_gate=spec.attention_output_gate,
         q_lora=q_lora, kv_lora=kv_lora, d_rope=dr, lin_nk=lin_nk, lin_nv=lin_nv, lin_dk=lin_dk, lin_dv=lin_dv,
+        sinks=spec.attention_sinks,
     )

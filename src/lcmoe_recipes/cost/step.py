@@ -18,16 +18,15 @@ GPU x precision (GEMM) and per GPU (attention, scan), and where each comes from 
 borrowed from a stated sibling -- are :mod:`lcmoe_recipes.cost.efficiency`. Recompute adds the forward work of the
 recomputed modules to the time.
 
-Overlap, stated as assumptions (Megatron features the recipes turn on or off):
+Overlap: every overlap megatron-core implements, each exposed = max(0, communication - the compute it hides
+behind), with the settings that enable or forbid it (:mod:`lcmoe_recipes.cost.overlap`, which says where each
+condition is read): EP all-to-all behind the other microbatch's layer compute (``overlap_moe_expert_parallel_comm``,
+with or without ``delay_wgrad_compute``), one microbatch's EP traffic exposed per step; TP collectives exposed
+(``tp_comm_overlap`` off); DP / EDP gradient reduce-scatter behind the last microbatch's backward and parameter
+all-gather behind the first forward, the last bucket exposed, all of it exposed at DP=1; CP ring steps behind the
+attention they feed (per layer), all-to-all and all-gather exchanges exposed; PP send/receive hidden with VPP
+(``overlap_p2p_comm``), exposed without. :attr:`StepEstimate.overlaps` lists each with its seconds.
 
-* TP collectives: exposed (``tp_comm_overlap`` is off in our recipes);
-* CP ring: each step overlaps the attention of the previous chunk; exposed = max(0, CP time - attention time)
-  per layer; hierarchical CP (``a2a+p2p``): its all-to-all exposed, its shorter ring as above; all-to-all (gated
-  DeltaNet, and softmax attention with ``cp_comm_type="a2a"``) and all-gather: exposed;
-* EP dispatch / combine: exposed (no ``overlap_moe_expert_parallel_comm``), else half hidden;
-* PP send/receive: hidden with interleaving (``overlap_p2p_comm``), exposed without;
-* DP / EDP gradient reduce-scatter and parameter all-gather: hidden behind one microbatch's compute
-  (``overlap_grad_reduce`` / ``overlap_param_gather``), the rest exposed;
 * pipeline bubble: (PP - 1) / VPP microbatches;
 * optimizer CPU offload: the host's CPU Adam over the offloaded elements and their GPU <-> host copies, from the
   elements each node holds and its host memory and link bandwidths (:func:`lcmoe_recipes.cost.offload.
@@ -46,6 +45,8 @@ from .attention import layer_attention_seconds
 from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
 from .efficiency import Constant, constant
 from .offload import offload_step_seconds
+from .attention import BACKWARD_FLOPS as ATTENTION_BACKWARD
+from .overlap import Overlap, bucket_share, dp_overlap, ep_overlap, exposed
 from .shapes import GDN, LayerShapes, shapes
 
 GDN_CHUNK = 64
@@ -124,6 +125,7 @@ class StepEstimate:
     microbatch_seconds: float
     parts: dict[str, float] = field(default_factory=dict)     # seconds per step, by cause
     comm_bytes: dict[str, float] = field(default_factory=dict)  # bytes per GPU per step, by collective
+    overlaps: tuple[Overlap, ...] = ()                          # each communication, overlapped or not
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,10 @@ class _RankWork:
     pp_seconds: float
     bytes_by: tuple[tuple[str, float], ...]
     attention_seconds: float = 0.0                  # sum of n x attention s over ``attention``
+    # per MoE layer kind: (EP s, the layer's GEMM FLOPs on this GPU outside the routed experts, the routed experts'
+    # GEMM FLOPs, its attention s at the published rate, layers); forward + backward, recompute included
+    ep_layers: tuple[tuple[float, float, float, float, int], ...] = ()
+    pp_transfer_seconds: float = 0.0                # the PP transfer, hidden or not
 
 
 def rank_kinds(plan: Plan, pp_rank: int) -> tuple[tuple[tuple[bool, str], int, int], ...]:
@@ -182,6 +188,7 @@ def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
         attention: dict[tuple[float, float], int] = {}
         gdn = 0
         bytes_by: dict[str, float] = {"PP": pp_t.nvlink_bytes + pp_t.scaleout_bytes}
+        ep_layers = []
         for kind, i, count in rank_kinds(plan, r):
             if kind not in per_kind:  # layers of one kind cost the same
                 per_kind[kind] = (_layer_flops(s, i, plan.seq_length), _recompute_flops(s, i, plan),
@@ -189,7 +196,9 @@ def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
             (linear, _), (recompute, recompute_attn), transfers = per_kind[kind]
             gemm += count * (linear + recompute) * tokens * share
             attn = layer_attention_seconds(s, i, hw, plan.seq_length, plan.micro_batch_size, lay.tp, lay.cp,
-                                           plan.cp_comm_type, plan.hierarchical_cp_sizes, recompute_attn > 0)
+                                           plan.cp_comm_type, plan.hierarchical_cp_sizes, recompute_attn > 0,
+                                           plan.variable_length)
+            layer_ep = 0.0
             cp = a2a = 0.0
             for t in transfers:
                 kind_ = "CP" if t.kind == "CP-a2a" else t.kind
@@ -198,11 +207,15 @@ def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
                     tp += count * t.seconds
                 elif t.kind == "EP":
                     ep += count * t.seconds
+                    layer_ep = t.seconds
                 elif t.kind == "CP-a2a":
                     a2a = t.seconds  # hierarchical CP's all-to-all: not overlapped
                 else:
                     cp = t.seconds
             exposed_cp += count * a2a
+            if layer_ep:
+                experts = 6 * s.topk * s.expert * tokens * share
+                ep_layers.append((layer_ep, (linear + recompute) * tokens * share - experts, experts, attn, count))
             if kind[1] != GDN and plan.cp_comm_type not in (None, "p2p", "a2a+p2p"):
                 key = (attn, 0.0)  # a2a / all_gather: the exchange is not overlapped: exposed
                 attention[key] = attention.get(key, 0) + count
@@ -218,7 +231,7 @@ def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
                                                               + 6 * (2 * s.h * s.h + s.embedding))) * tokens * share
         out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, exposed_cp, tp, ep,
                              0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items()),
-                             sum(n * f for (f, _), n in attention.items())))
+                             sum(n * f for (f, _), n in attention.items()), tuple(ep_layers), pp_t.seconds))
     return tuple(out)
 
 
@@ -233,30 +246,63 @@ class StepTerms:
     ranks: tuple[_RankWork, ...]
     gemm_unit: tuple[float, ...]  # per rank: GEMM FLOPs / the dense peak at the plan's precision (s)
     gdn_unit: float               # seconds per gated-DeltaNet layer per microbatch at 1 s per chunk step
-    ep_factor: float              # share of EP dispatch / combine left exposed
+    peak: float                   # the dense peak at the plan's precision, FLOP/s
+    ep_on: bool                   # EP all-to-all overlapped (cost.overlap.ep_overlap)
+    delay_wgrad: bool             # ... with the experts' weight gradients delayed behind it
+    dp_on: bool                   # DP / EDP reduce-scatter and all-gather overlapped (cost.overlap.dp_overlap)
     micro: int
     bubble: float
     offload: float
     flops: float                  # model FLOPs of one step, all GPUs
 
+    def _ep_exposed(self, w: _RankWork, gemm_eff: float, attn_scale: float) -> float:
+        """Exposed EP seconds of one microbatch of rank ``w`` (cost.overlap: each layer's all-to-all behind the
+        other microbatch's compute of that layer, less the experts' weight gradients unless they are delayed)."""
+        if not self.ep_on:
+            return w.ep_seconds
+        out = 0.0
+        for ep, dense, experts, attn, n in w.ep_layers:
+            rate = self.peak * gemm_eff
+            f_attn = dense / 3 / rate + attn / attn_scale / (1 + ATTENTION_BACKWARD)  # forward, attention side
+            b_attn = 2 * dense / 3 / rate + attn / attn_scale * ATTENTION_BACKWARD / (1 + ATTENTION_BACKWARD)
+            f_mlp, dgrad = experts / 3 / rate, experts / 3 / rate  # routed experts: forward, dgrad, wgrad
+            b_mlp, late = (dgrad, dgrad) if self.delay_wgrad else (2 * dgrad, 0.0)
+            c = ep / 4  # dispatch and combine, forward and backward
+            out += n * (exposed(c, b_mlp) + exposed(c, b_attn) + exposed(c, f_attn) + exposed(c, f_mlp + late))
+        return out
+
+    def dp_exposed(self, rank: int, t_mb: float) -> tuple[float, float, float]:
+        """(reduce-scatter s, all-gather s, exposed s) of rank ``rank``'s DP and EDP traffic per step, its
+        microbatch taking ``t_mb`` s (cost.overlap: the reduce-scatter behind the last backward, the all-gather
+        behind the first forward, each bucket's last one exposed; all exposed when the overlap is off)."""
+        rs = ag = out = 0.0
+        for t, grad_share, bucket in _dp_terms(self.plan, rank):
+            r, g = t.seconds * grad_share, t.seconds * (1 - grad_share)
+            rs, ag = rs + r, ag + g
+            if self.dp_on:
+                out += max(r * bucket, r - BACKWARD_SHARE * t_mb) + max(g * bucket, g - (1 - BACKWARD_SHARE) * t_mb)
+            else:
+                out += r + g
+        return rs, ag, out
+
     def evaluate(self, gemm_eff: float, attn_scale: float, gdn_step: float):
         """(step s, slowest rank's work, its microbatch s, GEMM s, attention s, exposed CP s, exposed EP s, exposed
-        DP s) for the given constants."""
+        DP s, EP s exposed once per step for the unpaired microbatch) for the given constants."""
         worst = None
         for w, unit in zip(self.ranks, self.gemm_unit):
             gemm = unit / gemm_eff
             attn = w.attention_seconds / attn_scale + w.gdn_layers * self.gdn_unit * gdn_step
             cp = w.exposed_cp_seconds
             for a, c, n in w.attention:
-                if c * attn_scale > a:  # the ring outlasts the attention it overlaps
-                    cp += n * (c - a / attn_scale)
-            ep = w.ep_seconds * self.ep_factor
+                cp += n * exposed(c, a / attn_scale)  # the ring behind the attention it feeds
+            ep = self._ep_exposed(w, gemm_eff, attn_scale)
             t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds
             if worst is None or t_mb > worst[0]:
                 worst = (t_mb, w, gemm, attn, cp, ep)
         t_mb, w = worst[0], worst[1]
-        exposed_dp = max(0.0, sum(t.seconds for t in _dp_transfers(self.plan, w.rank)) - t_mb)
-        return ((self.micro + self.bubble) * t_mb + exposed_dp + self.offload, *worst, exposed_dp)
+        exposed_dp = self.dp_exposed(w.rank, t_mb)[2]
+        unpaired = w.ep_seconds - worst[5]  # the first forward's and the last backward's all-to-all: no partner
+        return ((self.micro + self.bubble) * t_mb + exposed_dp + unpaired + self.offload, *worst, exposed_dp, unpaired)
 
 
 @lru_cache(maxsize=8192)
@@ -267,14 +313,27 @@ def _dp_transfers(plan: Plan, rank: int):
     return tuple(data_parallel_transfers(plan, detail["dense_params"], detail["expert_params"]))
 
 
+@lru_cache(maxsize=8192)
+def _dp_terms(plan: Plan, rank: int):
+    """Per DP / EDP transfer of rank ``rank``: (transfer, share of its time that is the gradient reduce-scatter,
+    share of its parameters in one bucket)."""
+    from .memory import rank_memory
+
+    detail = rank_memory(plan, rank).detail
+    grad = 4 if plan.grad_dtype == "fp32" else 2
+    params = {"DP": detail["dense_params"], "EDP": detail["expert_params"]}
+    return tuple((t, grad / (grad + 2), bucket_share(plan, params[t.kind])) for t in _dp_transfers(plan, rank))
+
+
 def step_terms(plan: Plan) -> StepTerms:
     """The :class:`StepTerms` of ``plan``."""
     lay = plan.layout
     peak = plan.hardware_spec.peak(plan.precision) * 1e12
     work = _work(plan)
+    ep_on, delay_wgrad, _ = ep_overlap(plan)
     return StepTerms(plan, work, tuple(w.gemm_flops / peak for w in work),
-                     _gdn_seconds(plan.micro_batch_size, plan.seq_length, 1.0), 0.5 if plan.moe_ep_overlap else 1.0,
-                     plan.num_microbatches, (lay.pp - 1) / (lay.vpp or 1),
+                     _gdn_seconds(plan.micro_batch_size, plan.seq_length, 1.0), peak, ep_on, delay_wgrad,
+                     dp_overlap(plan)[0], plan.num_microbatches, (lay.pp - 1) / (lay.vpp or 1),
                      offload_step_seconds(plan).seconds,
                      model_flops_per_token(plan) * plan.global_batch_size * plan.seq_length)
 
@@ -293,18 +352,48 @@ def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None 
     lay, hw = plan.layout, plan.hardware_spec
     terms = step_terms(plan)
     gemm_c, attn_c, gdn_c = step_constants(plan, efficiencies)
-    step, t_mb, w, gemm, attn, cp, ep, exposed_dp = terms.evaluate(gemm_c.value, attn_c.value, gdn_c.value)
+    step, t_mb, w, gemm, attn, cp, ep, exposed_dp, unpaired = terms.evaluate(gemm_c.value, attn_c.value,
+                                                                              gdn_c.value)
     micro, bubble = terms.micro, terms.bubble
     tflops = terms.flops / step / lay.world / 1e12
     parts = {"gemm": micro * gemm, "attention": micro * attn, "tp_exposed": micro * w.tp_seconds,
-             "cp_exposed": micro * cp, "ep_exposed": micro * ep, "pp_exposed": micro * w.pp_seconds,
+             "cp_exposed": micro * cp, "ep_exposed": micro * ep + unpaired, "pp_exposed": micro * w.pp_seconds,
              "bubble": bubble * t_mb, "dp_exposed": exposed_dp,
              "optimizer_offload": terms.offload}
     comm = {k: v * micro for k, v in w.bytes_by}
     for t in _dp_transfers(plan, w.rank):
         comm[t.kind] = t.nvlink_bytes + t.scaleout_bytes
     return StepEstimate(step, plan.global_batch_size * plan.seq_length / step / lay.world, tflops,
-                        tflops / hw.peak(plan.precision), t_mb, parts, comm)
+                        tflops / hw.peak(plan.precision), t_mb, parts, comm,
+                        _overlaps(plan, terms, w, t_mb, parts, attn_c.value))
+
+
+def _overlaps(plan: Plan, terms: StepTerms, w: _RankWork, t_mb: float, parts: dict[str, float],
+              attn_scale: float) -> tuple[Overlap, ...]:
+    """Each communication of the slowest rank per step, overlapped or not (cost.overlap)."""
+    lay, micro, out = plan.layout, terms.micro, []
+    if w.ep_seconds:
+        on, delayed, why = ep_overlap(plan)
+        out.append(Overlap("EP all-to-all", on, why, micro * w.ep_seconds, parts["ep_exposed"]))
+    if w.tp_seconds:
+        why = "tp_comm_overlap off (our recipes keep megatron-bridge's default; it needs TP >= 2, SP and TE)"
+        out.append(Overlap("TP", False, why, micro * w.tp_seconds, micro * w.tp_seconds))
+    ring = sum(n * c for _, c, n in w.attention)
+    if lay.cp > 1:
+        kind = plan.cp_comm_type
+        why = ("ring steps behind the attention they feed" if kind in ("p2p", "a2a+p2p") else
+               f"cp_comm_type {kind}: the exchange precedes the attention")
+        out.append(Overlap("CP", kind in ("p2p", "a2a+p2p"), why, micro * (ring + w.exposed_cp_seconds),
+                           parts["cp_exposed"]))
+    if lay.pp > 1:
+        vpp = (lay.vpp or 1) > 1
+        why = "overlap_p2p_comm (VPP > 1)" if vpp else "batch_p2p_comm without VPP: not overlapped"
+        out.append(Overlap("PP send/receive", vpp, why, micro * w.pp_transfer_seconds, parts["pp_exposed"]))
+    rs, ag, dp_exp = terms.dp_exposed(w.rank, t_mb)
+    if rs or ag:
+        on, why = dp_overlap(plan)
+        out.append(Overlap("DP/EDP reduce-scatter + all-gather", on, why, rs + ag, dp_exp))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

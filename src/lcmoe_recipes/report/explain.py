@@ -15,6 +15,7 @@ from ..core.plan import BASE_NOT_RECORDED, PRECISIONS, Plan
 from ..core.ranks import placement
 from ..core.request import DEFAULT_MEMORY_MARGIN
 from ..cost import HOST_MARGIN, estimate_host_memory, estimate_memory, estimate_step
+from ..cost.attention import attention_backends, target_cudnn
 from ..cost.provenance import budget_lines, constant_lines
 from .text import Citations, schedule_text
 
@@ -83,6 +84,11 @@ def explain_text(plan: Plan, findings: list[Finding] | None = None, citations: C
                   f"{step.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {step.mfu:.1%}); seconds per step:"]
     lines += [f"  {k:<18} {v:8.2f}" for k, v in step.parts.items()]
     lines += ["traffic per GPU per step (GB):"] + [f"  {k:<5} {v / 1e9:10.2f}" for k, v in step.comm_bytes.items()]
+    lines += ["overlaps (exposed = max(0, communication - the compute it runs beside); cost/overlap.py):"]
+    lines += [f"  {o.describe()}" for o in step.overlaps] or ["  none: no communication"]
+    image = target_cudnn()[1]
+    lines += [f"attention backend (Transformer Engine's selection rules, cuDNN of {image}):"]
+    lines += [f"  {kind:<8} {backend.describe()}" for kind, backend in attention_backends(plan)] or ["  none"]
     lines += [""] + budget_lines(plan, DEFAULT_MEMORY_MARGIN) + [""] + constant_lines(plan)
     return "\n".join(lines)
 
@@ -105,7 +111,12 @@ def explain_json(plan: Plan, findings: list[Finding] | None = None) -> dict[str,
         "host_ram_gib": hw.host_memory_gib, "host_margin": HOST_MARGIN,
         "step": {"seconds": step.step_seconds, "tokens_per_s_per_gpu": step.tokens_per_s_per_gpu,
                  "tflops_per_gpu": step.tflops_per_gpu, "mfu": step.mfu, "parts_seconds": step.parts,
-                 "comm_bytes": step.comm_bytes},
+                 "comm_bytes": step.comm_bytes,
+                 "overlaps": [{"name": o.name, "on": o.on, "why": o.why, "communication_seconds": o.communication,
+                               "exposed_seconds": o.exposed} for o in step.overlaps],
+                 "attention_backends": [{"kind": kind, "backend": b.name, "why": list(b.why),
+                                         "cudnn": ".".join(map(str, b.cudnn))}
+                                        for kind, b in attention_backends(plan)]},
         "hbm_budget_gib": {line.replace(" ", "_"): gib for line, gib in mem.budget(hw.hbm_bytes, DEFAULT_MEMORY_MARGIN)},
         "provenance": constant_lines(plan),
     }

@@ -103,7 +103,8 @@ def ep_overlap_blockers(plan) -> list[str]:
 def with_ep_overlap(plan):
     """``plan`` with the EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) its base recipe asks for
     (``plan.moe_ep_overlap`` as inherited), turned off where the plan's recompute or layout forbids it; the
-    reason says which. The step model hides half the EP time when it is on (:mod:`lcmoe_recipes.cost.step`)."""
+    reason says which. Its price is the step model's: each layer's dispatch and combine beside the other
+    microbatch's compute block, exposed = max(0, communication - that block) (:mod:`lcmoe_recipes.cost.overlap`)."""
     if not plan.moe_ep_overlap:
         return plan
     blockers = ep_overlap_blockers(plan)

@@ -1,0 +1,130 @@
+"""The attention backend Transformer Engine selects, its price, and the overlaps of cost/overlap.py.
+
+Backend rules: TransformerEngine 2.20.0.dev0 (commit d0067d0) ``transformer_engine/pytorch/attention/
+dot_product_attention/utils.py`` ``get_attention_backend`` and ``transformer_engine/common/fused_attn/fused_attn.cpp``
+``nvte_get_fused_attn_backend``. Overlap conditions: megatron-bridge 0.6.2 ``training/comm_overlap.py``.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from lcmoe_recipes.catalog import get_hardware, get_model
+from lcmoe_recipes.cost.attention import (FLASH, FUSED, UNFUSED, layer_attention_seconds, select_backend,
+                                          target_cudnn, window_waste)
+from lcmoe_recipes.cost.overlap import bucket_share, dp_overlap, ep_overlap, exposed
+from lcmoe_recipes.cost.shapes import shapes
+from lcmoe_recipes.cost.step import estimate_step
+
+sys.path.insert(0, str(Path(__file__).parent))
+from published import THROUGHPUT_ROWS  # noqa: E402
+
+H100, GB200 = get_hardware("h100").compute_capability, get_hardware("gb200").compute_capability
+
+
+def _layer(model: str, kind: str) -> tuple:
+    s = shapes(get_model(model))
+    return s, s.kinds.index(kind)
+
+
+def test_target_cudnn_is_the_newest_image_that_states_it():
+    # containers.yaml: 26.08, 26.06.01 list no cuDNN; 26.06's software-versions row is 9.21.1.3
+    assert target_cudnn() == ((9, 21, 1), "nvcr.io/nvidia/nemo:26.06")
+
+
+@pytest.mark.parametrize("cc", [H100, GB200])
+def test_vanilla_softmax_gets_fused_attention_on_hopper_and_blackwell(cc):
+    # TE prefers FusedAttention over FlashAttention on SM >= 90 when both are allowed
+    for model, kind in (("qwen3_235b", "full"), ("dsv3", "mla")):  # GQA 128/128; MLA 192/128
+        s, i = _layer(model, kind)
+        backend = select_backend(s, i, cc, 1, None)
+        assert backend.name == FUSED
+        assert "preferred over FlashAttention" in backend.why[-1]
+
+
+def test_gpt_oss_sinks_turn_flash_attention_off():
+    for kind in ("full", "sliding"):
+        s, i = _layer("gpt_oss_120b", kind)
+        for cc in (H100, GB200):
+            backend = select_backend(s, i, cc, 1, None)
+            assert backend.name == FUSED and "learnable softmax" in backend.why[0]
+    s, i = _layer("gpt_oss_120b", "full")
+    # cuDNN below 9.13.1 has no learnable-softmax kernel (nemo:25.09 ships 9.11.0): the unfused path
+    assert select_backend(s, i, H100, 1, None, cudnn=(9, 11, 0)).name == UNFUSED
+    # packed sequences with sinks need cuDNN 9.18 (nemo:25.11 ships 9.13.1)
+    assert select_backend(s, i, H100, 1, None, thd=True, cudnn=(9, 13, 1)).name == UNFUSED
+    assert select_backend(s, i, H100, 1, None, thd=True, cudnn=(9, 18, 0)).name == FUSED
+    # CP: sinks need a2a; with p2p neither fused nor unfused (no CP) nor flash (sinks) runs
+    assert select_backend(s, i, H100, 2, "a2a").name == FUSED
+    with pytest.raises(ValueError, match="cp_comm_type"):
+        select_backend(s, i, H100, 2, "p2p")
+
+
+def test_head_dim_256_on_blackwell_needs_cudnn_9_23():
+    # Qwen3-Next's softmax layers have 256-dim heads: cuDNN trains them on SM100 from 9.23, on SM90 from 9.5
+    s, i = _layer("qwen3_next", "full")
+    assert select_backend(s, i, GB200, 1, None).name == FLASH
+    assert select_backend(s, i, GB200, 1, None, cudnn=(9, 23, 0)).name == FUSED
+    assert select_backend(s, i, H100, 1, None).name == FUSED
+
+
+def test_fp8_attention_rules():
+    s, i = _layer("qwen3_235b", "full")
+    # FP8 attention in training: no FlashAttention, no unfused path; fused FP8 current scaling needs SM100
+    assert select_backend(s, i, GB200, 1, None, fp8_dpa="fp8_cs").name == FUSED
+    with pytest.raises(ValueError, match="FP8 current scaling needs SM100"):
+        select_backend(s, i, H100, 1, None, fp8_dpa="fp8_cs")
+    with pytest.raises(ValueError, match="MXFP8 attention needs"):
+        select_backend(s, i, GB200, 1, None, fp8_dpa="mxfp8", cudnn=(9, 20, 0))
+
+
+def test_unfused_attention_costs_more_than_fused():
+    # gpt-oss-120b at 4K on one H100, TP1, MBS1: the score matrix in HBM (64 heads x 4096^2 x 43 bytes) against
+    # the fused kernel: several times slower, as the roofline of its passes says
+    s, i = _layer("gpt_oss_120b", "full")
+    fused = layer_attention_seconds(s, i, "h100", 4096, 1, 1, 1, None, None, False)
+    unfused = layer_attention_seconds(s, i, "h100", 4096, 1, 1, 1, None, None, False, cudnn=(9, 11, 0))
+    scores = 64 * 4096 * 4096
+    assert unfused > 3 * fused
+    assert unfused >= 0.999 * (22 + 21) * scores / 3.35e12  # at least the bytes over the HBM bandwidth
+
+
+def test_a_128_token_window_does_twice_the_useful_work():
+    assert window_waste(128) == 2.0  # the band touches 2 key tiles of 128 per query tile
+    assert window_waste(4096) == pytest.approx(33 / 32)
+
+
+def test_exposed_is_communication_beyond_the_compute():
+    assert exposed(3.0, 1.0) == 2.0 and exposed(1.0, 3.0) == 0.0
+
+
+def test_dp_overlap_follows_megatron_bridge_dp_rule():
+    row = THROUGHPUT_ROWS["LC6"].plan  # DSV3 on 512 H100, PP8 CP64: DP = 1
+    assert row.layout.dp == 1 and dp_overlap(row) == (False, dp_overlap(row)[1])
+    assert dp_overlap(THROUGHPUT_ROWS["LC1"].plan)[0]  # DP = 256 / 8 = 32
+    # one bucket of max(40M, 1M x DP) parameters out of 400M: a tenth reduces last
+    assert bucket_share(THROUGHPUT_ROWS["LC1"].plan, 400e6) == pytest.approx(0.1)
+
+
+def test_ep_overlap_hides_the_all_to_all_behind_the_other_microbatch():
+    # DeepSeek-V3 on 1,024 H100 (PS26's layout): DeepEP's all-to-all across nodes is ~40% of the step without the
+    # overlap; with it, each quarter hides behind one compute block of the other microbatch
+    plan = THROUGHPUT_ROWS["PS26"].plan
+    off = estimate_step(plan.with_changes(moe_ep_overlap=False))
+    on = estimate_step(plan.with_changes(moe_ep_overlap=True))
+    assert ep_overlap(plan.with_changes(moe_ep_overlap=True))[:2] == (True, True)
+    assert off.parts["ep_exposed"] > 0.3 * off.step_seconds
+    assert on.parts["ep_exposed"] < 0.1 * off.parts["ep_exposed"]
+    assert on.step_seconds < off.step_seconds
+    ep = {o.name: o for o in on.overlaps}["EP all-to-all"]
+    assert ep.on and ep.exposed < 0.1 * ep.communication
+    ep_off = {o.name: o for o in off.overlaps}["EP all-to-all"]
+    assert not ep_off.on and ep_off.exposed == ep_off.communication
+
+
+def test_graphed_attention_with_biases_keeps_wgrad_undelayed():
+    # gpt-oss has biases: megatron-bridge turns delay_wgrad_compute off with graphed attention
+    plan = THROUGHPUT_ROWS["PS11"].plan.with_changes(cuda_graph_impl="transformer_engine",
+                                                     cuda_graph_modules=("attn",))
+    assert ep_overlap(plan)[:2] == (True, False)
