@@ -334,8 +334,11 @@ def _print_configured(one: Configured, args: argparse.Namespace, citations: Cita
     if one.shown.schedule is not None:
         print(f"  phase: {phase_time(one.shown).text()}")
     cadence = save_intervals(one.shown)
-    print(f"  checkpoints: {cadence.recovery} steps between the saves a restart resumes from: {cadence.reason.why}")
-    print(f"  {failure_cost(one.shown, cadence).text()}")
+    if args.explain:
+        print(f"  checkpoints: {cadence.recovery} steps between the saves a restart resumes from: {cadence.reason.why}")
+        print(f"  {failure_cost(one.shown, cadence).text()}")
+    else:
+        print(f"  checkpoints: {cadence.short()}; {failure_cost(one.shown, cadence).short()}")
     if args.explain:
         from ..report.explain import explain_text
 

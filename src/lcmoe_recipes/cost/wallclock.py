@@ -159,6 +159,13 @@ class SaveIntervals:
         """Steps between the saves a restart resumes from (the overwritten ones where set, else the kept ones)."""
         return min(self.persistent, self.non_persistent or self.persistent)
 
+    def short(self) -> str:
+        """One line for a plan's summary (``reason.why`` has the derivation): the resume interval, one save's write
+        time, the job's MTBF and Young/Daly's optimum."""
+        return (f"resume points every {self.recovery} steps ({self.recovery * self.step_seconds / 3600:.1f} h; "
+                f"{self.write_seconds / 60:.1f} min per save; Young/Daly {self.optimum_seconds / 3600:.1f} h at MTBF "
+                f"{self.mtbf_hours:.0f} h)")
+
 
 def save_intervals(plan: Plan, fs_gbps: float | None = None, base_interval: int | None = None,
                    mtbf_hours: float | None = None, time_limit_hours: float | None = None) -> SaveIntervals:
@@ -240,6 +247,11 @@ class FailureCost:
     failure_gpu_hours: float
     saving_gpu_hours: float
     saves_per_day: float
+
+    def short(self) -> str:
+        """A clause for a plan's summary: GPU-hours a day lost to failures and saving, and their share of the job."""
+        lost = self.failure_gpu_hours + self.saving_gpu_hours
+        return f"failures and saves cost {lost:,.0f} GPU-h/day ({lost / (24 * self.gpus):.1%}, modelled)"
 
     def text(self) -> str:
         """One line for the plan: ``failures ~0.24/day x 2.7 h = 330 GPU-h/day lost; saving ... GPU-h/day``."""

@@ -16,7 +16,7 @@ Completeness is judged by the markers megatron writes, in the order it writes th
    one of them: ``serialization.py`` saves it as the ``common_state`` object; the separate ``common.pt`` of older
    checkpoints, ``strategies/common.py``, is no longer written): every listed file must exist and hold at least
    offset + length bytes (a truncated shard fails here);
-2. ``iter_N/metadata.json`` -- megatron-core's checkpoint format (``core.py`` ``CONFIG_FNAME``), written by rank 0
+2. ``metadata.json`` in ``iter_N`` -- megatron-core's checkpoint format (``core.py`` ``CONFIG_FNAME``), written by rank 0
    in ``metadata_finalize_fn`` once the sharded save is done;
 3. last, once the data is durable (``train_state_finalize_fn``, after the asynchronous write for ``async_save``):
    ``iter_N/train_state.pt``, then ``latest_train_state.pt`` and ``latest_checkpointed_iteration.txt`` in the save
