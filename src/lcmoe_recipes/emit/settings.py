@@ -180,6 +180,19 @@ def _precision(cfg, plan: Plan) -> None:
     cfg.mixed_precision = mixed
 
 
+def _grad_dtype(cfg, plan: Plan) -> None:
+    """Gradient accumulation and reduction dtype: both fields, since megatron-bridge's ``MixedPrecisionConfig.setup``
+    overwrites the DDP field with its own (a precision given by name is made an object to carry it)."""
+    fp32 = plan.grad_dtype == "fp32"
+    if isinstance(cfg.mixed_precision, str):
+        from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+        cfg.mixed_precision = get_mixed_precision_config(cfg.mixed_precision)
+    if cfg.mixed_precision is not None and cfg.mixed_precision.grad_reduce_in_fp32 != fp32:
+        cfg.mixed_precision.grad_reduce_in_fp32 = fp32
+    cfg.ddp.grad_reduce_in_fp32 = fp32
+
+
 def _optimizer(cfg, plan: Plan) -> None:
     opt = cfg.optimizer
     opt.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer = plan.use_distributed_optimizer
@@ -350,6 +363,7 @@ SETTINGS: tuple[Setting, ...] = (
                             "model.use_te_rng_tracker", "rng.te_rng_tracker"), _cuda_graphs),
     Setting("precision", ("mixed_precision", "mixed_precision.*", "model.moe_router_padding_for_quantization"),
             _precision),
+    Setting("grad_dtype", ("ddp.grad_reduce_in_fp32", "mixed_precision", "mixed_precision.*"), _grad_dtype),
     Setting("optimizer_cpu_offload", ("optimizer.use_distributed_optimizer", "ddp.use_distributed_optimizer",
                                       "optimizer.use_precision_aware_optimizer", "optimizer.optimizer_cpu_offload",
                                       "optimizer.optimizer_offload_fraction", "optimizer.overlap_cpu_optimizer_d2h_h2d"),

@@ -12,7 +12,7 @@ from ..core.pipeline import build_pipeline_layout
 from ..core.plan import Reason
 from ..core.request import TrainingRequest
 from ..cost.shapes import shapes
-from .base import base_layout, choose_base
+from .base import GRAD_DTYPE_REASON, base_layout, choose_base
 from .batch import EVAL_ITERS, choose_batch, choose_eval_batch, tokens_per_step
 from .positions import choose_positions
 from .schedule import choose_schedule
@@ -64,7 +64,7 @@ def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: Par
               "schedule": schedule, "pipeline_model_parallel_layout": pipeline, "pretrained_checkpoint": weights,
               "eval_iters": EVAL_ITERS, "eval_global_batch_size": eval_gbs}
     reasons = {
-        "base_recipe": why_base, "positions": why_positions, "schedule": why_schedule,
+        "base_recipe": why_base, "grad_dtype": GRAD_DTYPE_REASON, "positions": why_positions, "schedule": why_schedule,
         "pipeline_model_parallel_layout": why_pipeline, "eval_global_batch_size": why_eval,
         "global_batch_size": Reason(f"{why_gbs.why}; {why_tokens.why}", f"{why_gbs.source}; {why_tokens.source}"),
         "pretrained_checkpoint": Reason(
