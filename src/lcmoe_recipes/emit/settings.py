@@ -292,6 +292,11 @@ DOCUMENTS_REASON = Reason(
     "Llama 3 (arXiv 2407.21783) §3.2")
 
 
+def _expert_bias(cfg, plan: Plan) -> None:
+    if plan.moe_router_bias_update_rate is not None and getattr(cfg.model, "moe_router_enable_expert_bias", False):
+        cfg.model.moe_router_bias_update_rate = plan.moe_router_bias_update_rate
+
+
 def _numerics(cfg, plan: Plan) -> None:
     m = cfg.model
     if (m.num_moe_experts or 0) >= 32 and not m.moe_router_dtype:
@@ -422,6 +427,7 @@ SETTINGS: tuple[Setting, ...] = (
                     f"{UPSTREAM} perf_recipes/_common.py _benchmark_common and the model's perf common.py "
                     "(moe_router_force_load_balancing); recipes/common.py _pretrain_common for the training values")),
     Setting("document_masking", ("dataset.inter_document_masking",), _documents, lambda plan: DOCUMENTS_REASON),
+    Setting("moe_router_bias_update_rate", ("model.moe_router_bias_update_rate",), _expert_bias),
     Setting("numerics", ("model.moe_router_dtype",), _numerics,
             _answer("fp32 routing for 32+ experts (megatron-core warns without it)",
                     "megatron-core 0.19.2 transformer/transformer_config.py __post_init__ warning")),
