@@ -144,7 +144,7 @@ def test_overrides(fresh_config):
     from lcmoe_recipes.emit import apply_overrides, validate_config
 
     _, cfg = fresh_config("qwen3_235b_128k_gb200")
-    apply_overrides(cfg, ["model.tensor_model_parallel_size=8", "+env_vars.NCCL_DEBUG=INFO",
+    apply_overrides(cfg, ["model.tensor_model_parallel_size=8", "model.context_parallel_size=4", "+env_vars.NCCL_DEBUG=INFO",
                           "train.global_batch_size=128", "~model.recompute_modules"])
     assert cfg.model.tensor_model_parallel_size == 8 and cfg.env_vars["NCCL_DEBUG"] == "INFO"
     assert cfg.train.global_batch_size == 128
