@@ -180,6 +180,19 @@ def _precision(cfg, plan: Plan) -> None:
     cfg.mixed_precision = mixed
 
 
+def _grad_dtype(cfg, plan: Plan) -> None:
+    """Gradient accumulation and reduction dtype: both fields, since megatron-bridge's ``MixedPrecisionConfig.setup``
+    overwrites the DDP field with its own (a precision given by name is made an object to carry it)."""
+    fp32 = plan.grad_dtype == "fp32"
+    if isinstance(cfg.mixed_precision, str):
+        from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+        cfg.mixed_precision = get_mixed_precision_config(cfg.mixed_precision)
+    if cfg.mixed_precision is not None and cfg.mixed_precision.grad_reduce_in_fp32 != fp32:
+        cfg.mixed_precision.grad_reduce_in_fp32 = fp32
+    cfg.ddp.grad_reduce_in_fp32 = fp32
+
+
 def _optimizer(cfg, plan: Plan) -> None:
     opt = cfg.optimizer
     opt.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer = plan.use_distributed_optimizer
@@ -279,6 +292,11 @@ DOCUMENTS_REASON = Reason(
     "Llama 3 (arXiv 2407.21783) §3.2")
 
 
+def _expert_bias(cfg, plan: Plan) -> None:
+    if plan.moe_router_bias_update_rate is not None and getattr(cfg.model, "moe_router_enable_expert_bias", False):
+        cfg.model.moe_router_bias_update_rate = plan.moe_router_bias_update_rate
+
+
 def _numerics(cfg, plan: Plan) -> None:
     m = cfg.model
     if (m.num_moe_experts or 0) >= 32 and not m.moe_router_dtype:
@@ -350,6 +368,7 @@ SETTINGS: tuple[Setting, ...] = (
                             "model.use_te_rng_tracker", "rng.te_rng_tracker"), _cuda_graphs),
     Setting("precision", ("mixed_precision", "mixed_precision.*", "model.moe_router_padding_for_quantization"),
             _precision),
+    Setting("grad_dtype", ("ddp.grad_reduce_in_fp32", "mixed_precision", "mixed_precision.*"), _grad_dtype),
     Setting("optimizer_cpu_offload", ("optimizer.use_distributed_optimizer", "ddp.use_distributed_optimizer",
                                       "optimizer.use_precision_aware_optimizer", "optimizer.optimizer_cpu_offload",
                                       "optimizer.optimizer_offload_fraction", "optimizer.overlap_cpu_optimizer_d2h_h2d"),
@@ -408,6 +427,7 @@ SETTINGS: tuple[Setting, ...] = (
                     f"{UPSTREAM} perf_recipes/_common.py _benchmark_common and the model's perf common.py "
                     "(moe_router_force_load_balancing); recipes/common.py _pretrain_common for the training values")),
     Setting("document_masking", ("dataset.inter_document_masking",), _documents, lambda plan: DOCUMENTS_REASON),
+    Setting("moe_router_bias_update_rate", ("model.moe_router_bias_update_rate",), _expert_bias),
     Setting("numerics", ("model.moe_router_dtype",), _numerics,
             _answer("fp32 routing for 32+ experts (megatron-core warns without it)",
                     "megatron-core 0.19.2 transformer/transformer_config.py __post_init__ warning")),
