@@ -63,6 +63,9 @@ HEARTBEAT_TIMEOUT_S = 4.0
 """Seconds without another rank's heartbeat before a rank gives up: far above the tiny model's step and save (tens
 of milliseconds on 2 cores), far below the job's limit (our choice for the drill; a GPU run sizes it from the step:
 :mod:`lcmoe_recipes.jobs.resilience`)."""
+SAVE_TIMEOUT_S = 30.0
+"""Seconds a rank may stay silent inside a save (its heartbeat names the ``checkpointing`` section): the first save
+imports PyTorch DCP's writer (seconds on 2 busy cores); ft_launcher has a section timeout of its own for it too."""
 GLOO_TIMEOUT_S = 60.0
 """torch.distributed's collective timeout on gloo: the backstop behind the heartbeat watchdog."""
 ATTEMPT_VAR = "LCMOE_DRILL_ATTEMPT"
@@ -255,9 +258,9 @@ def _load(folder: str, model, optimizer, rank: int) -> None:
 
 
 class _Heartbeats:
-    """Each rank's heartbeat file (``<drill>/heartbeat/rank<R>``: attempt, step, time), written every step; a watchdog
-    thread exits this rank (exit code 1, so the launcher stops the job) when another rank's heartbeat of this
-    attempt is older than the timeout."""
+    """Each rank's heartbeat file (``<drill>/heartbeat/rank<R>``: attempt, step, time), written every step and around each save; a
+    watchdog thread exits this rank (exit code 1, so the launcher stops the job) when another rank's heartbeat of
+    this attempt is older than the timeout (:data:`SAVE_TIMEOUT_S` inside a save)."""
 
     def __init__(self, spec: DrillSpec, rank: int, world: int, attempt: int) -> None:
         self.folder = Path(spec.folder) / "heartbeat"
@@ -266,10 +269,10 @@ class _Heartbeats:
         self.standing_down = False
         self.events = Path(spec.folder) / "events.jsonl"
 
-    def beat(self, step: int) -> None:
+    def beat(self, step: int, section: str = "step") -> None:
         path = self.folder / f"rank{self.rank}"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"attempt": self.attempt, "step": step, "time": time.time()}))
+        tmp.write_text(json.dumps({"attempt": self.attempt, "step": step, "section": section, "time": time.time()}))
         os.replace(tmp, path)
 
     def _stale(self) -> tuple[int, float] | None:
@@ -281,7 +284,8 @@ class _Heartbeats:
                 beat = json.loads((self.folder / f"rank{other}").read_text())
             except (OSError, ValueError):
                 continue
-            if beat["attempt"] == self.attempt and now - beat["time"] > self.timeout:
+            limit = SAVE_TIMEOUT_S if beat.get("section") == "checkpointing" else self.timeout
+            if beat["attempt"] == self.attempt and now - beat["time"] > limit:
                 return other, now - beat["time"]
         return None
 
@@ -405,7 +409,9 @@ def drill_rank(spec_path: str | Path) -> int:
             _append(metrics, {"attempt": attempt, "step": step, "loss": mean.item() / world,
                               "checksum": checksum(model)})
         if step % spec.interval == 0 or step == spec.iters:
+            beats.beat(step, "checkpointing")
             _save(spec, model, optimizer, step, rank)
+            beats.beat(step)
             log(f"drill: saved iteration {step}")
             if (f := mine.get("truncate")) and f.step == step and _fire(spec, f, attempt, step):
                 _line(f"drill: truncated {_truncate_newest(spec, step)}; rank {rank} exits (SIGKILL)")
@@ -537,6 +543,11 @@ def _pending_reason(job_id: str) -> str:
     return out.stdout.strip()
 
 
+def _node_idle() -> bool:
+    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30)
+    return out.returncode == 0 and all(s.strip() == "idle" for s in out.stdout.split())
+
+
 def _slurm_job(one, settings, spec_path: Path, retries: int, deadline: float, requeue: Fault | None,
                folder: Path) -> tuple[str, str, list[str]]:
     """Submit one drill job through the launch path (NeMo-Run, 2 CPU ranks) and watch it to its end: clear Slurm's
@@ -549,15 +560,21 @@ def _slurm_job(one, settings, spec_path: Path, retries: int, deadline: float, re
                        train_args=args, retries=retries)
     if not result.job_id:
         raise LcmoeError(f"the drill job was not submitted: {result.summary()}", "see the sbatch error above")
-    job, notes = result.job_id, []
+    job, notes, held = result.job_id, [], None
     events = folder / "events.jsonl"
     while time.time() < deadline:
         state = _sacct(job)
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"):
             return job, state, notes
-        if (reason := _pending_reason(job)).endswith("BeginTime"):
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True, timeout=30)
-            notes.append(f"cleared Slurm's hold on requeued job {job}")
+        if _pending_reason(job).endswith("BeginTime"):
+            # a start before the node has cleaned up the previous instance is refused ("job credential revoked"):
+            # clear the hold once the node is idle again and a second has passed
+            held = held or time.time()
+            if time.time() - held > 1.0 and _node_idle():
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True,
+                               timeout=30)
+                notes.append("Slurm's two-minute hold on each requeued job cleared once the node was idle")
+                held = None
         if requeue is not None and any(e["event"] == "waiting_for_requeue" for e in _records(events)):
             step = requeue.step
             _append(events, {"event": "fault", "fault": "requeue", "step": step, "rank": 0,
