@@ -138,7 +138,7 @@ def _line(text: str) -> None:
 
 def _append(path: Path, record: dict) -> None:
     """One JSON line, in one write (O_APPEND), so lines of both ranks and all attempts never interleave."""
-    data = (json.dumps(record) + "\n").encode()
+    data = (json.dumps({**record, "time": round(time.time(), 3)}) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, data)
@@ -543,15 +543,16 @@ def _pending_reason(job_id: str) -> str:
     return out.stdout.strip()
 
 
-def _node_idle() -> bool:
-    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30)
-    return out.returncode == 0 and all(s.strip() == "idle" for s in out.stdout.split())
+def _node_completing() -> bool:
+    """Whether the node is still cleaning up a job instance (a start before it is done is refused by slurmd: "job
+    credential revoked")."""
+    out = subprocess.run(["scontrol", "show", "node", "-o"], capture_output=True, text=True, timeout=30)
+    return out.returncode != 0 or "COMPLETING" in out.stdout
 
 
-def _slurm_job(one, settings, spec_path: Path, retries: int, deadline: float, requeue: Fault | None,
-               folder: Path) -> tuple[str, str, list[str]]:
-    """Submit one drill job through the launch path (NeMo-Run, 2 CPU ranks) and watch it to its end: clear Slurm's
-    two-minute hold on a requeued job, requeue it at the ``requeue`` fault. Returns (job id, final state, notes)."""
+def _submit(one, settings, spec_path: Path, retries: int) -> tuple[str, object]:
+    """One drill job through the launch path: NeMo-Run's SlurmExecutor, torchrun with 2 CPU ranks running
+    ``lcmoe_recipes.train --drill SPEC``, ``retries`` requeues on failure. Returns (job id, its LaunchResult)."""
     from .executors.common import train_arguments
     from .executors.slurm import run_slurm
 
@@ -560,33 +561,51 @@ def _slurm_job(one, settings, spec_path: Path, retries: int, deadline: float, re
                        train_args=args, retries=retries)
     if not result.job_id:
         raise LcmoeError(f"the drill job was not submitted: {result.summary()}", "see the sbatch error above")
-    job, notes, held = result.job_id, [], None
-    events = folder / "events.jsonl"
-    while time.time() < deadline:
-        state = _sacct(job)
-        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"):
-            return job, state, notes
-        if _pending_reason(job).endswith("BeginTime"):
-            # a start before the node has cleaned up the previous instance is refused ("job credential revoked"):
-            # clear the hold once the node is idle again and a second has passed
-            held = held or time.time()
-            if time.time() - held > 1.0 and _node_idle():
-                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True,
-                               timeout=30)
-                notes.append("Slurm's two-minute hold on each requeued job cleared once the node was idle")
-                held = None
-        if requeue is not None and any(e["event"] == "waiting_for_requeue" for e in _records(events)):
-            step = requeue.step
-            _append(events, {"event": "fault", "fault": "requeue", "step": step, "rank": 0,
-                             "attempt": attempt_of(events), "last_step": step - 1})
-            (folder / "fired").mkdir(exist_ok=True)
-            (folder / "fired" / requeue.name).touch()
-            subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, timeout=30)
-            requeue = None
-        time.sleep(0.3)
-    subprocess.run(["scancel", job], capture_output=True, timeout=30)
-    raise LcmoeError(f"the drill job {job} did not finish in time (state {_sacct(job)}); logs: {result.log_path}",
-                     "see the job's log; the drill needs an idle Slurm node with 2 CPUs")
+    return result.job_id, result
+
+
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL")
+
+
+def _watch(jobs: dict, requeue: tuple | None, deadline: float, echo) -> tuple[dict, list[str]]:
+    """Watch the submitted ``jobs`` ({name: job id}) to their ends: clear Slurm's two-minute hold on a requeued job
+    once the node has cleaned up, and cancel-and-requeue (``scontrol requeue``) the job named in ``requeue`` (name,
+    fault, drill folder) when its ranks wait at the fault's step. Returns ({name: final state}, notes)."""
+    states, notes, held = {}, [], {}
+    while len(states) < len(jobs) and time.time() < deadline:
+        for name, job in jobs.items():
+            if name in states:
+                continue
+            if (state := _sacct(job)) in FINAL_STATES:
+                states[name] = state
+                echo(f"drill: {name} job {job}: {state}")
+                continue
+            if _pending_reason(job).endswith("BeginTime"):
+                held.setdefault(job, time.time())
+                if time.time() - held[job] > 0.5 and not _node_completing():
+                    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True,
+                                   timeout=30)
+                    notes.append("Slurm's two-minute hold on each requeued job was cleared once the node had "
+                                 "cleaned up (scontrol update StartTime=now)")
+                    held.pop(job)
+        if requeue is not None:
+            name, fault, folder = requeue
+            events = folder / "events.jsonl"
+            if any(e["event"] == "waiting_for_requeue" for e in _records(events)):
+                _append(events, {"event": "fault", "fault": "requeue", "step": fault.step, "rank": fault.rank,
+                                 "attempt": attempt_of(events), "last_step": fault.step - 1, "time": time.time()})
+                (folder / "fired").mkdir(exist_ok=True)
+                (folder / "fired" / fault.name).touch()
+                subprocess.run(["scontrol", "requeue", jobs[name]], check=True, capture_output=True, timeout=30)
+                requeue = None
+        time.sleep(0.25)
+    if len(states) < len(jobs):
+        for name, job in jobs.items():
+            if name not in states:
+                subprocess.run(["scancel", job], capture_output=True, timeout=30)
+        raise LcmoeError(f"the drill jobs did not finish in time ({', '.join(f'{n} {j}' for n, j in jobs.items())})",
+                         "see the jobs' logs; the drill needs an idle Slurm node with 2 CPUs")
+    return states, notes
 
 
 def attempt_of(events: Path) -> int:
@@ -596,8 +615,8 @@ def attempt_of(events: Path) -> int:
 
 def run_drill(one, settings, folder: str | Path, faults=DEFAULT_FAULTS, iters: int = DRILL_ITERS,
               interval: int = DRILL_SAVE_INTERVAL, timeout_s: float = 600.0, echo=print) -> Verdict:
-    """The drill for a prepared config (``launch --drill``): an uninterrupted reference job, then the faulted job,
-    each through NeMo-Run's SlurmExecutor with 2 CPU ranks; returns the :class:`Verdict`.
+    """The drill for a prepared config (``launch --drill``): an uninterrupted reference job and the faulted job, side
+    by side (one CPU each), through NeMo-Run's SlurmExecutor with 2 ranks each; returns the :class:`Verdict`.
 
     Args:
         one: :class:`lcmoe_recipes.jobs.prepare.Configured` (validated for its target; its checkpoint format is
@@ -609,34 +628,29 @@ def run_drill(one, settings, folder: str | Path, faults=DEFAULT_FAULTS, iters: i
         timeout_s: seconds for both jobs together.
 
     Raises:
-        LcmoeError: a job was refused or did not end within ``timeout_s`` seconds.
+        LcmoeError: a job was refused, ended other than COMPLETED, or did not end within ``timeout_s`` seconds.
     """
     import shutil
 
     start = time.time()
     folder = Path(folder).resolve()
-    cfg = one.cfg
-    notes = []
-    runs = {}
-    for name, these in (("ref", []), ("run", list(faults))):
+    jobs, requeue = {}, None
+    for name, these in (("reference", []), ("faulted", list(faults))):
         where = folder / name
         if where.exists():
             shutil.rmtree(where)
         where.mkdir(parents=True)
         spec = DrillSpec(folder=str(where), save=str(where / "checkpoints"), iters=iters, interval=interval,
-                         ckpt_format=str(cfg.checkpoint.ckpt_format),
-                         faults=[asdict(f) for f in these])
-        spec_path = spec.write(where / "spec.json")
-        requeue = next((f for f in these if f.kind == "requeue"), None)
-        job, state, job_notes = _slurm_job(one, settings, spec_path, len(these) + 1, start + timeout_s, requeue,
-                                           where)
-        echo(f"drill: {'reference' if name == 'ref' else 'faulted'} job {job}: {state} "
-             f"({time.time() - start:.0f} s so far)")
-        runs[name] = (job, state)
-        notes += job_notes
+                         ckpt_format=str(one.cfg.checkpoint.ckpt_format), faults=[asdict(f) for f in these])
+        jobs[name], _ = _submit(one, settings, spec.write(where / "spec.json"), len(these) + 1)
+        if fault := next((f for f in these if f.kind == "requeue"), None):
+            requeue = (name, fault, where)
+    states, notes = _watch(jobs, requeue, start + timeout_s, echo)
+    for name, state in states.items():
         if state != "COMPLETED":
-            raise LcmoeError(f"the drill's {name} job {job} ended {state}", f"see its log under {folder / name}")
-    verdict = judge(folder / "ref", folder / "run", interval, iters)
+            raise LcmoeError(f"the drill's {name} job {jobs[name]} ended {state}",
+                             f"see its log (NeMo-Run's job folder) and {folder / name}/events.jsonl")
+    verdict = judge(folder / "reference", folder / "faulted", interval, iters)
     verdict.seconds = time.time() - start
     verdict.notes += sorted(set(notes))
     return verdict
