@@ -283,7 +283,8 @@ def _layer_config(model):
             object.__setattr__(out, name, False)
     for name, value in dict(tensor_model_parallel_size=1, context_parallel_size=1, expert_model_parallel_size=1,
                             expert_tensor_parallel_size=1, pipeline_model_parallel_size=1, sequence_parallel=False,
-                            fp8=None, fp4=None, use_cpu_initialization=True, perform_initialization=False).items():
+                            fp8=None, fp4=None, use_cpu_initialization=True, perform_initialization=False,
+                            layernorm_zero_centered_gamma=False).items():
         object.__setattr__(out, name, value)
     return out
 
@@ -380,7 +381,8 @@ def _layers(before, model, lines: list[str], stand_ins: list[str]) -> list[Effec
     if not _te_ok():
         stand_ins.append("layer norms as megatron-core's TE layer spec builds them (input norm fused into TE's QKV "
                          "linear except for MLA; pre-MLP norm a module of its own in MoE layers only); attention "
-                         "an IdentityOp; one expert-parallel rank")
+                         "an IdentityOp; one expert-parallel rank; the torch norm without zero-centred gamma (a "
+                         "parametrisation torch's norm lacks)")
     return out
 
 
@@ -429,8 +431,9 @@ def _optimizer(before, lines: list[str], stand_ins: list[str]) -> list[Effective
         _OPTIMIZER_CACHE[key] = _build_optimizer(opt)
     moment, kind, logged = _OPTIMIZER_CACHE[key]
     lines += logged
-    stand_ins.append("proxy optimizer: two BF16 parameters, no distributed-optimizer sharding nor wrapper, CUDA "
-                     "streams on the CPU" + ("" if _te_ok() or offload or not aware else
+    stand_ins.append("proxy optimizer: two parameters in the dtype its wrapper hands it (FP32 main parameters; BF16 "
+                     "with the precision-aware optimizer), no distributed-optimizer sharding nor wrapper, CUDA streams "
+                     "on the CPU" + ("" if _te_ok() or offload or not aware else
                                              "; TE's FusedAdam as torch AdamW keeping exp_avg_dtype"))
     source = (f"{MCORE} optimizer/__init__.py _get_megatron_optimizer_based_on_param_groups (built: {kind}, "
               "stepped once)")
@@ -453,8 +456,12 @@ def _build_optimizer(opt) -> tuple[str, str, tuple[str, ...]]:
     config = copy.deepcopy(opt)
     config.use_distributed_optimizer = False
     proxy = torch.nn.Module()
-    proxy.weight = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.bfloat16))
-    proxy.bias = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    # what the wrapper hands the inner optimizer: FP32 main parameters (megatron-core optimizer/optimizer.py
+    # Float16OptimizerWithFloat16Params, optimizer/distrib_optimizer.py), or, with the precision-aware optimizer, the
+    # BF16 model parameters (its Adam keeps the master weights)
+    dtype = torch.bfloat16 if config.use_precision_aware_optimizer else torch.float32
+    proxy.weight = torch.nn.Parameter(torch.zeros(4, 4, dtype=dtype))
+    proxy.bias = torch.nn.Parameter(torch.zeros(4, dtype=dtype))
     built: list = []
     lines: list[str] = []
 
