@@ -358,12 +358,11 @@ def _build_layer(model, moe: bool, stand_ins: list[str]) -> tuple[dict, tuple[st
 def _layers(before, model, lines: list[str], stand_ins: list[str]) -> list[Effective]:
     granularity = before.model.recompute_granularity
     modules = list(before.model.recompute_modules or []) if granularity == "selective" else []
-    out = []
+    out, recomputed, listed = [], [], "layernorm" in modules
     for moe in _layer_kinds(model):
         flags, logged = _build_layer(model, moe, stand_ins)
         lines += logged
         kind = "moe" if moe else "dense"
-        listed = "layernorm" in modules
         source = f"{MCORE} transformer/transformer_layer.py TransformerLayer.__init__ (built: one {kind} layer)"
         # the config's 'layernorm' asks to recompute each norm the layer has as a module of its own
         for norm, separate, flag in (("input_layernorm", flags["separate_input_norm"], "recompute_input_layernorm"),
@@ -373,11 +372,12 @@ def _layers(before, model, lines: list[str], stand_ins: list[str]) -> list[Effec
             out.append(Effective(f"layer[{kind}].{flag}", stated, flags[flag], source,
                                  "drop 'layernorm' from model.recompute_modules (megatron-core skips it here: see "
                                  "its logged warning) and price the norm's output as kept"))
-        if listed and not any(flags[f] for f in ("recompute_input_layernorm", "recompute_pre_mlp_layernorm")):
-            out.append(Effective(f"layer[{kind}].layernorm_recompute_does_anything", True, False, source + "; the "
-                                 "input norm is fused into Transformer Engine's QKV linear" if not
-                                 flags["separate_input_norm"] else source,
-                                 "drop 'layernorm' from model.recompute_modules: no norm of this layer is recomputed"))
+        recomputed.append(flags["recompute_input_layernorm"] or flags["recompute_pre_mlp_layernorm"])
+    if listed and not any(recomputed):
+        out.append(Effective("layernorm_recompute_does_anything", True, False,
+                             f"{MCORE} transformer/transformer_layer.py TransformerLayer.__init__ (built: one layer of "
+                             "each kind; no norm of any is recomputed)",
+                             "drop 'layernorm' from model.recompute_modules: no layer recomputes a norm"))
     if not _te_ok():
         stand_ins.append("layer norms as megatron-core's TE layer spec builds them (input norm fused into TE's QKV "
                          "linear except for MLA; pre-MLP norm a module of its own in MoE layers only); attention "
@@ -419,7 +419,7 @@ class _Stream:
 _OPTIMIZER_CACHE: dict[tuple, tuple[str, str, tuple[str, ...]]] = {}
 
 
-def _optimizer(before, lines: list[str], stand_ins: list[str]) -> list[Effective]:
+def _optimizer(before, after, lines: list[str], stand_ins: list[str]) -> list[Effective]:
     opt = before.optimizer
     offload = bool(opt.optimizer_cpu_offload)
     fraction = float(opt.optimizer_offload_fraction or 0.0) if offload else 0.0
@@ -428,7 +428,7 @@ def _optimizer(before, lines: list[str], stand_ins: list[str]) -> list[Effective
     key = (offload, aware, str(opt.exp_avg_dtype), str(opt.exp_avg_sq_dtype), opt.optimizer,
            bool(opt.decoupled_weight_decay), bool(opt.overlap_cpu_optimizer_d2h_h2d))
     if key not in _OPTIMIZER_CACHE:
-        _OPTIMIZER_CACHE[key] = _build_optimizer(opt)
+        _OPTIMIZER_CACHE[key] = _build_optimizer(after.optimizer)  # finalized (its derived fields set)
     moment, kind, logged = _OPTIMIZER_CACHE[key]
     lines += logged
     stand_ins.append("proxy optimizer: two parameters in the dtype its wrapper hands it (FP32 main parameters; BF16 "
@@ -543,7 +543,7 @@ def effective_settings(cfg, hardware: str | Hardware, world_size: int, resolved=
         rope = _rope_fusion(cfg, resolved.model)
     values = [rope, _grad_buffer(cfg, resolved), _cuda_graphs(cfg, resolved), _data(cfg, lines),
               _weight_decay(cfg, lines)]
-    values += _optimizer(cfg, lines, stand_ins)
+    values += _optimizer(cfg, resolved, lines, stand_ins)
     values += _layers(cfg, resolved.model, lines, stand_ins)
     return EffectiveSettings(tuple(values), tuple(dict.fromkeys(lines)), tuple(dict.fromkeys(stand_ins)))
 
