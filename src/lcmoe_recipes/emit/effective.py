@@ -421,6 +421,10 @@ _OPTIMIZER_CACHE: dict[tuple, tuple[str, str, tuple[str, ...]]] = {}
 
 def _optimizer(before, after, lines: list[str], stand_ins: list[str]) -> list[Effective]:
     opt = before.optimizer
+    if opt.optimizer not in ("adam", "sgd"):  # Muon and the other emerging optimizers: another builder
+        stand_ins.append(f"optimizer '{opt.optimizer}' not read back (megatron-core builds it outside "
+                         "_get_megatron_optimizer_based_on_param_groups)")
+        return []
     offload = bool(opt.optimizer_cpu_offload)
     fraction = float(opt.optimizer_offload_fraction or 0.0) if offload else 0.0
     aware = bool(opt.use_precision_aware_optimizer)
