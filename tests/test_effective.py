@@ -93,13 +93,13 @@ def test_values_read_back_for_qwen3_235b(named):
 
 def test_user_yaml_difference_is_a_warning_naming_the_fix(named, tmp_path):
     from lcmoe_recipes.planner.examine import examine
-    from lcmoe_recipes.emit import write_yaml
+    from lcmoe_recipes.emit import target_meta, write_yaml
 
     plan, cfg, _ = named["qwen3_next_8k_gb200"]
     mine = copy.deepcopy(cfg)
     mine.optimizer.weight_decay = 0.1  # the scheduler's start_weight_decay (0.033) replaces it at step 1
     path = tmp_path / "mine.yaml"
-    write_yaml(mine, path, plan)
+    write_yaml(mine, path, target_meta(plan))
     found = [f for f in examine(str(path)).findings if f.rule == "effective/weight_decay_at_step_1"]
     assert [f.severity for f in found] == ["warning"]
     assert "optimizer.weight_decay=0.033" in found[0].fix and "0.1" in found[0].message
