@@ -216,6 +216,13 @@ class Plan:
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_length
 
+    @property
+    def effective_moment_dtype(self) -> str:
+        """The Adam moment dtype the run keeps: "fp32" under optimizer CPU offload, whatever ``moment_dtype`` says
+        (megatron-core 0.19.2 ``optimizer/__init__.py`` ``_get_megatron_optimizer_based_on_param_groups`` builds
+        ``HybridDeviceOptimizer`` without ``exp_avg_dtype``), else ``moment_dtype``."""
+        return "fp32" if self.optimizer_cpu_offload else self.moment_dtype
+
     def with_changes(self, **changes) -> "Plan":
         """A copy with fields replaced (a Plan is immutable).
 
