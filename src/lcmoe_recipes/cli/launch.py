@@ -334,14 +334,14 @@ def _print_configured(one: Configured, args: argparse.Namespace, citations: Cita
     if one.shown.schedule is not None:
         print(f"  phase: {phase_time(one.shown).text()}")
     cadence = save_intervals(one.shown)
-    if args.explain:
-        print(f"  checkpoints: {cadence.recovery} steps between the saves a restart resumes from: {cadence.reason.why}")
-        print(f"  {failure_cost(one.shown, cadence).text()}")
+    losses = failure_cost(one.shown, cadence)
+    if not args.explain:
+        print(f"  checkpoints: {cadence.short()}; {losses.short()}")
     else:
-        print(f"  checkpoints: {cadence.short()}; {failure_cost(one.shown, cadence).short()}")
-    if args.explain:
         from ..report.explain import explain_text
 
+        print(f"  checkpoints: {cadence.recovery} steps between the saves a restart resumes from: {cadence.reason.why}")
+        print(f"  {losses.text()}")
         print("\n" + explain_text(one.shown, one.warnings, citations, with_decisions=False))
     print(f"\nConfigContainer YAML: {one.output}")
     if args.executor == "local" and not args.smoke:  # for slurm, the sbatch script is the command

@@ -248,17 +248,22 @@ class FailureCost:
     saving_gpu_hours: float
     saves_per_day: float
 
+    @property
+    def share(self) -> float:
+        """Fraction of the job's GPU-hours lost to failures and saving together."""
+        return (self.failure_gpu_hours + self.saving_gpu_hours) / (24 * self.gpus)
+
     def short(self) -> str:
         """A clause for a plan's summary: GPU-hours a day lost to failures and saving, and their share of the job."""
-        lost = self.failure_gpu_hours + self.saving_gpu_hours
-        return f"failures and saves cost {lost:,.0f} GPU-h/day ({lost / (24 * self.gpus):.1%}, modelled)"
+        return (f"failures and saves cost {self.failure_gpu_hours + self.saving_gpu_hours:,.0f} GPU-h/day "
+                f"({self.share:.1%}, modelled)")
 
     def text(self) -> str:
         """One line for the plan: ``failures ~0.24/day x 2.7 h = 330 GPU-h/day lost; saving ... GPU-h/day``."""
         return (f"expected losses on {self.gpus} GPUs: {self.failures_per_day:.2f} failures/day x "
                 f"{self.lost_per_failure_hours:.2f} h each = {self.failure_gpu_hours:,.0f} GPU-h/day to failures; "
                 f"{self.saves_per_day:.1f} saves/day = at most {self.saving_gpu_hours:,.0f} GPU-h/day to saving "
-                f"({(self.failure_gpu_hours + self.saving_gpu_hours) / (24 * self.gpus):.1%} of the job), modelled")
+                f"({self.share:.1%} of the job), modelled")
 
 
 RESTART_SECONDS = 600.0
