@@ -53,7 +53,36 @@ def generate() -> str:
             out.append(f"| `{d.path}` | {_value(d.path, d.upstream)} | {_value(d.path, d.ours)} | "
                        f"**{d.setting}**: {why} [{d.reason.source.replace('|', '/')}] |")
         out.append("")
+    out += _benchmark_section(base_config(recipe_plan(next(iter(NAMED_RECIPES)))).model)
     return "\n".join(out)
+
+
+def _benchmark_section(model) -> list[str]:
+    """The fate of every field megatron-bridge's benchmark helper sets (lcmoe_recipes.emit.benchmark)."""
+    from lcmoe_recipes.emit.benchmark import BENCHMARK_FATES, benchmark_fields, unhandled
+
+    fields = benchmark_fields(model)
+    missing, stale = unhandled(fields)
+    if missing or stale:
+        raise SystemExit(f"benchmark settings without a fate: {missing}; fates of fields no longer set: {stale} "
+                         "(add them to lcmoe_recipes.emit.benchmark.BENCHMARK_FATES)")
+    out = ["## Benchmark settings: every field megatron-bridge's `_benchmark_common` sets, and its fate", "",
+           "Every perf recipe of megatron-bridge 0.6.2 (our bases) calls `perf_recipes/_common.py` `_benchmark_common`, "
+           "which \"prioritize[s] throughput measurement over convergence\". `lcmoe_recipes.emit.benchmark` runs the "
+           "installed one on a `recipes/common.py` `_pretrain_common()` config (the training template) and diffs the "
+           "two field by field, over variants that take each of its branches; tests/test_parity.py fails on a field it "
+           "sets that has no fate here. Fates: **training** (our configs hold the training template's value), "
+           "**plan** (one of our settings writes the run's own value), **kept** (the benchmark's value stays, for the "
+           "reason given).", "",
+           "| field | training template | benchmark | fate (setting) | why |", "|---|---|---|---|---|"]
+    for path in sorted(fields):
+        field, fate = fields[path], BENCHMARK_FATES[path]
+        why = fate.reason.why.replace("|", "\\|")
+        owner = f" ({fate.setting})" if fate.setting else ""
+        out.append(f"| `{path}` | {_value(path, field.training)} | {_value(path, field.benchmark)} | "
+                   f"**{fate.action}**{owner} | {why} [{fate.reason.source.replace('|', '/')}] |")
+    out.append("")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,7 +78,7 @@ LATE = [
     ("ddp/optimizer-instances", NEXT, {"ddp.num_distributed_optimizer_instances": 2},
      "ddp/optimizer-instances", "does not divide the expert data-parallel size EDP=1"),
     ("ddp/optimizer-instances-dpcp", QWEN, {"ddp.num_distributed_optimizer_instances": 3},
-     "ddp/optimizer-instances", "does not divide DP·CP = 2·4 = 8"),
+     "ddp/optimizer-instances", "does not divide DP·CP = 1·8 = 8"),
     ("ddp/optimizer-instances-distopt", NEXT, {"ddp.num_distributed_optimizer_instances": 2,
                                                 "model.expert_model_parallel_size": 8,
                                                 "ddp.use_distributed_optimizer": False,

@@ -186,3 +186,19 @@ def test_every_reason_cites_what_a_user_can_open():
     assert not missing, missing
 
 
+
+
+def test_recipes_table_is_generated_from_the_yaml():
+    """docs/recipes.md's table is what recipes/*.yaml say (scripts/recipes_doc.py): the effective values, current."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("recipes_doc", ROOT / "scripts" / "recipes_doc.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.generate() == module.TARGET.read_text(), "run python scripts/recipes_doc.py"
+    row = next(line for line in module.table().splitlines() if line.startswith("| `qwen3_235b_128k_gb200`"))
+    # TP4 CP8 EP32 ETP1 PP4 VPP12, DP1 EDP1; FP32 gradients; the recompute megatron runs
+    assert row.split(" | ")[2:10] == ["4", "8", "32", "1", "4", "12", "1", "1"]
+    assert " | FP32 | moe_act | attn, moe_router, moe_preprocess | no | - |" in row
+    dsv3 = next(line for line in module.table().splitlines() if line.startswith("| `dsv3_128k_h100`"))
+    assert dsv3.endswith(" | FP32 | mla_up_proj, layernorm, moe, mlp | none | 1 | 0 |")

@@ -18,7 +18,7 @@ EXPECTED = {
                        ["mla_up_proj", "layernorm", "moe", "mlp"], []),
     "dsv3_256k_h100": (1, 64, 32, 8, 4, 262144, "fp8_blockwise", "deepep",
                        ["mla_up_proj", "layernorm", "moe", "mlp"], []),
-    "qwen3_235b_128k_gb200": (4, 4, 32, 4, 12, 131072, "bf16", "hybridep", ["moe_act", "layernorm"],
+    "qwen3_235b_128k_gb200": (4, 8, 32, 4, 12, 131072, "bf16", "hybridep", ["moe_act"],
                               ["attn", "moe_router", "moe_preprocess"]),
     "qwen3_next_8k_gb200": (1, 1, 16, 2, 4, 8192, "bf16", "hybridep", ["layernorm", "moe_act"], []),
     "qwen3_next_32k_gb200": (1, 4, 16, 2, 4, 32768, "bf16", "hybridep", ["layernorm", "moe"], []),
@@ -38,7 +38,9 @@ def test_config_container_values(configs, name):
     assert (m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size, m.expert_tensor_parallel_size) == (pp, vpp, 1)
     assert m.seq_length == cfg.dataset.seq_length == seq
     assert precision_of(cfg.mixed_precision) == mp
-    assert cfg.mixed_precision.grad_reduce_in_fp32 is False  # upstream's perf recipes reduce gradients in bf16
+    # FP32 gradient reduction and accumulation (upstream's perf recipes reduce in BF16 for benchmarking only)
+    assert cfg.mixed_precision.grad_reduce_in_fp32 is True and cfg.ddp.grad_reduce_in_fp32 is True
+    assert plan.grad_dtype == "fp32"
     assert (m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend) == ("flex", backend)
     assert m.recompute_granularity == "selective" and m.recompute_modules == modules
     assert (list(m.cuda_graph_modules) if graphs else m.cuda_graph_impl == "none" and []) == graphs
@@ -142,7 +144,7 @@ def test_overrides(fresh_config):
     from lcmoe_recipes.emit import apply_overrides, validate_config
 
     _, cfg = fresh_config("qwen3_235b_128k_gb200")
-    apply_overrides(cfg, ["model.tensor_model_parallel_size=8", "+env_vars.NCCL_DEBUG=INFO",
+    apply_overrides(cfg, ["model.tensor_model_parallel_size=8", "model.context_parallel_size=4", "+env_vars.NCCL_DEBUG=INFO",
                           "train.global_batch_size=128", "~model.recompute_modules"])
     assert cfg.model.tensor_model_parallel_size == 8 and cfg.env_vars["NCCL_DEBUG"] == "INFO"
     assert cfg.train.global_batch_size == 128

@@ -156,3 +156,111 @@ def test_override_naming_no_field_is_refused_before_megatron_loads():
         TrainingRequest.parse(model="qwen3_235b", seq_length=131072, overrides=("train.trian_iters=10",))
     assert "'train.trian_iters' is not a field of any megatron-bridge train config" in err.value.message
     assert err.value.fix == "use 'train.train_iters'"
+
+
+@pytest.mark.slow
+def test_every_benchmark_setting_has_a_fate(configs):
+    """megatron-bridge 0.6.2's _benchmark_common, run on its own _pretrain_common() template and diffed field by field:
+    every field it sets has a fate here, so a benchmark-only setting added upstream fails until it is handled."""
+    from lcmoe_recipes.emit.benchmark import BENCHMARK_FATES, benchmark_fields, unhandled
+
+    plan, cfg = configs["qwen3_235b_128k_gb200"]
+    fields = benchmark_fields(cfg.model)
+    assert unhandled(fields) == ([], []), "add the field to lcmoe_recipes.emit.benchmark.BENCHMARK_FATES"
+    # the values of the installed upstream: BF16 gradient reduction, 50 steps, no NaN checks, no saves
+    assert (fields["ddp.grad_reduce_in_fp32"].training, fields["ddp.grad_reduce_in_fp32"].benchmark) == (True, False)
+    assert (fields["mixed_precision.grad_reduce_in_fp32"].training,
+            fields["mixed_precision.grad_reduce_in_fp32"].benchmark) == (True, False)
+    assert (fields["train.train_iters"].training, fields["train.train_iters"].benchmark) == (300000, 50)
+    assert (fields["logger.log_interval"].training, fields["logger.log_interval"].benchmark) == (10, 1)
+    assert fields["checkpoint.save"].benchmark is None and fields["ddp.check_for_nan_in_grad"].benchmark is False
+    # assigned to the value the template already has: listed too (the recorder, not only the diff, finds it)
+    assert fields["train.manual_gc"].training is fields["train.manual_gc"].benchmark is True
+    assert fields["ddp.check_for_large_grads"].training is fields["ddp.check_for_large_grads"].benchmark is False
+    assert {f.action for f in BENCHMARK_FATES.values()} == {"training", "plan", "kept"}
+    # a fate taken away is reported as unhandled
+    from lcmoe_recipes.emit import benchmark
+
+    saved = benchmark.BENCHMARK_FATES.pop("tokenizer.use_tokenizer_vocab_size")
+    try:
+        assert unhandled(fields) == (["tokenizer.use_tokenizer_vocab_size"], [])
+    finally:
+        benchmark.BENCHMARK_FATES["tokenizer.use_tokenizer_vocab_size"] = saved
+
+
+@pytest.mark.slow
+def test_named_recipes_train_not_benchmark(configs):
+    """Every named recipe's config holds each benchmark field's fate: the training template's FP32 gradient reduction
+    and NaN checks, the run's own steps and saves; a config that keeps the benchmark's BF16 reduction is caught."""
+    import copy
+
+    from lcmoe_recipes.emit.benchmark import benchmark_fields, fate_findings
+
+    fields = benchmark_fields(configs["dsv3_128k_h100"][1].model)
+    for name, (plan, cfg) in configs.items():
+        assert fate_findings(cfg, fields) == [], name
+        assert cfg.ddp.grad_reduce_in_fp32 is cfg.mixed_precision.grad_reduce_in_fp32 is True, name
+        assert cfg.ddp.check_for_nan_in_grad is True and cfg.train.manual_gc is True, name
+        assert cfg.train.train_iters == plan.schedule.train_iters != 50, name
+    bad = copy.deepcopy(configs["qwen3_next_8k_gb200"][1])
+    bad.ddp.grad_reduce_in_fp32 = False
+    assert fate_findings(bad, fields) == ["ddp.grad_reduce_in_fp32: False, not the training template's True"]
+
+
+def test_fp32_gradients_are_priced_and_kept():
+    """FP32 main gradients cost 4 bytes per parameter on the rank (2 more than BF16); the planner fits the layout to
+    them and never hands back a BF16-gradient plan."""
+    from lcmoe_recipes import TrainingRequest
+    from lcmoe_recipes.core.plan import HBM_MARGIN
+    from lcmoe_recipes.cost.memory import estimate_memory
+    from lcmoe_recipes.planner.search import search_layouts
+    from lcmoe_recipes.rules.base import GRAD_DTYPE
+
+    assert GRAD_DTYPE == "fp32"
+    plan = recipe_plan("qwen3_235b_128k_gb200")
+    fp32, bf16 = estimate_memory(plan), estimate_memory(plan.with_changes(grad_dtype="bf16"))
+    params = fp32.detail["dense_params"] + fp32.detail["expert_params"]
+    assert fp32.gradients == pytest.approx(4 * params) and bf16.gradients == pytest.approx(2 * params)
+    assert fp32.total - bf16.total == pytest.approx(2 * params)
+    result = search_layouts(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64), top=5)
+    limit = HBM_MARGIN * result.best.plan.hardware_spec.hbm_bytes
+    for candidate in result.ranked:  # every fitting layout priced with FP32 gradients, none fell back to BF16
+        assert candidate.plan.grad_dtype == "fp32" and estimate_memory(candidate.plan).hbm_total <= limit
+
+
+def test_qwen3_235b_fits_with_the_recompute_megatron_runs():
+    """No layernorm recompute (megatron-core 0.19.2 runs none here: input norm fused into TE's QKV linear, pre-MLP
+    norm recompute off under flex + moe_router/moe_preprocess graphs); CP8 leaves more than the memory model's worst
+    error free, where the published CP4 would not fit with FP32 gradients."""
+    from lcmoe_recipes.checks.memory import memory_findings
+    from lcmoe_recipes.core.plan import HBM_MARGIN
+    from lcmoe_recipes.cost.bands import MEMORY_ERROR_BAND
+    from lcmoe_recipes.cost.memory import estimate_memory
+
+    plan = recipe_plan("qwen3_235b_128k_gb200")
+    assert plan.recompute_modules == ("moe_act",) and plan.layout.cp == 8 and plan.grad_dtype == "fp32"
+    limit = HBM_MARGIN * plan.hardware_spec.hbm_bytes
+    free = limit - estimate_memory(plan).hbm_total
+    assert free > MEMORY_ERROR_BAND * limit
+    assert not [f for f in memory_findings(plan) if f.rule.startswith("memory/")]
+    cp4 = plan.with_changes(layout=plan.layout.__class__(world=128, tp=4, pp=4, vpp=12, cp=4, ep=32, etp=1))
+    assert estimate_memory(cp4).hbm_total > limit  # 169.3 of 164.6 GiB when this was written
+
+
+def test_expert_bias_update_rate_frozen_for_extension():
+    """DeepSeek-V3 (auxiliary-loss-free balancing): biases frozen during the extension, as its last 500B pre-training
+    tokens (arXiv 2412.19437 §4.2); Qwen3 has no expert biases, nothing is decided."""
+    dsv3, qwen = recipe_plan("dsv3_128k_h100"), recipe_plan("qwen3_235b_128k_gb200")
+    assert dsv3.moe_router_bias_update_rate == 0.0 and "500B" in dsv3.reasons["moe_router_bias_update_rate"].why
+    assert qwen.moe_router_bias_update_rate is None and "moe_router_bias_update_rate" not in qwen.reasons
+
+
+@pytest.mark.slow
+def test_expert_bias_rate_in_the_yaml():
+    import yaml
+
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        model = yaml.safe_load(path.read_text().split("\n", 1)[1])["model"]
+        expected = 0.0 if path.name.startswith("dsv3") else 0.001  # megatron-core's default, unused without biases
+        assert (model["moe_router_enable_expert_bias"], model["moe_router_bias_update_rate"]) == (
+            path.name.startswith("dsv3"), expected), path.name

@@ -17,7 +17,7 @@ from lcmoe_recipes.planner.recipes import find_named_recipe
 TABLE = {
     "dsv3_128k_h100": (256, "h100", 1, 32, 32, 8, 4, 1, 1, "fp8_blockwise", "deepep"),
     "dsv3_256k_h100": (512, "h100", 1, 64, 32, 8, 4, 1, 2, "fp8_blockwise", "deepep"),
-    "qwen3_235b_128k_gb200": (128, "gb200", 4, 4, 32, 4, 12, 2, 1, "bf16", "hybridep"),
+    "qwen3_235b_128k_gb200": (128, "gb200", 4, 8, 32, 4, 12, 1, 1, "bf16", "hybridep"),
     "qwen3_next_8k_gb200": (32, "gb200", 1, 1, 16, 2, 4, 16, 1, "bf16", "hybridep"),
     "qwen3_next_32k_gb200": (32, "gb200", 1, 4, 16, 2, 4, 4, 1, "bf16", "hybridep"),
     "qwen3_next_64k_gb200": (32, "gb200", 1, 16, 16, 2, 4, 1, 1, "bf16", "hybridep"),
@@ -50,7 +50,7 @@ def test_dsv3_knobs():
 
 def test_qwen3_235b_knobs():
     p = recipe_plan("qwen3_235b_128k_gb200")
-    assert p.recompute_modules == ("moe_act", "layernorm")
+    assert p.recompute_modules == ("moe_act",)  # megatron-core 0.19.2 runs no norm recompute here (transformer_layer.py)
     assert (p.cuda_graph_impl, p.cuda_graph_modules) == ("transformer_engine", ("attn", "moe_router", "moe_preprocess"))
     assert p.sequence_parallel and not p.optimizer_cpu_offload
     assert p.pipeline_model_parallel_layout == "Et|(tt|)*46tL"
@@ -109,17 +109,18 @@ def test_check_divisibility():
     f = _bad("qwen3_next_8k_gb200", layout=ParallelLayout(world=32, tp=1, pp=2, cp=1, ep=3, vpp=4))
     assert "512 experts do not split over EP=3" in f["divisibility/experts-ep"].message
     f = _bad("qwen3_235b_128k_gb200", seq_length=131076)
-    assert f["divisibility/seq-cp"].message.startswith("CP=4 does not divide seq_length 131076 into 2·CP chunks")
+    assert f["divisibility/seq-cp"].message.startswith("CP=8 does not divide seq_length 131076 into 2·CP chunks")
 
 
 def test_check_batch():
-    # DP2, PP4 with VPP12: GBS must be a multiple of MBS·DP·PP = 8; both neighbours are offered
+    # Qwen3-Next 8K at DP16: GBS must be a multiple of MBS·DP = 16; both neighbours are offered
+    f = _bad("qwen3_next_8k_gb200", global_batch_size=500)
+    assert f["batch/gbs-mbs-dp"].fix == "use GBS=480 or 512"
+    # Qwen3-235B at DP1, PP4 with VPP12: microbatches must be a multiple of PP=4
     f = _bad("qwen3_235b_128k_gb200", global_batch_size=63)
-    assert f["batch/gbs-mbs-dp"].fix == "use GBS=56 or 64"
-    f = _bad("qwen3_235b_128k_gb200", global_batch_size=20)  # 10 microbatches: not a multiple of PP=4
-    assert f["batch/microbatches-vpp"].fix == "use GBS=16 or 24"
-    f = _bad("qwen3_235b_128k_gb200", global_batch_size=6)  # 3 microbatches < PP=4
-    assert f["batch/microbatches-vpp"].fix == "use GBS=8 or 16"
+    assert f["batch/microbatches-vpp"].fix == "use GBS=60 or 64"
+    f = _bad("qwen3_235b_128k_gb200", global_batch_size=6)  # 6 microbatches: not a multiple of PP=4
+    assert f["batch/microbatches-vpp"].fix == "use GBS=4 or 8"
 
 
 def test_check_dispatcher_recompute_offload_graphs():
@@ -185,8 +186,8 @@ def test_check_remaining_kinds():
     f = _bad("qwen3_235b_128k_gb200", layout=ParallelLayout(world=96, tp=3, pp=4, cp=4, ep=8, vpp=12),
              global_batch_size=64)
     assert f["divisibility/query-groups-tp"].message == "4 query groups are neither a multiple nor a divisor of TP=3"
-    f = _bad("qwen3_235b_128k_gb200", seq_length=131080)  # 131080/4 = 32770 does not split over TP=4
-    assert f["divisibility/seq-tp-sp"].message.startswith("with sequence parallel, seq_length/CP = 131080/4")
+    f = _bad("qwen3_235b_128k_gb200", seq_length=131080)  # 131080/8 = 16385 does not split over TP=4
+    assert f["divisibility/seq-tp-sp"].message.startswith("with sequence parallel, seq_length/CP = 131080/8")
     f = _bad("qwen3_235b_128k_gb200", pipeline_model_parallel_layout=None)  # 94 layers over PP4 x VPP12, no layout
     assert "94 layers do not split evenly over PP=4·VPP=12" in f["pipeline/even-split"].message
     f = _bad("dsv3_128k_h100", use_distributed_optimizer=False)

@@ -305,6 +305,12 @@ class ModelSpec:
         return bool(self.config.get("attention_bias", False))
 
     @property
+    def expert_bias(self) -> bool:
+        """The router's per-expert bias of auxiliary-loss-free load balancing (``topk_method: noaux_tc``, the
+        ``e_score_correction_bias`` of DeepSeek-V3 and Kimi K2; megatron-core ``moe_router_enable_expert_bias``)."""
+        return self.config.get("topk_method") == "noaux_tc"
+
+    @property
     def linear_bias(self) -> bool:
         """Biases on every linear layer, experts included (gpt-oss: ``add_bias_linear=True``)."""
         return bool(self._fact("linear_bias"))

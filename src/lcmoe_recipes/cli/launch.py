@@ -93,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
                                     "GB200/GB300)")
     run.add_argument("--executor", choices=EXECUTORS, default="local", help="where to run (default: local)")
     rank_arguments(run)
+    run.add_argument("--drill", nargs="?", const="out/drill", metavar="DIR", help="slurm: the fault drill instead "
+                     "of a run: a 2-rank CPU job trains a small model with megatron-core checkpoints, once "
+                     "uninterrupted and once through a SIGKILLed rank, a hung rank, a cancel-and-requeue and a "
+                     "truncated checkpoint; prints 'faults injected N, survived N, steps lost S, corrupt loads 0' "
+                     "(folder default out/drill; lcmoe_recipes.jobs.drill)")
     run.add_argument("--smoke-ranks", type=int, default=2, metavar="N", help="ranks of a --smoke run (default 2; "
                      "with --executor slurm the smoke job asks for 1 node and no GPUs)")
     run.add_argument("--smoke-nodes", type=int, default=1, metavar="N", help="slurm: nodes of a --smoke job (default "
@@ -207,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         for flag, value in (("--smoke-ranks", args.smoke_ranks), ("--smoke-nodes", args.smoke_nodes)):
             if value < 1:
                 raise LcmoeError(f"{flag} {value} is not a positive count", f"e.g. {flag} 2")
+        if args.drill and args.executor != "slurm":
+            raise LcmoeError("--drill runs on Slurm (it cancels and requeues the job)",
+                             "add --executor slurm (a one-node cluster: bash scripts/slurm_local.sh start)")
         settings = settings_from_args(args) if args.executor != "local" else None
         if isinstance(settings, SlurmSettings):
             check_settings(settings)  # before megatron-bridge loads (15-40 s), and before anything is written
@@ -214,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             check_kubeflow_settings(settings)
         request = request_from_args(args, named=tuple(NAMED_RECIPES))
         configs = prepare(request, container_image=args.container_image, output=args.output, settings=settings,
-                      smoke=args.smoke, smoke_nodes=args.smoke_nodes, budget_hours=args.budget_hours,
-                      overlay=not args.no_overlay, start=not (args.dry_run or args.smoke),
+                      smoke=args.smoke or bool(args.drill), smoke_nodes=args.smoke_nodes,
+                      budget_hours=args.budget_hours, overlay=not args.no_overlay,
+                      start=not (args.dry_run or args.smoke or args.drill),
                       mock_data=args.mock_data, from_scratch=args.from_scratch,
                       resiliency=not args.no_resiliency)
     except LcmoeError as exc:
@@ -246,6 +255,16 @@ def main(argv: list[str] | None = None) -> int:
             print(report.table(), file=sys.stderr if args.json else sys.stdout)
             if not report.ok:
                 return 1
+    if args.drill:
+        from ..jobs.drill import run_drill
+
+        try:
+            verdict = run_drill(configs[0], settings, args.drill)
+        except LcmoeError as exc:
+            return report_error(exc)
+        print(verdict.text())
+        print(f"drill: {verdict.seconds:.0f} s")
+        return 0 if verdict.ok else 1
     results = []
     if not (args.dry_run and args.executor == "local" and not args.smoke):
         dependency = None

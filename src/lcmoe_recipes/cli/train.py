@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     rank_arguments(parser)
     parser.add_argument("--metrics", metavar="FILE", help="write each step's loss, wall time and peak allocated "
                         "memory to FILE as JSON (rank 0; lcmoe_recipes.jobs.metrics)")
+    parser.add_argument("--drill", metavar="SPEC", help="one rank of the fault drill (launch --drill starts it): "
+                        "train a small model on the CPU with gloo, save megatron-core torch_dist checkpoints, fire "
+                        "the faults SPEC names, resume from the newest complete checkpoint (lcmoe_recipes.jobs.drill)")
     parser.add_argument("--as-rank", type=int, metavar="R", help="run global rank R of the full-size job alone on "
                         "this GPU (fake collectives, no torchrun) and report its peak memory beside our prediction")
     parser.add_argument("--steps", type=int, default=3, metavar="N", help="--as-rank: training steps (default 3)")
@@ -90,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point on every rank; returns the exit code (:func:`lcmoe_recipes.jobs.node.run_rank`)."""
     args = _parser().parse_intermixed_args(argv)
     try:
+        if args.drill:
+            from ..jobs.drill import drill_rank
+
+            return drill_rank(args.drill)
         if args.as_rank is not None:
             if args.steps < 1:
                 raise LcmoeError(f"--steps {args.steps} is not a positive number of steps", "e.g. --steps 3")

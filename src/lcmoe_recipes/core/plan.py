@@ -122,6 +122,8 @@ class Plan:
         etp_unset: read from a config whose ``expert_tensor_parallel_size`` is None (megatron-core alone would use TP).
         grad_dtype: main-gradient buffer dtype, "fp32" (``grad_reduce_in_fp32``) or "bf16".
         moment_dtype: Adam moment dtype ("fp32", or "bf16" with the precision-aware optimizer).
+        moe_router_bias_update_rate: the update rate of the router's expert biases (auxiliary-loss-free balancing)
+            for models that have them; None for models without (nothing written).
         moe_ep_overlap: ``overlap_moe_expert_parallel_comm`` (EP all-to-all hidden behind compute).
         base_recipe: the megatron-bridge recipe this run starts from ("module:function"; None: its generic
             pre-training template), see :mod:`lcmoe_recipes.catalog.upstream`.
@@ -180,6 +182,7 @@ class Plan:
     etp_unset: bool = False
     grad_dtype: str = "fp32"
     moment_dtype: str = "fp32"
+    moe_router_bias_update_rate: float | None = None
     moe_ep_overlap: bool = False
     base_recipe: str | None = field(default=None, compare=False)  # provenance: a config does not record it
     positions: Positions | None = None
@@ -212,6 +215,13 @@ class Plan:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_length
+
+    @property
+    def effective_moment_dtype(self) -> str:
+        """The Adam moment dtype the run keeps: "fp32" under optimizer CPU offload, whatever ``moment_dtype`` says
+        (megatron-core 0.19.2 ``optimizer/__init__.py`` ``_get_megatron_optimizer_based_on_param_groups`` builds
+        ``HybridDeviceOptimizer`` without ``exp_avg_dtype``), else ``moment_dtype``."""
+        return "fp32" if self.optimizer_cpu_offload else self.moment_dtype
 
     def with_changes(self, **changes) -> "Plan":
         """A copy with fields replaced (a Plan is immutable).

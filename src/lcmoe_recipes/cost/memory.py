@@ -272,19 +272,36 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
     """
     lay = plan.layout
     return _layer_tensors(s, layer, plan.micro_batch_size * plan.seq_length / lay.cp, lay.tp, lay.etp,
-                          plan.sequence_parallel)
+                          plan.sequence_parallel, pre_mlp_norm_recomputed(plan))
+
+
+def pre_mlp_norm_recomputed(plan: Plan) -> bool:
+    """Whether megatron-core recomputes a MoE layer's pre-MLP norm under the ``layernorm`` recompute module: not when
+    the router is TE-graphed (``moe_router`` in ``cuda_graph_modules``, impl not "local") unless ``moe_preprocess`` is
+    graphed too with the alltoall dispatcher -- the norm's output is then a graph output in a static buffer
+    (megatron-core 0.19.2 ``transformer/transformer_layer.py`` ``TransformerLayer.__init__``,
+    ``can_recompute_pre_mlp_layernorm_for_cudagraph``, which logs the warning). Shared-expert overlap, which also
+    disables it there, is not a Plan field (our configs leave it off with graphed routers)."""
+    graphs = set(plan.cuda_graph_modules)
+    if plan.cuda_graph_impl == "local" or "moe_router" not in graphs:
+        return True
+    return "moe_preprocess" in graphs and plan.moe_token_dispatcher_type == "alltoall"
 
 
 def layer_activations_kept(s: LayerShapes, layer: int, tokens: float, tp: int, etp: int, sequence_parallel: bool,
-                           granularity: str | None, modules: tuple[str, ...]) -> float:
+                           granularity: str | None, modules: tuple[str, ...], pre_mlp_norm_recompute: bool = True
+                           ) -> float:
     """Bytes layer ``layer`` keeps for backward for ``tokens`` per CP rank (MBS·seq_length/CP) under the recompute
-    setting: the table of :func:`layer_activations`, unscaled. ``lcmoe_recipes.emit.probe.activations`` measures the same."""
-    return _kept_bytes(_layer_tensors(s, layer, tokens, tp, etp, sequence_parallel), granularity, modules)
+    setting: the table of :func:`layer_activations`, unscaled. ``lcmoe_recipes.emit.probe.activations`` measures the
+    same. ``pre_mlp_norm_recompute``: :func:`pre_mlp_norm_recomputed` of the plan."""
+    return _kept_bytes(_layer_tensors(s, layer, tokens, tp, etp, sequence_parallel, pre_mlp_norm_recompute),
+                       granularity, modules)
 
 
-def _layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequence_parallel: bool
-                   ) -> dict[str, tuple[float, tuple[str, ...]]]:
-    """:func:`layer_activations` for ``n`` tokens on this rank (MBS·seq_length/CP)."""
+def _layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequence_parallel: bool,
+                   pre_mlp_norm_recompute: bool = True) -> dict[str, tuple[float, tuple[str, ...]]]:
+    """:func:`layer_activations` for ``n`` tokens on this rank (MBS·seq_length/CP); a MoE layer's pre-MLP norm is
+    dropped by ``layernorm`` only where ``pre_mlp_norm_recompute`` (:func:`pre_mlp_norm_recomputed`)."""
     nsp = n / tp if sequence_parallel else n                      # tokens in sequence-sharded regions
     h = s.h
     input_norm = ("layernorm",) if s.mla else ()
@@ -298,8 +315,9 @@ def _layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequ
     else:
         _gated_delta_net(s, n, tp, out)
     out["pre_mlp_input"] = (nsp * h * BF16, ())
-    out["pre_mlp_norm_out"] = (nsp * h * BF16, ("layernorm",))
-    out["pre_mlp_norm_stats"] = (nsp * FP32, ("layernorm",))
+    pre_mlp_norm = ("layernorm",) if pre_mlp_norm_recompute or not s.is_moe(layer) else ()
+    out["pre_mlp_norm_out"] = (nsp * h * BF16, pre_mlp_norm)
+    out["pre_mlp_norm_stats"] = (nsp * FP32, pre_mlp_norm)
     if s.is_moe(layer):
         routed = nsp * s.topk                                   # token copies this rank's experts process
         moe = ("moe",)
@@ -416,12 +434,13 @@ def _kept_bytes(tensors: dict[str, tuple[float, tuple[str, ...]]], granularity: 
 
 @lru_cache(maxsize=16384)
 def _layer_bytes(model_key: str, layer: int, n: float, tp: int, etp: int, sequence_parallel: bool,
-                 granularity: str | None, modules: tuple[str, ...]) -> tuple[float, float]:
+                 granularity: str | None, modules: tuple[str, ...], pre_mlp_norm_recompute: bool = True
+                 ) -> tuple[float, float]:
     """(bytes kept for backward under the recompute setting, bytes of every listed tensor) of one layer: layers of
     one kind repeat across the search's candidates, so this is priced once per kind and shape."""
     from ..catalog import get_model
 
-    tensors = _layer_tensors(shapes(get_model(model_key)), layer, n, tp, etp, sequence_parallel)
+    tensors = _layer_tensors(shapes(get_model(model_key)), layer, n, tp, etp, sequence_parallel, pre_mlp_norm_recompute)
     return _kept_bytes(tensors, granularity, modules), sum(b for b, _ in tensors.values())
 
 
@@ -516,7 +535,8 @@ def _rank_static(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp
 @lru_cache(maxsize=65536)
 def _activation_terms(model_key: str, static: _RankStatic, n: float, tp: int, etp: int, sequence_parallel: bool,
                       granularity: str | None, modules: tuple[str, ...], mtp: int, logits: float,
-                      in_flight: tuple[int, ...], graph_modules: tuple[str, ...]) -> tuple[float, float, int]:
+                      in_flight: tuple[int, ...], graph_modules: tuple[str, ...], pre_mlp_norm_recompute: bool = True
+                      ) -> tuple[float, float, int]:
     """(listed activation bytes alive at the peak, the largest layer's listed bytes, CUDA-graph buffers) of one
     rank: what :func:`rank_memory` derives from the layers' tensors. It depends on neither EP nor the batch beyond
     the microbatches in flight, so the search's layouts that differ only there share it."""
@@ -524,12 +544,13 @@ def _activation_terms(model_key: str, static: _RankStatic, n: float, tp: int, et
 
     s = shapes(get_model(model_key))
     by_kind = {(s.is_moe(layer), s.kind(layer)): _layer_bytes(model_key, layer, n, tp, etp, sequence_parallel,
-                                                              granularity, modules)
+                                                              granularity, modules, pre_mlp_norm_recompute)
                for layer in static.representative}  # layers of one kind keep the same tensors
     per_chunk = [sum(count * by_kind[kind][0] for kind, count in chunk) for chunk in static.chunk_kinds]
     largest_layer = max((by_kind[kind][1] for chunk in static.chunk_kinds for kind, _ in chunk), default=0.0)
     if mtp:
-        mtp_kept, _ = _layer_bytes(model_key, s.num_layers - 1, n, tp, etp, sequence_parallel, granularity, modules)
+        mtp_kept, _ = _layer_bytes(model_key, s.num_layers - 1, n, tp, etp, sequence_parallel, granularity, modules,
+                                   pre_mlp_norm_recompute)
         per_chunk[-1] += mtp * (mtp_kept + logits)
     listed = sum(k * c for k, c in zip(per_chunk, in_flight))
     graphed = 2 * len({seg for chunk in static.chunk_kinds for kind, _ in chunk
@@ -567,7 +588,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     experts = static.experts / (lay.ep * lay.etp)
     params = dense + experts
     grad_bytes = FP32 if plan.grad_dtype == "fp32" else BF16
-    state_bytes = master_weight_bytes(plan) + 2 * (FP32 if plan.moment_dtype == "fp32" else BF16)
+    state_bytes = master_weight_bytes(plan) + 2 * (FP32 if plan.effective_moment_dtype == "fp32" else BF16)
     shard = dense / (lay.dp * lay.cp) + experts / lay.edp
     on_gpu = 1.0 - (plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0)
 
@@ -577,7 +598,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     listed, largest_layer, graphed = _activation_terms(
         spec.key, static, n, lay.tp, lay.etp, plan.sequence_parallel, plan.recompute_granularity,
         tuple(plan.recompute_modules), plan.mtp_num_layers if last else 0, logits, in_flight,
-        tuple(plan.cuda_graph_modules))
+        tuple(plan.cuda_graph_modules), pre_mlp_norm_recomputed(plan))
     scale = constants.activation_scale
     activations = scale * listed + logits
     transient = max(LOGIT_COPIES * logits, scale * largest_layer)

@@ -73,9 +73,10 @@ def _bandwidth(plan: Plan, fs_gbps: float | None) -> float:
 
 def checkpoint_bytes(plan: Plan) -> float:
     """Bytes of one full save of ``plan``'s model with its optimizer state: per parameter the bf16 weight, the
-    optimizer's fp32 master weight and two Adam moments (fp32, or bf16 with the precision-aware optimizer), as
-    megatron-core's distributed optimizer saves them."""
-    moments = 2 * (FP32 if plan.moment_dtype == "fp32" else BF16)
+    optimizer's fp32 master weight and two Adam moments (fp32, or bf16 with the precision-aware optimizer; fp32
+    under optimizer CPU offload whatever exp_avg_dtype says: :attr:`lcmoe_recipes.core.plan.Plan.effective_moment_dtype`),
+    as megatron-core's distributed optimizer saves them."""
+    moments = 2 * (FP32 if plan.effective_moment_dtype == "fp32" else BF16)
     return shapes(plan.model_spec).total_params * (BF16 + FP32 + moments)
 
 
@@ -86,7 +87,7 @@ def rank_save_bytes(plan: Plan, pp_rank: int) -> float:
     the host already (no copy)."""
     shard = rank_memory(plan, pp_rank).detail["optimizer_shard_params"]
     on_gpu = 1.0 - (plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0)
-    state = master_weight_bytes(plan) + 2 * (FP32 if plan.moment_dtype == "fp32" else BF16)
+    state = master_weight_bytes(plan) + 2 * (FP32 if plan.effective_moment_dtype == "fp32" else BF16)
     return shard * (BF16 + state * on_gpu)
 
 

@@ -61,7 +61,7 @@ def config_from_plan(plan: Plan, validate: bool = True, quiet: bool = False):
     cfg = base_config(plan)
     apply_settings(cfg, plan)
     if validate:
-        validate_config(cfg, plan.hardware_spec, plan.layout.world)
+        validate_config(cfg, plan.hardware_spec, plan.layout.world, own=True)  # ours: it must state what runs
     setattr(cfg, TARGET_ATTR, target_meta(plan))  # read by launch.submit; not a dataclass field, so not in the YAML
     return cfg
 

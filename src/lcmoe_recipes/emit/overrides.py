@@ -157,7 +157,7 @@ def data_overrides(data_path: list[str] | None = None, tokenizer: str | None = N
                                 "(data_path=0.7 /data/a 0.3 /data/b)", fields=("data_path",))
         listed = ",".join(_hydra_string(p) for p in prefixes)
         weighted = "null" if weights is None else "[" + ",".join(repr(float(w)) for w in weights) + "]"
-        overrides.append(f"dataset.blend=[[{listed}],{weighted}]")
+        overrides += [f"dataset.blend=[[{listed}],{weighted}]", "dataset.mock=false"]
     if tokenizer:
         overrides += ["tokenizer.tokenizer_type=HuggingFaceTokenizer",
                       f"tokenizer.tokenizer_model={_hydra_string(tokenizer)}"]

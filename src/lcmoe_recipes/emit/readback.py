@@ -71,7 +71,12 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         sequence_parallel=bool(m.sequence_parallel), mtp_num_layers=m.mtp_num_layers or 0,
         variable_length=_variable_length(cfg), etp_unset=m.expert_tensor_parallel_size is None,
         grad_dtype="fp32" if grad_reduce_in_fp32(cfg) else "bf16",
-        moment_dtype=("bf16" if precision_aware and str(opt.exp_avg_dtype).endswith("bfloat16") else "fp32"),
+        moe_router_bias_update_rate=(float(m.moe_router_bias_update_rate)
+                                     if getattr(m, "moe_router_enable_expert_bias", False) else None),
+        # under CPU offload, HybridDeviceOptimizer keeps FP32 moments whatever exp_avg_dtype says (megatron-core
+        # 0.19.2 optimizer/__init__.py _get_megatron_optimizer_based_on_param_groups)
+        moment_dtype=("bf16" if precision_aware and not opt.optimizer_cpu_offload
+                      and str(opt.exp_avg_dtype).endswith("bfloat16") else "fp32"),
         positions=_positions_of(m), cp_comm_type=_cp_comm_type(m.cp_comm_type),
         hierarchical_cp_sizes=tuple(hcp) if hcp else None, schedule=_schedule_of(cfg),
         pretrained_checkpoint=cfg.checkpoint.pretrained_checkpoint,

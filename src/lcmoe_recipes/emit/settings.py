@@ -180,6 +180,19 @@ def _precision(cfg, plan: Plan) -> None:
     cfg.mixed_precision = mixed
 
 
+def _grad_dtype(cfg, plan: Plan) -> None:
+    """Gradient accumulation and reduction dtype: both fields, since megatron-bridge's ``MixedPrecisionConfig.setup``
+    overwrites the DDP field with its own (a precision given by name is made an object to carry it)."""
+    fp32 = plan.grad_dtype == "fp32"
+    if isinstance(cfg.mixed_precision, str):
+        from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+        cfg.mixed_precision = get_mixed_precision_config(cfg.mixed_precision)
+    if cfg.mixed_precision is not None and cfg.mixed_precision.grad_reduce_in_fp32 != fp32:
+        cfg.mixed_precision.grad_reduce_in_fp32 = fp32
+    cfg.ddp.grad_reduce_in_fp32 = fp32
+
+
 def _optimizer(cfg, plan: Plan) -> None:
     opt = cfg.optimizer
     opt.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer = plan.use_distributed_optimizer
@@ -279,6 +292,44 @@ DOCUMENTS_REASON = Reason(
     "Llama 3 (arXiv 2407.21783) §3.2")
 
 
+def _expert_bias(cfg, plan: Plan) -> None:
+    if plan.moe_router_bias_update_rate is not None and getattr(cfg.model, "moe_router_enable_expert_bias", False):
+        cfg.model.moe_router_bias_update_rate = plan.moe_router_bias_update_rate
+
+
+def _what_runs(cfg, plan: Plan) -> None:
+    """State the values megatron derives at run time instead of values it replaces (:mod:`lcmoe_recipes.emit.effective`
+    reads them back and refuses a difference in our own configs)."""
+    import torch
+    from megatron.bridge.utils import fusions
+
+    from .stack import quiet_upstream
+
+    m = cfg.model
+    with quiet_upstream():  # its notice says what we do here
+        if m.apply_rope_fusion and not fusions.validate_rope_fusion_compatibility(m):
+            m.apply_rope_fusion = False  # GPTModelProvider.provide turns it off (e.g. YaRN positions)
+    sch = cfg.scheduler
+    if sch.start_weight_decay is not None:  # the scheduler's decay replaces optimizer.weight_decay from step 1
+        cfg.optimizer.weight_decay = sch.start_weight_decay
+    if plan.optimizer_cpu_offload:  # HybridDeviceOptimizer keeps FP32 Adam states whatever exp_avg_dtype says
+        cfg.optimizer.exp_avg_dtype = cfg.optimizer.exp_avg_sq_dtype = torch.float32
+    data = cfg.dataset
+    if hasattr(data, "mock") and getattr(data, "blend", None) is None and getattr(data, "blend_per_split", None) is None:
+        data.mock = True  # megatron-core trains on mock data without a blend, whatever mock says
+
+
+WHAT_RUNS_REASON = Reason(
+    "the values megatron derives at run time, stated: apply_rope_fusion off where megatron-bridge's provider turns it "
+    "off (YaRN positions); optimizer.weight_decay equal to the scheduler's start_weight_decay, which replaces it from "
+    "step 1; FP32 Adam moments under optimizer CPU offload (HybridDeviceOptimizer is built without exp_avg_dtype); "
+    "dataset.mock true while no blend is given (--data-path gives one)",
+    "megatron-bridge 0.6.2 models/gpt_provider.py GPTModelProvider.provide and utils/fusions.py "
+    "validate_rope_fusion_compatibility; training/optim.py; megatron-core 0.19.2 optimizer_param_scheduler.py, "
+    "optimizer/__init__.py _get_megatron_optimizer_based_on_param_groups, datasets/blended_megatron_dataset_config.py; "
+    "docs/checks.md (effective settings)")
+
+
 def _numerics(cfg, plan: Plan) -> None:
     m = cfg.model
     if (m.num_moe_experts or 0) >= 32 and not m.moe_router_dtype:
@@ -350,6 +401,7 @@ SETTINGS: tuple[Setting, ...] = (
                             "model.use_te_rng_tracker", "rng.te_rng_tracker"), _cuda_graphs),
     Setting("precision", ("mixed_precision", "mixed_precision.*", "model.moe_router_padding_for_quantization"),
             _precision),
+    Setting("grad_dtype", ("ddp.grad_reduce_in_fp32", "mixed_precision", "mixed_precision.*"), _grad_dtype),
     Setting("optimizer_cpu_offload", ("optimizer.use_distributed_optimizer", "ddp.use_distributed_optimizer",
                                       "optimizer.use_precision_aware_optimizer", "optimizer.optimizer_cpu_offload",
                                       "optimizer.optimizer_offload_fraction", "optimizer.overlap_cpu_optimizer_d2h_h2d"),
@@ -408,6 +460,7 @@ SETTINGS: tuple[Setting, ...] = (
                     f"{UPSTREAM} perf_recipes/_common.py _benchmark_common and the model's perf common.py "
                     "(moe_router_force_load_balancing); recipes/common.py _pretrain_common for the training values")),
     Setting("document_masking", ("dataset.inter_document_masking",), _documents, lambda plan: DOCUMENTS_REASON),
+    Setting("moe_router_bias_update_rate", ("model.moe_router_bias_update_rate",), _expert_bias),
     Setting("numerics", ("model.moe_router_dtype",), _numerics,
             _answer("fp32 routing for 32+ experts (megatron-core warns without it)",
                     "megatron-core 0.19.2 transformer/transformer_config.py __post_init__ warning")),
@@ -424,6 +477,8 @@ SETTINGS: tuple[Setting, ...] = (
                                  "attention that has biases (megatron-bridge asserts both); at DP=1 with a "
                                  "comm_overlap section, the DDP overlaps off, as CommOverlapConfig.setup sets them",
                                  f"{UPSTREAM} training/comm_overlap.py CommOverlapConfig.setup")),
+    Setting("what_runs", ("model.apply_rope_fusion", "optimizer.weight_decay", "optimizer.exp_avg_dtype",
+                          "optimizer.exp_avg_sq_dtype", "dataset.mock"), _what_runs, lambda plan: WHAT_RUNS_REASON),
 )
 
 

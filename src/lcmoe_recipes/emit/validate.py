@@ -52,7 +52,7 @@ def _check_pipeline_layout(cfg, name: str) -> None:
 
 
 def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = "config",
-                    versions: StackVersions | None = None) -> list:
+                    versions: StackVersions | None = None, own: bool | None = None) -> list:
     """Every finding for a ConfigContainer on ``world_size`` GPUs of ``hardware``, errors first.
 
     1. model and dataset ``seq_length`` must agree (rule ``config/seq-length``);
@@ -70,7 +70,10 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
        else rule ``upstream/validate``); if it passes, the
        asserts megatron-core raises later and the settings upstream overrides, read from that resolved copy
        (:func:`lcmoe_recipes.checks.config_asserts.config_assert_findings`, docs/checks.md). The copy is thrown away:
-       ``cfg`` is never changed;
+       ``cfg`` is never changed; where ``own`` is not None and nothing failed, the effective settings read back
+       from megatron itself (:func:`lcmoe_recipes.emit.effective.effective_settings`): each value that differs from
+       the config is an error when ``own`` (our recipes and planner output must state what runs), else a warning
+       naming the fix (rules ``effective/*``);
     5. always: the known upstream bugs whose trigger holds for ``cfg`` and whose affected versions include
        ``versions`` (default: the installed ones; rules ``known-issue/<id>``, see docs/known_issues.md);
     6. if no error so far: the distributed timeouts against the predicted longest waits
@@ -81,7 +84,7 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     """
     hw = hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
     te = versions.versions.get("transformer-engine") if versions is not None else None
-    findings = _rule_and_upstream_findings(cfg, hw, world_size, name, te)
+    findings = _rule_and_upstream_findings(cfg, hw, world_size, name, te, own)
     # 5. Known upstream bugs for the versions the config will run with (catalog/known_issues.yaml).
     view = config_view(cfg, hw, world_size)
     findings += known_issue_findings(view, versions)
@@ -109,7 +112,27 @@ def _te_version_as(version: str | None):
         mcore_utils._te_version = saved
 
 
-def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str, te_version: str | None = None) -> list:
+def resolve_for_target(cfg, hw: Hardware, world_size: int, te_version: str | None = None):
+    """(a deep copy of ``cfg`` after megatron-bridge's ``runtime_config_update`` -- mixed-precision resolution, DP
+    size, comm-overlap setup, ``validate()`` with the provider's finalize and every megatron-core post-init -- inside
+    :func:`lcmoe_recipes.emit.target.target_environment` for ``world_size`` x ``hw``, the exception it raised or
+    None). ``cfg`` is never changed; ``checkpoint.pretrained_checkpoint`` is taken to exist (it is read on the
+    cluster, and checked where the job runs)."""
+    from megatron.bridge.training.config import runtime_config_update
+
+    trial = copy.deepcopy(cfg)
+    error = None
+    with target_environment(hw, world_size, cluster_paths=[trial.checkpoint.pretrained_checkpoint]), \
+            _te_version_as(te_version), quiet_upstream():
+        try:
+            runtime_config_update(trial)
+        except (AssertionError, ValueError, RuntimeError, TypeError, AttributeError, KeyError) as exc:
+            error = exc
+    return trial, error
+
+
+def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str, te_version: str | None = None,
+                                own: bool | None = None) -> list:
     """Steps 1-4 of :func:`config_findings`: every finding of our checks (memory where the layout is legal), then,
     when none is an error, the pipeline layout with megatron-core's parser and upstream validation; the hygiene
     warnings of :mod:`lcmoe_recipes.checks.hygiene` always."""
@@ -140,26 +163,21 @@ def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str, t
         except InfeasibleConfig as exc:
             findings.insert(0, Finding("error", "pipeline/layout", exc.message.removeprefix(f"{name}: "), exc.fix))
     if not any(f.severity == "error" for f in findings):
-        from megatron.bridge.training.config import runtime_config_update
-
-        trial = copy.deepcopy(cfg)
-        error = None
-        # checkpoint.pretrained_checkpoint is read on the cluster: its existence is checked where the job runs.
-        with target_environment(hw, world_size, cluster_paths=[trial.checkpoint.pretrained_checkpoint]), \
-                _te_version_as(te_version), quiet_upstream():
-            try:
-                runtime_config_update(trial)
-            except (AssertionError, ValueError, RuntimeError, TypeError, AttributeError, KeyError) as exc:
-                error = exc
+        trial, error = resolve_for_target(cfg, hw, world_size, te_version)
         # docs/checks.md: upstream's message mapped to our rule, else the asserts that fire after check time and the
         # settings upstream overrides, read from the resolved trial copy.
         with quiet_upstream():  # field defaults it compares with probe this machine (e.g. the fusion notice)
             findings[:0] = config_assert_findings(cfg, trial, hw, world_size, upstream_error=error)
+        if own is not None and not any(f.severity == "error" for f in findings):
+            from .effective import effective_findings
+
+            with _te_version_as(te_version):
+                findings[:0] = effective_findings(cfg, hw, world_size, own, resolved=trial)
     return sorted(findings + hygiene_findings(cfg, plan.model_spec), key=lambda f: f.severity != "error")
 
 
 def validate_config(cfg, hardware: str | Hardware, world_size: int, name: str = "config",
-                    versions: StackVersions | None = None) -> list:
+                    versions: StackVersions | None = None, own: bool | None = None) -> list:
     """:func:`config_findings` (known upstream bugs judged for ``versions``, default the installed ones), raising on
     the first error.
 
@@ -169,6 +187,6 @@ def validate_config(cfg, hardware: str | Hardware, world_size: int, name: str = 
     Raises:
         InfeasibleConfig: the first error, with its fix (all findings attached).
     """
-    findings = config_findings(cfg, hardware, world_size, name, versions)
+    findings = config_findings(cfg, hardware, world_size, name, versions, own)
     raise_for_errors(findings, name)
     return findings

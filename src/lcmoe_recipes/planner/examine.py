@@ -153,7 +153,8 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
         # read its fields, not the plan's
         cfg = emit.config_from_plan(plan, validate=False, quiet=True)
         versions, findings = job_versions(container_image, overlay)
-        findings = emit.config_findings(cfg, plan.hardware_spec, plan.layout.world, config, versions) + findings
+        findings = emit.config_findings(cfg, plan.hardware_spec, plan.layout.world, config, versions, own=True) \
+            + findings  # our own recipe: a setting megatron does not run as stated is an error
         return _examined(plan, findings, versions, cfg)
     from .. import emit
 
@@ -164,7 +165,7 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
         name = f"{name} (edited)"
     plan = _read_back(cfg, meta, hw, gpus, name)
     versions, findings = job_versions(container_image, overlay)  # unlisted image: a warning; overlay: the pinned
-    findings = emit.config_findings(cfg, hw, gpus, name, versions) + findings
+    findings = emit.config_findings(cfg, hw, gpus, name, versions, own=False) + findings  # a user's: warnings
     if edited:
         shown = "; ".join(f"{path}: {before!r} -> {after!r}" for path, before, after in edited[:8])
         findings.append(Finding(

@@ -75,21 +75,43 @@ def _dsv3_h100(seq_length: int, num_gpus: int, cp: int, name: str, options: Trai
         })
 
 
+# The published Qwen3-235B 128K GB200 run (TP4 CP4 EP32 PP4 VPP12) recomputes "moe_act + norm". megatron-core 0.19.2
+# runs neither norm recompute in this configuration: the input norm is fused into Transformer Engine's QKV linear
+# (TELayerNormColumnParallelLinear: no separate norm to recompute), and the pre-MLP norm recompute is switched off,
+# with a logged warning, under the flex dispatcher with moe_router / moe_preprocess CUDA graphs
+# (transformer/transformer_layer.py). Without it, and with FP32 gradients (rules.base.GRAD_DTYPE), CP4 needs 169.3 GiB
+# of its 164.6 GiB limit; CP8 (DP 2 -> 1, the same DP·CP = 8 optimizer sharding) halves the tokens per rank.
+QWEN3_235B_CP = 8
+
+
 def _qwen3_235b_gb200(options: TrainingRequest, precision: str = "bf16", seq_length: int = 131072, num_gpus: int = 128,
                       name: str = "qwen3_235b_128k_gb200") -> Plan:
-    layout = ParallelLayout(world=num_gpus, tp=4, pp=4, vpp=12, cp=4, ep=32, etp=1)
+    cp = QWEN3_235B_CP
+    layout = ParallelLayout(world=num_gpus, tp=4, pp=4, vpp=12, cp=cp, ep=32, etp=1)
+    norm_why = ("megatron-core 0.19.2 runs no norm recompute here: the input norm is fused into TE's QKV linear "
+                "(TELayerNormColumnParallelLinear), and the pre-MLP norm recompute is switched off, with a warning, "
+                "under the flex dispatcher with moe_router/moe_preprocess CUDA graphs")
+    norm_source = ("megatron-core 0.19.2 transformer/transformer_layer.py (pre-MLP norm recompute), "
+                   "models/gpt/gpt_layer_specs.py (input norm fused)")
     return _named(
         name, "qwen3_235b", "gb200", seq_length, layout, precision, options,
         moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",
-        recompute_granularity="selective", recompute_modules=("moe_act", "layernorm"),
+        recompute_granularity="selective", recompute_modules=("moe_act",),
         cuda_graph_impl="transformer_engine", cuda_graph_modules=("attn", "moe_router", "moe_preprocess"),
         sequence_parallel=True,
         reasons={
-            "layout": Reason("published Qwen3-235B 128K GB200 layout TP4 CP4 EP32 PP4 VPP12: on NVL72, TP4 "
-                             "stands in for part of CP (CP4 instead of seq/4096 = 32)", SKILL),
+            "layout": Reason(f"published Qwen3-235B 128K GB200 layout TP4 EP32 PP4 VPP12 (on NVL72, TP4 stands in for "
+                             f"part of CP), with CP{cp} instead of the published CP4: the published run's norm "
+                             "recompute is one megatron-core does not run here (see recompute), and with FP32 "
+                             "gradient accumulation CP4 needs 169.3 GiB of the 164.6 GiB planning limit; CP8 halves "
+                             "the tokens per rank (DP 2 -> 1, the optimizer still sharded over DP·CP = 8) and leaves "
+                             "more than the memory model's worst error free",
+                             f"{SKILL}; {norm_source}; lcmoe_recipes.cost.memory, cost.bands MEMORY_ERROR_BAND"),
             "precision": Reason(f"{precision} (BF16 published; MXFP8 selectable with precision='mxfp8')", SKILL),
             "dispatcher": Reason("flex + HybridEP: NVL72 GB200, EP32 inside one NVLink domain", SKILL),
-            "recompute": Reason("selective moe_act + norm (layernorm), the published set", SKILL),
+            "recompute": Reason(f"selective moe_act: the published set is moe_act + norm (layernorm), but {norm_why}, so "
+                                "layernorm is dropped (the YAML states the recompute that runs)",
+                                f"{SKILL}; {norm_source}"),
             "cuda_graphs": Reason("TE CUDA graphs on attn, moe_router, moe_preprocess: shapes are static "
                                   "(fixed seq_length and MBS, no packed sequences)", SKILL),
             "sequence_parallel": Reason("TP=4 with EP>1 needs sequence parallel", "megatron-core TransformerConfig"),

@@ -415,7 +415,8 @@ def _fitting_knobs(ctx: _Request, base: Plan):
         if _exceeds(ctx, at_one_plan):
             continue
         at_one = _peak(ctx, at_one_plan)
-        state = at_one.detail["optimizer_shard_params"] * (4 + 2 * (4 if base.moment_dtype == "fp32" else 2))
+        # the part left on the GPU under offload: FP32 master weight and moments (Plan.effective_moment_dtype)
+        state = at_one.detail["optimizer_shard_params"] * (4 + 2 * 4)
         need = next((f for f in fractions[1:] if at_one.hbm_total + state * (1 - f) <= limit), 1.0)
         yield level, need
         if level in full:

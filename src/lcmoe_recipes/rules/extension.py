@@ -12,7 +12,7 @@ from ..core.pipeline import build_pipeline_layout
 from ..core.plan import Reason
 from ..core.request import TrainingRequest
 from ..cost.shapes import shapes
-from .base import base_layout, choose_base
+from .base import GRAD_DTYPE_REASON, base_layout, choose_base
 from .batch import EVAL_ITERS, choose_batch, choose_eval_batch, tokens_per_step
 from .positions import choose_positions
 from .schedule import choose_schedule
@@ -60,12 +60,14 @@ def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: Par
             "embedding, each MTP layer and the loss counting as one layer each (so the first and last chunks stay "
             "light)" if pipeline else "PP=1: no pipeline", "lcmoe_recipes.core.pipeline.pipeline_stage_layers")
     weights = options.pretrained_checkpoint
-    fields = {**base, "positions": positions, "global_batch_size": gbs, "micro_batch_size": options.micro_batch_size,
+    bias_rate, why_bias = choose_bias_update_rate(spec)
+    fields = {**base, "moe_router_bias_update_rate": bias_rate, "positions": positions, "global_batch_size": gbs, "micro_batch_size": options.micro_batch_size,
               "schedule": schedule, "pipeline_model_parallel_layout": pipeline, "pretrained_checkpoint": weights,
               "eval_iters": EVAL_ITERS, "eval_global_batch_size": eval_gbs}
     reasons = {
-        "base_recipe": why_base, "positions": why_positions, "schedule": why_schedule,
+        "base_recipe": why_base, "grad_dtype": GRAD_DTYPE_REASON, "positions": why_positions, "schedule": why_schedule,
         "pipeline_model_parallel_layout": why_pipeline, "eval_global_batch_size": why_eval,
+        **({"moe_router_bias_update_rate": why_bias} if why_bias else {}),
         "global_batch_size": Reason(f"{why_gbs.why}; {why_tokens.why}", f"{why_gbs.source}; {why_tokens.source}"),
         "pretrained_checkpoint": Reason(
             f"model weights from {weights} (optimizer state fresh)" if weights else
@@ -73,6 +75,29 @@ def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: Par
             "scratch", "your request"),
     }
     return fields, reasons
+
+
+# The expert-bias update rate of auxiliary-loss-free load balancing during a context extension: 0, the biases frozen.
+# DeepSeek-V3 set its bias update speed to 0.001 for the first 14.3T pre-training tokens and to 0.0 for the remaining
+# 500B, and the context extension follows that final phase at its final learning rate (technical report arXiv
+# 2412.19437 §4.2 "Hyper-Parameters" and §4.3 "Long Context Extension"); megatron-core's default is 1e-3.
+EXTENSION_BIAS_UPDATE_RATE = 0.0
+
+
+def choose_bias_update_rate(spec: ModelSpec) -> tuple[float | None, Reason | None]:
+    """(``moe_router_bias_update_rate``, reason) for a context extension of ``spec``; (None, None) for a model whose
+    router has no expert biases (``ModelSpec.expert_bias``)."""
+    if not spec.expert_bias:
+        return None, None
+    return EXTENSION_BIAS_UPDATE_RATE, Reason(
+        "expert biases frozen during the extension (moe_router_bias_update_rate 0; megatron-core's default 1e-3 keeps "
+        "adapting them): the released model's balance was settled at the end of pre-training, which ran its last "
+        "500B tokens with a bias update speed of 0, and the extension continues from there at its final learning "
+        "rate, where a moving bias would re-route tokens while the model adapts to long positions; routing stays "
+        "balanced by the frozen biases and the sequence-wise auxiliary loss",
+        "DeepSeek-V3 technical report arXiv 2412.19437 §4.2 (bias update speed 0.001 for the first 14.3T tokens, "
+        "0.0 for the remaining 500B) and §4.3 (long-context extension after pre-training); megatron-core 0.19.2 "
+        "TransformerConfig.moe_router_bias_update_rate")
 
 
 EP_OVERLAP_SOURCE = ("megatron-core 0.19.2 transformer/transformer_config.py TransformerConfig.__post_init__ "

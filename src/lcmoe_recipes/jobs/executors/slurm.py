@@ -255,7 +255,7 @@ def overlay_step(settings: SlurmSettings, hw: Hardware, *, install: bool, tunnel
 
 def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings, yaml: Path, *,
                    smoke: bool = False, smoke_ranks: int = 2, smoke_nodes: int = 1,
-                   overlay: OverlayStep | None = None, resilience=None):
+                   overlay: OverlayStep | None = None, resilience=None, retries: int | None = None):
     """The NeMo-Run ``SlurmExecutor`` for a config's target.
 
     GPU run: nodes = world_size / GPUs-per-node, one torchrun per node with one rank per GPU, ``--gpus-per-node``,
@@ -264,6 +264,8 @@ def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings
     mounted read-only into the container and named by ``$LCMOE_OVERLAY``. With ``resilience``
     (:class:`lcmoe_recipes.jobs.resilience.Resilience`, enabled): NeMo-Run's ``FaultTolerance`` launcher
     (``ft_launcher``) with its sized heartbeat timeouts and restart budget, and ``retries`` requeues on failure.
+    ``retries``: requeues on failure without the FT launcher (NeMo-Run's batch script runs ``scontrol requeue`` while
+    ``SLURM_RESTART_COUNT`` is under it; the fault drill's, :mod:`lcmoe_recipes.jobs.drill`).
 
     Raises:
         LcmoeError: a GPU count that does not fill whole nodes, an incomplete SSH tunnel.
@@ -298,6 +300,8 @@ def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings
     if resilience is not None and resilience.enabled and not smoke:
         options["launcher"] = run.FaultTolerance(**resilience.launcher)
         options["retries"] = resilience.retries
+    if retries is not None:
+        options["retries"] = retries
     executor = run.SlurmExecutor(**options)
     executor.torchrun_nproc_per_node = options["ntasks_per_node"]
     return executor
@@ -312,7 +316,7 @@ def _job_logs(local_dir: Path, job_id: str) -> tuple[Path | None, Path | None]:
 def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmSettings | None = None, *,
               smoke: bool = False, smoke_ranks: int = 2, smoke_nodes: int = 1, dry_run: bool = False, wait: bool = True,
               train_args: list[str] | None = None, executor=None, notes: list[str] = (),
-              resilience=None) -> LaunchResult:
+              resilience=None, retries: int | None = None) -> LaunchResult:
     """Submit through NeMo-Run's ``SlurmExecutor`` (see :func:`slurm_executor`), or print the sbatch script.
 
     Args:
@@ -323,6 +327,7 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
         wait: wait for the job to end and read its state and logs (else return once submitted).
         notes: lines for the result's summary (:attr:`LaunchResult.notes`); the overlay step's line is added.
         resilience: the job's resiliency (:func:`lcmoe_recipes.jobs.resilience.plan_resilience`): the FT launcher.
+        retries: requeues on failure (see :func:`slurm_executor`).
 
     Raises:
         LcmoeError: see :func:`slurm_executor`; a given executor whose size differs from the plan; see
@@ -339,7 +344,7 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
         if step is not None:
             notes.append(step.note())
         executor = slurm_executor(meta, env_vars, settings, yaml, smoke=smoke, smoke_ranks=smoke_ranks,
-                                  smoke_nodes=smoke_nodes, overlay=step, resilience=resilience)
+                                  smoke_nodes=smoke_nodes, overlay=step, resilience=resilience, retries=retries)
     else:
         per_node = executor.gpus_per_node or executor.torchrun_nproc_per_node or executor.ntasks_per_node
         if not smoke and executor.nodes * per_node != meta.get("world_size"):
