@@ -45,7 +45,42 @@ def test_dsv3_knobs():
         assert p.optimizer_cpu_offload and p.optimizer_offload_fraction == 1.0
         assert p.use_distributed_optimizer and p.use_precision_aware_optimizer
         assert p.mtp_num_layers == 1 and p.cuda_graph_impl == "none"
-        assert p.pipeline_model_parallel_layout == "Et|(tt|)*30mL"
+        assert p.pipeline_model_parallel_layout == "Ett|(tt|)*6t|(tt|)*23mL"  # one layer off PP rank 7 (MTP + loss)
+
+
+@pytest.mark.parametrize("name,old_free,new_free,step_s", [
+    ("dsv3_128k_h100", 5.31, 6.50, 957.8),
+    ("dsv3_256k_h100", 5.02, 6.21, 866.0),
+])
+def test_dsv3_pipeline_split_keeps_the_memory_error_band(name, old_free, new_free, step_s):
+    """The DSV3 recipes move one decoder layer off PP rank 7 (MTP + output layer + MTP's embedding copy): the even split
+    leaves less than MEMORY_ERROR_BAND of the limit free with FP32 gradients, the moved layer clears it at the same
+    predicted step time, and full recompute (the next recompute rung) would cost > 20% more per step. The numbers
+    are the ones the recipe's reason quotes (planner/recipes.py DSV3_H100_PIPELINE)."""
+    from lcmoe_recipes.core.pipeline import stage_decoder_layers
+    from lcmoe_recipes.core.plan import HBM_MARGIN
+    from lcmoe_recipes.cost.bands import MEMORY_ERROR_BAND
+    from lcmoe_recipes.cost.memory import estimate_memory
+    from lcmoe_recipes.cost.step import estimate_step
+
+    p = recipe_plan(name)
+    stages = stage_decoder_layers(p)
+    assert sum(stages) == 61 and len(stages) == 32
+    per_rank = [sum(stages[r::8]) for r in range(8)]
+    assert per_rank == [8, 8, 8, 8, 8, 8, 8, 5]  # rank 7 also holds the MTP layer and the loss
+    limit = HBM_MARGIN * p.hardware_spec.hbm_bytes
+    even = p.with_changes(pipeline_model_parallel_layout=build_pipeline_layout(61, 32, 1))
+    free_even = (limit - estimate_memory(even).hbm_total) / 2**30
+    free_new = (limit - estimate_memory(p).hbm_total) / 2**30
+    assert free_even == pytest.approx(old_free, abs=0.01) and free_even < MEMORY_ERROR_BAND * limit / 2**30
+    assert free_new == pytest.approx(new_free, abs=0.01) and free_new >= MEMORY_ERROR_BAND * limit / 2**30
+    assert estimate_memory(even).pp_rank == 7 and estimate_memory(p).pp_rank == 0
+    assert estimate_step(p).step_seconds == pytest.approx(step_s, abs=0.05)
+    assert estimate_step(even).step_seconds == pytest.approx(step_s, abs=0.05)
+    full = p.with_changes(recompute_granularity="full", recompute_modules=(), recompute_method="uniform",
+                          recompute_num_layers=1)
+    assert estimate_step(full).step_seconds > 1.2 * step_s
+    assert not [f for f in check_plan(p) if f.rule == "memory/thin-headroom"]
 
 
 def test_qwen3_235b_knobs():
