@@ -70,6 +70,7 @@ def _assert_rule(findings, rule: str, fragment: str, severity: str = "error") ->
 
 
 DSV3, QWEN, NEXT, NEXT32 = "dsv3_128k_h100", "qwen3_235b_128k_gb200", "qwen3_next_8k_gb200", "qwen3_next_32k_gb200"
+DSV3_256K = "dsv3_256k_h100"
 FULL_RECOMPUTE = {"model.recompute_granularity": "full", "model.recompute_modules": None,
                   "model.recompute_method": "uniform", "model.recompute_num_layers": 1}
 
@@ -90,8 +91,8 @@ LATE = [
                                                "ddp.reduce_scatter_with_fp32_accumulation": True},
      "ddp/optimizer-instances-rs-fp32", "reduce_scatter_with_fp32_accumulation"),
     ("dist/sharp-group", QWEN, {"dist.sharp_enabled_group": "dp"}, "dist/sharp-group", "without dist.use_sharp"),
-    ("dist/tp-pp-dp-mapping", QWEN, {"dist.use_tp_pp_dp_mapping": True},
-     "dist/tp-pp-dp-mapping", "dense DP=2 differs from expert DP=1"),
+    ("dist/tp-pp-dp-mapping", DSV3_256K, {"dist.use_tp_pp_dp_mapping": True},  # DP1, EDP2
+     "dist/tp-pp-dp-mapping", "dense DP=1 differs from expert DP=2"),
     ("pipeline/comm-backend", QWEN, {"model.pipeline_model_parallel_comm_backend": "gloo"},
      "pipeline/comm-backend", "pipeline_model_parallel_comm_backend='gloo'"),
     ("pipeline/comm-backend-ucc", DSV3, {"model.pipeline_model_parallel_comm_backend": "ucc"},
@@ -138,10 +139,10 @@ LATE = [
     ("fp8/gdn-in-proj", NEXT, {"mixed_precision": "bf16_with_mxfp8_mixed", "model.linear_num_key_heads": 8,
                                "model.linear_num_value_heads": 8},
      "fp8/gdn-in-proj", "in_proj output dimension 4112 is not a multiple of 32"),
-    ("pipeline/microbatch-group", QWEN, {"model.microbatch_group_size_per_vp_stage": 3},
-     "pipeline/microbatch-group", "must lie in [PP=4, microbatches=32]"),
-    ("pipeline/microbatch-group-remainder", QWEN, {"model.microbatch_group_size_per_vp_stage": 5},
-     "pipeline/microbatch-group", "mod microbatch_group_size_per_vp_stage 5 = 2"),
+    ("pipeline/microbatch-group", QWEN, {"model.microbatch_group_size_per_vp_stage": 3},  # GBS 64 at DP1
+     "pipeline/microbatch-group", "must lie in [PP=4, microbatches=64]"),
+    ("pipeline/microbatch-group-remainder", QWEN, {"model.microbatch_group_size_per_vp_stage": 7},
+     "pipeline/microbatch-group", "mod microbatch_group_size_per_vp_stage 7 = 1"),
     ("pipeline/p2p-overlap-and-batch", QWEN, {"comm_overlap.batch_p2p_comm": True},
      "pipeline/p2p-overlap-and-batch", "both set"),
     ("pipeline/p2p-overlap-needs-vpp", NEXT, {"model.pipeline_model_parallel_layout": None,
@@ -159,8 +160,8 @@ LATE = [
                                                "env_vars.NCCL_GRAPH_REGISTER": "1"},
      "cuda-graphs/nccl-graph-register", "NCCL_GRAPH_REGISTER"),
     ("data/vocab-size", NEXT, {"tokenizer.use_tokenizer_vocab_size": False, "tokenizer.vocab_size": 151937}, "data/vocab-size", "smaller than the NullTokenizer's"),
-    ("dist/decentralized-pg-hcp", QWEN, {"dist.use_decentralized_pg": True, "dist.use_gloo_process_groups": False,
-                                          "model.hierarchical_context_parallel_sizes": [2, 2]},
+    # the recipe's own hierarchical CP (a2a+p2p, sizes [8, 4])
+    ("dist/decentralized-pg-hcp", DSV3, {"dist.use_decentralized_pg": True, "dist.use_gloo_process_groups": False},
      "dist/decentralized-pg-hcp", "use_decentralized_pg with hierarchical_context_parallel_sizes"),
     ("rng/seed", QWEN, {"rng.seed": 0}, "rng/seed", "rng.seed=0"),
     ("moe/bias-activation-fusion", QWEN, {"model.activation_func": _torch_fn("gelu"), "model.bias_activation_fusion": True},
@@ -215,7 +216,7 @@ MAPPED = [
     ("pipeline/uneven-split", NEXT, {"model.pipeline_model_parallel_layout": None,
                                      "model.num_layers_in_first_pipeline_stage": 0}, "must be larger than 0"),
     ("cp/comm-type", QWEN, {"model.cp_comm_type": "a2a+p2p"}, "hierarchical_context_parallel_sizes must be set"),
-    ("batch/eval-gbs", QWEN, {"validation.eval_global_batch_size": 3}, "eval_global_batch_size (3)"),
+    ("batch/eval-gbs", NEXT, {"validation.eval_global_batch_size": 3}, "eval_global_batch_size (3)"),  # DP16
     ("gdn/config", NEXT, {"model.linear_num_value_heads": 24}, "must be a multiple of linear_num_key_heads"),
     ("moe/single-grouped-weight", QWEN, {"model.moe_single_grouped_weight": True}, "moe_single_grouped_weight"),
     ("dispatcher/backend-needs-flex", QWEN, {"model.moe_token_dispatcher_type": "alltoall",
@@ -285,7 +286,9 @@ MAPPED = [
     ("precision/name", QWEN, {"mixed_precision": "bf16_bogus_mixed"}, "bf16_bogus_mixed"),
     ("optimizer/precision-aware", QWEN, {"optimizer.use_precision_aware_optimizer": False,
                                          "optimizer.exp_avg_dtype": _dtype("bfloat16")}, "exp_avg_dtype can only be fp32"),
-    ("ddp/buckets", QWEN, {"ddp.num_buckets": 4}, "Cannot specify both num_buckets and bucket_size"),
+    # DP16: CommOverlapConfig sets ddp.bucket_size at DP > 1 (megatron-bridge 0.6.2 training/comm_overlap.py
+    # _get_optimizer_overlap_cfgs; at DP1 it leaves it None)
+    ("ddp/buckets", NEXT, {"ddp.num_buckets": 4}, "Cannot specify both num_buckets and bucket_size"),
     ("ddp/fsdp", QWEN, {"ddp.use_megatron_fsdp": True}, "fsdp"),
     ("train/length", QWEN, {"train.train_iters": None, "train.train_samples": None},
      "One of train_iters, train_samples, or num_epochs must be provided"),
