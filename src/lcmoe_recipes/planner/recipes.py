@@ -75,8 +75,7 @@ def _dsv3_h100(seq_length: int, num_gpus: int, cp: int, name: str, options: Trai
         reasons={
             "layout": Reason(f"published DSV3 {seq_length // 1024}K H100 layout TP1 CP{cp} EP32 PP8 VPP4 "
                              f"(CP = seq_length/4096 = {seq_length // 4096}); one decoder layer moved off PP rank 7 "
-                             "(MTP, output layer) to rank 0 so the 8% memory error band stays free with FP32 "
-                             "gradients (see pipeline_model_parallel_layout)", SKILL),
+                             "(see pipeline_model_parallel_layout)", SKILL),
             "precision": Reason("FP8 blockwise (128x128 weights, 1x128 activations): the published FP8 class, and the "
                                 "precision DeepSeek-V3 was trained in (technical report arXiv 2412.19437 §3.3)", SKILL),
             "dispatcher": Reason("flex + DeepEP: H100 (SM90) is DeepEP's platform", SKILL),
