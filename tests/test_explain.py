@@ -24,7 +24,7 @@ def test_explain_names_every_decision_reason_and_source():
     assert "nemo-mbridge-perf-moe-long-context" in knobs["dispatcher"][2]
     text = explain_text(plan)
     assert "decisions (value -- reason [source]):" in text and "findings:\n  none" in text
-    assert "memory per GPU, PP rank 7 (GiB; HBM 75):" in text and "traffic per GPU per step (GB):" in text
+    assert "memory per GPU, PP rank 0 (GiB; HBM 75):" in text and "traffic per GPU per step (GB):" in text
 
 
 def test_explain_shows_findings_with_fixes():

@@ -62,7 +62,8 @@ def test_rank_measurements_planned_for_one_h200():
     h200 = 141 * 10**9
     with_te = {job["recipe"]: job for job in gpu_proof.rank_jobs(["dsv3_128k_h100", "qwen3_235b_128k_gb200",
                                                                   "qwen3_next_8k_gb200"], h200, te=True)}
-    assert with_te["dsv3_128k_h100"]["rank"] == 224 and "--as-rank" in with_te["dsv3_128k_h100"]["command"]
+    # PP rank 0 (TP = CP = EP rank 0): the most loaded stage since the recipe moves a layer off PP rank 7
+    assert with_te["dsv3_128k_h100"]["rank"] == 0 and "--as-rank" in with_te["dsv3_128k_h100"]["command"]
     assert with_te["qwen3_235b_128k_gb200"]["skipped"].startswith("predicted 157 GiB for rank 96, more than 95%")
     assert "command" in with_te["qwen3_next_8k_gb200"]
     without = gpu_proof.rank_jobs(["dsv3_128k_h100", "qwen3_next_8k_gb200"], h200, te=False)
