@@ -62,7 +62,7 @@ def test_launch_json(capsys, tmp_path, monkeypatch):
     assert main(["qwen3_235b", "--seq", "131072", "--dry-run", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["valid"] and data["recipe"] == "qwen3_235b_128k_gb200" and data["yaml"] == "out/qwen3_235b_128k_gb200.yaml"
-    assert data["layout"] == {"world": 128, "tp": 4, "pp": 4, "vpp": 12, "cp": 4, "ep": 32, "etp": 1, "dp": 2, "edp": 1}
+    assert data["layout"] == {"world": 128, "tp": 4, "pp": 4, "vpp": 12, "cp": 8, "ep": 32, "etp": 1, "dp": 1, "edp": 1}
     assert data["command"].startswith("torchrun --nnodes 32 --nproc-per-node 4")
 
 

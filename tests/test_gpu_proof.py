@@ -57,14 +57,16 @@ def test_proxy_config_validates_for_one_h200_and_reads_back(model, tmp_path):
 
 def test_rank_measurements_planned_for_one_h200():
     """scripts/gpu_proof.sh's ranks step on a 141 GB H200: DeepSeek-V3's most loaded H100 rank fits and is measured
-    (with TE); Qwen3-235B's GB200 rank does not fit; without TE only BF16 models without MLA, MTP or gated DeltaNet
-    run."""
+    (with TE), and so does Qwen3-235B's GB200 rank at CP8 (101 GiB), which an 80 GB GPU skips; without TE only BF16
+    models without MLA, MTP or gated DeltaNet run."""
     h200 = 141 * 10**9
     with_te = {job["recipe"]: job for job in gpu_proof.rank_jobs(["dsv3_128k_h100", "qwen3_235b_128k_gb200",
                                                                   "qwen3_next_8k_gb200"], h200, te=True)}
     # PP rank 0 (TP = CP = EP rank 0): the most loaded stage since the recipe moves a layer off PP rank 7
     assert with_te["dsv3_128k_h100"]["rank"] == 0 and "--as-rank" in with_te["dsv3_128k_h100"]["command"]
-    assert with_te["qwen3_235b_128k_gb200"]["skipped"].startswith("predicted 157 GiB for rank 96, more than 95%")
+    assert with_te["qwen3_235b_128k_gb200"]["rank"] == 96 and "command" in with_te["qwen3_235b_128k_gb200"]
+    (small,) = gpu_proof.rank_jobs(["qwen3_235b_128k_gb200"], 80 * 10**9, te=True)
+    assert small["skipped"].startswith("predicted 101 GiB for rank 96, more than 95%")
     assert "command" in with_te["qwen3_next_8k_gb200"]
     without = gpu_proof.rank_jobs(["dsv3_128k_h100", "qwen3_next_8k_gb200"], h200, te=False)
     assert all(job["skipped"].startswith("needs Transformer Engine") for job in without)

@@ -72,7 +72,7 @@ def test_prepare_changes_what_fake_collectives_need(configs):
     assert cfg.model.moe_token_dispatcher_type == original.model.moe_token_dispatcher_type == "flex"  # cfg untouched
     if not te_installed():  # the run's own recompute: our prediction prices the config as run
         assert run.cfg.model.transformer_impl == "local" and run.plan.recompute_modules == ()
-        assert any("'layernorm' dropped" in line for line in run.changes)
+        assert any("'moe_act' dropped" in line for line in run.changes)  # the recipe's one module (no layernorm)
 
 
 def test_refusals(configs):
