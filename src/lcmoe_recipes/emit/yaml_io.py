@@ -179,6 +179,11 @@ def read_yaml(path: str | os.PathLike):
         raise LcmoeError(f"'{path}' is not a loadable ConfigContainer YAML: {text}", _WRITE_IT) from None
     import dataclasses
 
+    data, stated = getattr(cfg, "dataset", None), tree.get("dataset")
+    if isinstance(stated, dict) and "mock" in stated and hasattr(data, "mock"):
+        # megatron-core 0.19.2 BlendedMegatronDatasetConfig.mock is field(init=False), so from_yaml drops it (it is
+        # derived at finalize): keep what the YAML says, as for every other field
+        data.mock = bool(stated["mock"])
     plain = [f.name for f in dataclasses.fields(cfg) if "dict" not in str(f.type).lower()  # env_vars is a dict
              and isinstance(getattr(cfg, f.name, None), dict) and isinstance(tree.get(f.name), dict)
              and "_target_" not in tree[f.name]]
