@@ -79,14 +79,16 @@ def test_bad_request(capsys, tmp_path, args, message, fix):
 @pytest.mark.parametrize("override,message", [
     ("model.tensor_model_paralel_size=4", "fix: use 'model.tensor_model_parallel_size'"),  # refused before loading
     # dataset.seq_length follows the model's (derived again); 131,076 then splits into 2·CP chunks for no CP > 2
-    ("model.seq_length=131076", "CP=4 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split)"),
+    ("model.seq_length=131076", "CP=8 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split)"),
     ("model.seq_length=131076 dataset.seq_length=131076",
-     "CP=4 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split) (and "),
+     "CP=8 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split) (and "),
     ("model.moe_flex_dispatcher_backend=deepep", "DeepEP does not run on GB200 NVL72"),
-    ("train.global_batch_size=63", "GBS=63 is not divisible by MBS·DP = 1·2 = 2"),
+    # DP1 (CP8): 63 microbatches, not a multiple of PP for the interleaved schedule
+    ("train.global_batch_size=63", "needs microbatches per step (GBS/(MBS·DP) = 63) to be a multiple of PP"),
     ("model.recompute_modules=[up_proj,norm]", "unknown recompute module(s) ['up_proj', 'norm']"),
-    ("model.recompute_modules=[core_attn]", "predicted HBM use 179.8 GiB on PP rank 1 (allocator peak 176.4 + 3.4 "
-                                            "outside it: dispatcher, CUDA context, NCCL) exceeds 95% of GB200"),
+    # the published CP4, which the recipe leaves for CP8 (planner/recipes.py QWEN3_235B_CP)
+    ("model.context_parallel_size=4", "predicted HBM use 169.3 GiB on PP rank 3 (allocator peak 165.8 + 3.4 "
+                                      "outside it: dispatcher, CUDA context, NCCL) exceeds 95% of GB200"),
 ])
 def test_bad_override(capsys, tmp_path, override, message):
     code, out, err = _main(capsys, tmp_path, "qwen3_235b", "--seq", "131072", *override.split(), "--dry-run")
@@ -123,14 +125,15 @@ def test_torchrun_command_needs_whole_nodes():
 @pytest.mark.slow
 def test_reasons_follow_overrides(capsys, tmp_path):
     code, out, err = _main(capsys, tmp_path, "qwen3_235b", "--seq", "131072", "model.tensor_model_parallel_size=8",
-                           "--precision", "mxfp8", "--dry-run", "--explain")  # --explain: every reason in full
+                           "model.context_parallel_size=4", "--precision", "mxfp8", "--dry-run",
+                           "--explain")  # --explain: every reason in full; TP8 CP4 PP4 = 128 GPUs
     assert code == 0, err
     kept = "(worked out for the recipe's layout, which your overrides changed; the value itself is the recipe's)"
     assert "layout: changed from the recipe by your overrides" in out
     assert "global_batch_size: GBS 64 x 131,072 tokens" in out and "sequence_parallel: TP=4 with EP>1" in out
     assert out.count(kept) >= 2  # values the overrides left alone keep their reason, marked as the recipe's
     assert "precision: mxfp8 (BF16 published; MXFP8 selectable with precision='mxfp8')" in out
-    assert "recompute: selective moe_act + norm" in out  # untouched knobs keep their reason
+    assert "recompute: selective moe_act: the published set is moe_act + norm" in out  # untouched knobs keep theirs
     written = list((tmp_path / "out").iterdir())
     assert len(written) == 1 and written[0].name.startswith("qwen3_235b_128k_gb200+")  # not the plain recipe's file
 
