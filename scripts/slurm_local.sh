@@ -81,6 +81,12 @@ JobCompType=jobcomp/none
 SlurmctldTimeout=30
 SlurmdTimeout=30
 MinJobAge=600
+# a requeued job waits until its credentials expire (AuthInfo cred_expire, default 120 s; the minimum is 5): 10 s is
+# ample for a step launch on this one machine, and the fault drill (tests/test_drill.py) restarts 4 times
+AuthInfo=cred_expire=10
+# the main scheduler tests pending jobs every sched_interval s (default 60), backfill every bf_interval s (default
+# 30): a requeued job whose hold has passed starts within 2 s instead of up to a minute
+SchedulerParameters=sched_interval=2,bf_interval=2
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF

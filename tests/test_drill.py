@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from lcmoe_recipes.jobs.drill import DEFAULT_FAULTS, judge
+from lcmoe_recipes.jobs.drill import DEFAULT_FAULTS, HEARTBEAT_TIMEOUT_S, judge
 from test_slurm_live import slurm  # noqa: F401 -- the module's cluster fixture
 
 
@@ -57,21 +57,54 @@ def test_judge_refuses_a_resume_that_differs_or_loses_too_much(tmp_path):
 pytestmark_slow = pytest.mark.slow
 
 
+def _alive(job_ids):
+    """Those of ``job_ids`` the controller still runs or holds."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if line.strip()]
+
+
+def _drill_processes(folder):
+    """Processes whose command line names the drill's folder (its ranks, torchrun, srun)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if str(folder) in line and "ps -eo" not in line]
+
+
 @pytestmark_slow
 def test_drill_survives_every_fault_on_real_slurm(slurm, tmp_path):  # noqa: F811
     """The CLI's drill: every fault survived, the truncated step-16 checkpoint skipped for its shard's length, each
     resume loading the newest complete iteration before the fault (4, 8, 12, 12), no corrupt load, the final weights
-    equal to the reference's; and the time it takes (CI budget: 3 minutes)."""
+    equal to the reference's, no job or process left behind; and the time it takes (CI budget: 3 minutes)."""
     env = {**os.environ, "NEMORUN_HOME": str(tmp_path / "nemorun"), "HF_HUB_OFFLINE": "1"}
     env.pop("SBATCH_ACCOUNT", None)
+    folder = tmp_path / "drill"
     start = time.time()
-    out = subprocess.run([sys.executable, "-m", "lcmoe_recipes.launch", "qwen3_next", "--seq", "8192", "--executor",
-                          "slurm", "--time", "00:10:00", "--drill", str(tmp_path / "drill"), "--output", "n.yaml"],
-                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
+    proc = subprocess.Popen([sys.executable, "-m", "lcmoe_recipes.launch", "qwen3_next", "--seq", "8192",
+                             "--executor", "slurm", "--time", "00:10:00", "--drill", str(folder), "--output",
+                             "n.yaml"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=env)
+    try:
+        stdout, stderr = proc.communicate(timeout=700)  # the drill's own limit is 600 s for both jobs
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the driver cancels its jobs (jobs.drill.run_drill)
+        stdout, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"the drill did not end in 700 s: {stdout[-3000:]}{stderr[-2000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ids = list(json.loads((folder / "jobs.json").read_text()).values()) if (folder / "jobs.json").is_file() else []
+        left = _alive(ids) if ids else []
+        if left:
+            subprocess.run(["scancel", *ids], capture_output=True)
     seconds = time.time() - start
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
-    assert "faults injected 4, survived 4, steps lost 8, corrupt loads 0\n" in out.stdout, out.stdout[-3000:]
-    events = [json.loads(line) for line in (tmp_path / "drill" / "faulted" / "events.jsonl").read_text().splitlines()]
+    assert proc.returncode == 0, stdout[-4000:] + stderr[-3000:]
+    assert not left, f"jobs left behind: {left}"
+    assert len(ids) == 2
+    end = time.time() + 30  # Slurm reaps a completed job's processes within a few seconds
+    while _drill_processes(folder) and time.time() < end:
+        time.sleep(0.5)
+    assert not _drill_processes(folder), _drill_processes(folder)
+    assert "faults injected 4, survived 4, steps lost 8, corrupt loads 0\n" in stdout, stdout[-3000:]
+    events = [json.loads(line) for line in (folder / "faulted" / "events.jsonl").read_text().splitlines()]
     resumes = [e for e in events if e["event"] == "resume"]
     assert [e["iteration"] for e in resumes] == [4, 8, 12, 12] and all(e["corrupt"] is None for e in resumes)
     assert [e["attempt"] for e in resumes] == [1, 2, 3, 4]  # SLURM_RESTART_COUNT: one requeue per fault
@@ -79,12 +112,13 @@ def test_drill_survives_every_fault_on_real_slurm(slurm, tmp_path):  # noqa: F81
     assert skipped[0] == "iter_0000016" and skipped[1].startswith("shard __0_0.distcp truncated: ")
     fired = sorted(e["fault"] for e in events if e["event"] == "fault")
     assert fired == sorted(f.kind for f in DEFAULT_FAULTS)
-    assert any(e["event"] == "heartbeat_timeout" and e["silent_rank"] == 0 for e in events)
-    ref = [json.loads(line) for line in (tmp_path / "drill" / "reference" / "metrics.jsonl").read_text().splitlines()]
+    (timeout,) = [e for e in events if e["event"] == "heartbeat_timeout"]
+    assert timeout["silent_rank"] == 0 and timeout["seconds"] >= HEARTBEAT_TIMEOUT_S
+    ref = [json.loads(line) for line in (folder / "reference" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in ref] == list(range(1, 21)) and ref[-1]["loss"] < ref[0]["loss"] / 2  # it learns
     finished = next(e for e in events if e["event"] == "finished")
     assert finished["checksum"] == ref[-1]["checksum"]
-    ckpt = tmp_path / "drill" / "faulted" / "checkpoints" / "iter_0000020"
+    ckpt = folder / "faulted" / "checkpoints" / "iter_0000020"
     assert json.loads((ckpt / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
     print(f"drill: {seconds:.0f} s end to end")
     assert seconds < 300, f"the drill took {seconds:.0f} s"

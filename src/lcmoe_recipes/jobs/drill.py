@@ -14,7 +14,11 @@ a GPU), so the model and loop are ours. The checkpoint is megatron-core 0.19.2's
 the ``torch_dist`` format (PyTorch DCP shards, ``.metadata``, ``metadata.json``), weights and Adam moments as
 ``ShardedTensor`` s replicated over the data-parallel ranks, then ``train_state.pt`` and the trackers
 (``latest_train_state.pt``, ``latest_checkpointed_iteration.txt``) written last, in megatron-bridge 0.6.2's order
-(``training/checkpointing.py`` ``save_checkpoint``); the save is synchronous. megatron-core's torch_dist writer calls
+(``training/checkpointing.py`` ``save_checkpoint``); the save is synchronous. megatron-core's writer reports its
+results through a multiprocessing queue it starts on first use; like megatron-bridge (``training/state.py``
+``initialize_async_checkpoint_worker``), the rank starts it up front with the config's
+``checkpoint.async_write_results_mp_mode`` (bridge's default ``fork``; megatron-core's own default, ``spawn``,
+starts a fresh interpreter: about ten seconds per job start on 2 busy cores). megatron-core's torch_dist writer calls
 ``torch.cuda.synchronize()`` and broadcasts a flag from ``torch.cuda.current_device()``; on a CPU-only rank those two
 answer for the CPU (:func:`_cpu_checkpointing`). A config whose ``checkpoint.ckpt_format`` is not ``torch_dist`` is
 drilled with torch_dist, and the drill says so. The heartbeat monitor is ours too (nvidia-resiliency-ext's
@@ -31,8 +35,13 @@ Faults (each fires once, marked under ``<drill>/fired/``):
   itself: the restart must skip that iteration (:func:`lcmoe_recipes.jobs.resume.incomplete_reason`).
 
 A failed job requeues itself (NeMo-Run's batch script: ``scontrol requeue`` while ``SLURM_RESTART_COUNT`` is under
-the executor's ``retries``). Slurm holds a requeued job for two minutes (its ``BeginTime``); on this one-node drill
-cluster the driver clears that hold (``scontrol update StartTime=now``), which only shortens the wait.
+the executor's ``retries``). Slurm holds a requeued job until the job's credentials have expired (its ``BeginTime``:
+``AuthInfo=cred_expire``, 120 s by default; the local test cluster of scripts/slurm_local.sh sets 10 s). Where the
+hold is longer than :data:`HOLD_CLEAR_AFTER_S`, the driver clears it once the node has cleaned up (``scontrol update
+StartTime=now``), which only shortens the wait.
+
+Nothing is left behind: the job ids are written to ``<folder>/jobs.json`` as they are submitted, and on any error,
+timeout, Ctrl-C or SIGTERM the driver cancels the jobs that have not ended (``scancel``), which stops their ranks.
 
 The verdict (:func:`judge`): for each fault, the job restarted, resumed from the newest complete checkpoint at or
 before the last completed step, lost at most one save interval, and its loss and parameter checksum after the
@@ -59,15 +68,19 @@ DRILL_ITERS = 20
 """Training steps of a drill job (``train.train_iters``): room for four faults and a save between each (our choice)."""
 DRILL_SAVE_INTERVAL = 4
 """Steps between saves (``checkpoint.save_interval``): the most steps a fault may cost (our choice)."""
-HEARTBEAT_TIMEOUT_S = 4.0
-"""Seconds without another rank's heartbeat before a rank gives up: far above the tiny model's step and save (tens
-of milliseconds on 2 cores), far below the job's limit (our choice for the drill; a GPU run sizes it from the step:
-:mod:`lcmoe_recipes.jobs.resilience`)."""
+HEARTBEAT_TIMEOUT_S = 8.0
+"""Seconds without another rank's heartbeat before a rank gives up: the tiny model's step takes under 0.1 s on 2
+cores (measured: at most 0.08 s between two steps' metrics outside a save), so 8 s is a hundred steps of margin for a
+rank descheduled by other work on a loaded machine; each second here is a second of the hang fault's cost (our
+choice for the drill; a GPU run sizes it from the step: :mod:`lcmoe_recipes.jobs.resilience`)."""
 SAVE_TIMEOUT_S = 30.0
 """Seconds a rank may stay silent inside a save (its heartbeat names the ``checkpointing`` section): the first save
 imports PyTorch DCP's writer (seconds on 2 busy cores); ft_launcher has a section timeout of its own for it too."""
 GLOO_TIMEOUT_S = 60.0
 """torch.distributed's collective timeout on gloo: the backstop behind the heartbeat watchdog."""
+HOLD_CLEAR_AFTER_S = 15.0
+"""A requeued job's hold (seconds until its ``BeginTime``) longer than this is cleared by the driver once the node is
+idle; a shorter one (the local cluster's ``cred_expire``) is left to Slurm."""
 ATTEMPT_VAR = "LCMOE_DRILL_ATTEMPT"
 """The attempt number for a local drill (under Slurm, ``SLURM_RESTART_COUNT``)."""
 
@@ -102,6 +115,8 @@ class DrillSpec:
         faults: the faults to fire (none: the reference run).
         heartbeat_timeout: seconds (see :data:`HEARTBEAT_TIMEOUT_S`).
         seed: the model's and the data's seed.
+        results_mp_mode: the config's ``checkpoint.async_write_results_mp_mode`` (megatron-bridge 0.6.2's default
+            ``fork``): how megatron-core's writer starts its results queue.
     """
 
     folder: str
@@ -112,6 +127,7 @@ class DrillSpec:
     faults: list = field(default_factory=list)
     heartbeat_timeout: float = HEARTBEAT_TIMEOUT_S
     seed: int = 1234
+    results_mp_mode: str = "fork"
 
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps(asdict(self), indent=1))
@@ -137,12 +153,13 @@ def _line(text: str) -> None:
 
 
 def _append(path: Path, record: dict) -> None:
-    """One JSON line, in one write (O_APPEND), so lines of both ranks and all attempts never interleave."""
+    """One JSON line, in one write (O_APPEND), so lines of both ranks and all attempts never interleave. No fsync: a
+    killed process loses nothing the kernel has (only a lost machine would), and an fsync stalled by another
+    process's I/O must not look like a hang to the heartbeat watchdog."""
     data = (json.dumps({**record, "time": round(time.time(), 3)}) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, data)
-        os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -348,6 +365,9 @@ def drill_rank(spec_path: str | Path) -> int:
     attempt = attempt_number()
     torch.set_num_threads(1)
     _cpu_checkpointing()
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
+
+    get_write_results_queue(spec.results_mp_mode)  # as megatron-bridge starts it, before the first save
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
     events = Path(spec.folder) / "events.jsonl"
@@ -532,15 +552,31 @@ def judge(reference: Path, run: Path, interval: int, iters: int) -> Verdict:
 # the driver
 
 
-def _sacct(job_id: str) -> str:
+def _job(job_id: str) -> dict:
+    """The controller's view of a job (``scontrol show job -o``: JobState, Reason, BeginTime, ...), ``{}`` once the
+    controller has forgotten it (``MinJobAge`` after its end)."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        return {}
+    return dict(field.split("=", 1) for field in out.stdout.split() if "=" in field)
+
+
+def _job_state(job_id: str) -> tuple[str, float | None]:
+    """(state, seconds until its BeginTime when it waits for it, else None): the controller's, else the accounting
+    database's (``sacct``) for a job the controller has forgotten. The controller first: it answers while slurmdbd
+    is slow or down."""
+    job = _job(job_id)
+    if job:
+        wait = None
+        if job.get("Reason") == "BeginTime" and job.get("BeginTime", "").startswith("2"):
+            import datetime
+
+            begin = datetime.datetime.fromisoformat(job["BeginTime"]).timestamp()
+            wait = begin - time.time()
+        return job.get("JobState", ""), wait
     out = subprocess.run(["sacct", "-j", job_id, "-n", "-X", "-P", "-o", "State"], capture_output=True, text=True,
                          timeout=30)
-    return (out.stdout.strip().splitlines() or [""])[0].split(" ")[0]
-
-
-def _pending_reason(job_id: str) -> str:
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], capture_output=True, text=True, timeout=30)
-    return out.stdout.strip()
+    return (out.stdout.strip().splitlines() or [""])[0].split(" ")[0], None
 
 
 def _node_completing() -> bool:
@@ -567,26 +603,31 @@ def _submit(one, settings, spec_path: Path, retries: int) -> tuple[str, object]:
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL")
 
 
-def _watch(jobs: dict, requeue: tuple | None, deadline: float, echo) -> tuple[dict, list[str]]:
-    """Watch the submitted ``jobs`` ({name: job id}) to their ends: clear Slurm's two-minute hold on a requeued job
-    once the node has cleaned up, and cancel-and-requeue (``scontrol requeue``) the job named in ``requeue`` (name,
-    fault, drill folder) when its ranks wait at the fault's step. Returns ({name: final state}, notes)."""
-    states, notes, held = {}, [], {}
+def _watch(jobs: dict, requeue: tuple | None, deadline: float, echo, states: dict) -> list[str]:
+    """Watch the submitted ``jobs`` ({name: job id}) to their ends, filling ``states`` ({name: final state}): clear
+    a requeued job's hold when it is longer than :data:`HOLD_CLEAR_AFTER_S` once the node has cleaned up, and
+    cancel-and-requeue (``scontrol requeue``) the job named in ``requeue`` (name, fault, drill folder) when its ranks
+    wait at the fault's step. Returns notes for the verdict.
+
+    Raises:
+        LcmoeError: the jobs did not end by ``deadline`` (the caller cancels them)."""
+    notes, held = [], {}
     while len(states) < len(jobs) and time.time() < deadline:
         for name, job in jobs.items():
             if name in states:
                 continue
-            if (state := _sacct(job)) in FINAL_STATES:
+            state, wait = _job_state(job)
+            if state in FINAL_STATES:
                 states[name] = state
                 echo(f"drill: {name} job {job}: {state}")
                 continue
-            if _pending_reason(job).endswith("BeginTime"):
+            if wait is not None and wait > HOLD_CLEAR_AFTER_S:
                 held.setdefault(job, time.time())
                 if time.time() - held[job] > 0.5 and not _node_completing():
                     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True,
                                    timeout=30)
-                    notes.append("Slurm's two-minute hold on each requeued job was cleared once the node had "
-                                 "cleaned up (scontrol update StartTime=now)")
+                    notes.append(f"Slurm's hold on each requeued job ({wait:.0f} s left: AuthInfo=cred_expire) was "
+                                 "cleared once the node had cleaned up (scontrol update StartTime=now)")
                     held.pop(job)
         if requeue is not None:
             name, fault, folder = requeue
@@ -600,12 +641,33 @@ def _watch(jobs: dict, requeue: tuple | None, deadline: float, echo) -> tuple[di
                 requeue = None
         time.sleep(0.25)
     if len(states) < len(jobs):
-        for name, job in jobs.items():
-            if name not in states:
-                subprocess.run(["scancel", job], capture_output=True, timeout=30)
-        raise LcmoeError(f"the drill jobs did not finish in time ({', '.join(f'{n} {j}' for n, j in jobs.items())})",
-                         "see the jobs' logs; the drill needs an idle Slurm node with 2 CPUs")
-    return states, notes
+        raise LcmoeError(f"the drill jobs did not finish in time ({', '.join(f'{n} {j}' for n, j in jobs.items())}; "
+                         "cancelled)", "see the jobs' logs; the drill needs an idle Slurm node with 2 CPUs")
+    return notes
+
+
+def cancel_jobs(job_ids, echo=print) -> list[str]:
+    """Cancel those of ``job_ids`` Slurm still runs or holds (``scancel``: Slurm stops every process of the job,
+    its ranks included), and wait up to 30 s for them to leave the node. Returns the ids cancelled."""
+    alive = [j for j in job_ids if _job_state(j)[0] not in FINAL_STATES + ("",)]
+    if not alive:
+        return []
+    subprocess.run(["scancel", *alive], capture_output=True, timeout=30)
+    echo(f"drill: cancelled job(s) {', '.join(alive)}")
+    end = time.time() + 30
+    while time.time() < end and any(_job_state(j)[0] in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED",
+                                                         "CONFIGURING", "SUSPENDED") for j in alive):
+        time.sleep(0.5)
+    return alive
+
+
+class _Terminated(LcmoeError):
+    """SIGTERM reached the driver (a CI timeout, ``kill``): unwinds it so that its jobs are cancelled."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated(f"the drill was stopped (signal {signum}); its Slurm jobs were cancelled",
+                      "run it again on an idle node")
 
 
 def attempt_of(events: Path) -> int:
@@ -627,6 +689,9 @@ def run_drill(one, settings, folder: str | Path, faults=DEFAULT_FAULTS, iters: i
         iters, interval: training steps and steps between saves.
         timeout_s: seconds for both jobs together.
 
+    The job ids go to ``<folder>/jobs.json`` as they are submitted; on an error, a timeout, Ctrl-C or SIGTERM the
+    jobs that have not ended are cancelled (:func:`cancel_jobs`) before the error is raised again.
+
     Raises:
         LcmoeError: a job was refused, ended other than COMPLETED, or did not end within ``timeout_s`` seconds.
     """
@@ -634,18 +699,30 @@ def run_drill(one, settings, folder: str | Path, faults=DEFAULT_FAULTS, iters: i
 
     start = time.time()
     folder = Path(folder).resolve()
-    jobs, requeue = {}, None
-    for name, these in (("reference", []), ("faulted", list(faults))):
-        where = folder / name
-        if where.exists():
-            shutil.rmtree(where)
-        where.mkdir(parents=True)
-        spec = DrillSpec(folder=str(where), save=str(where / "checkpoints"), iters=iters, interval=interval,
-                         ckpt_format=str(one.cfg.checkpoint.ckpt_format), faults=[asdict(f) for f in these])
-        jobs[name], _ = _submit(one, settings, spec.write(where / "spec.json"), len(these) + 1)
-        if fault := next((f for f in these if f.kind == "requeue"), None):
-            requeue = (name, fault, where)
-    states, notes = _watch(jobs, requeue, start + timeout_s, echo)
+    jobs, requeue, states = {}, None, {}
+    mp_mode = str(getattr(one.cfg.checkpoint, "async_write_results_mp_mode", None) or "fork")
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        for name, these in (("reference", []), ("faulted", list(faults))):
+            where = folder / name
+            if where.exists():
+                shutil.rmtree(where)
+            where.mkdir(parents=True)
+            spec = DrillSpec(folder=str(where), save=str(where / "checkpoints"), iters=iters, interval=interval,
+                             ckpt_format=str(one.cfg.checkpoint.ckpt_format), faults=[asdict(f) for f in these],
+                             results_mp_mode=mp_mode)
+            jobs[name], _ = _submit(one, settings, spec.write(where / "spec.json"), len(these) + 1)
+            (folder / "jobs.json").write_text(json.dumps(jobs))
+            if fault := next((f for f in these if f.kind == "requeue"), None):
+                requeue = (name, fault, where)
+        notes = _watch(jobs, requeue, start + timeout_s, echo, states)
+    except (Exception, KeyboardInterrupt):
+        cancel_jobs([job for name, job in jobs.items() if name not in states], echo)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     for name, state in states.items():
         if state != "COMPLETED":
             raise LcmoeError(f"the drill's {name} job {jobs[name]} ended {state}",
