@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -64,9 +65,16 @@ def _alive(job_ids):
 
 
 def _drill_processes(folder):
-    """Processes whose command line names the drill's folder (its ranks, torchrun, srun)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines() if str(folder) in line and "ps -eo" not in line]
+    """Processes whose command line names the drill's folder (its ranks, torchrun, srun, the ranks' forks)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and str(folder) in args:
+            found.append(f"{proc.name} {args}")
+    return found
 
 
 @pytestmark_slow

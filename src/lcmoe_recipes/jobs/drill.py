@@ -185,6 +185,34 @@ def _cpu_checkpointing() -> None:
         torch.cuda.current_device = lambda: "cpu"
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the results queue's server process: end with the rank (``PR_SET_PDEATHSIG``), so that a SIGKILLed rank's
+    server is not left running, reparented away from the job's process tree where Slurm's ``proctrack/linuxproc``
+    no longer finds it."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (linux/prctl.h)
+    if os.getppid() != parent:  # the rank died before the line above
+        os._exit(0)
+
+
+def _start_results_queue(mp_mode: str) -> None:
+    """megatron-core 0.19.2's writer results queue (``strategies/filesystem_async.py`` ``get_write_results_queue``:
+    a ``multiprocessing`` manager's ``Queue``), started as megatron-bridge 0.6.2 starts it before the first save
+    (``training/state.py``, with ``checkpoint.async_write_results_mp_mode``), its server bound to this rank's life
+    (:func:`_die_with_parent`). The queue is set where megatron-core looks for it, as megatron-bridge's
+    ``pretrain`` resets it there."""
+    import multiprocessing
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        manager = SyncManager(ctx=multiprocessing.get_context(mp_mode))
+        manager.start(initializer=_die_with_parent, initargs=(os.getpid(),))
+        filesystem_async._results_queue = manager.Queue()
+
+
 VOCAB, DIM, BATCH, SEQ = 64, 32, 8, 16
 
 
@@ -365,9 +393,7 @@ def drill_rank(spec_path: str | Path) -> int:
     attempt = attempt_number()
     torch.set_num_threads(1)
     _cpu_checkpointing()
-    from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
-
-    get_write_results_queue(spec.results_mp_mode)  # as megatron-bridge starts it, before the first save
+    _start_results_queue(spec.results_mp_mode)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
     rank, world = dist.get_rank(), dist.get_world_size()
     events = Path(spec.folder) / "events.jsonl"
