@@ -24,7 +24,7 @@ from ..errors import LcmoeError
 from ..planner.examine import examine
 from ..planner.recipes import NAMED_RECIPES
 from ..report.text import format_findings
-from .common import ArgumentParser, calibrated_line, report_error
+from .common import ArgumentParser, calibrated_line, effective_json, effective_text, read_back, report_error
 
 
 def list_known_issues(container_image: str | None = None) -> int:
@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                                             "  python -m lcmoe_recipes.check my.yaml --gpus 256 --hardware h100\n"
                                             "  python -m lcmoe_recipes.check qwen3_235b_128k_gb200\n"
                                             "  python -m lcmoe_recipes.check dsv3_128k_h100 --build\n"
+                                            "  python -m lcmoe_recipes.check qwen3_235b_128k_gb200 --explain\n"
                                             "  python -m lcmoe_recipes.check out/dsv3_128k_h100.yaml --container-image "
                                             "nvcr.io/nvidia/nemo:26.06\n"
                                             "  python -m lcmoe_recipes.check --known-issues")
@@ -67,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-overlay", action="store_true", help="with --container-image: judge the image's own "
                         "megatron-core / megatron-bridge (default: the pinned ones, which launch puts in an overlay "
                         "where the image's differ)")
+    parser.add_argument("--explain", action="store_true", help="also print every effective value megatron derives "
+                        "from the config (built on this CPU: the resolved config, one layer of each kind, the "
+                        "optimizer, the scheduler, the dataset config) with what the config states and where the "
+                        "value came from (section 'effective settings (read back from megatron)')")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of text: layout, "
+                        "decisions, findings, memory, step, data and the effective settings (key 'effective')")
     parser.add_argument("--known-issues", action="store_true", help="list the known upstream bugs (id, severity, "
                         "affected versions, whether the installed or --container-image versions are affected, "
                         "source) and exit")
@@ -84,17 +91,20 @@ def main(argv: list[str] | None = None) -> int:
         found = examine(args.config, args.gpus, args.hardware, args.container_image, args.model_config,
                         overlay=not args.no_overlay)
     except LcmoeError as exc:
-        return report_error(exc)
+        return report_error(exc, args.json)
     plan, findings = found.plan, found.findings
     if args.container_image:
         from ..jobs.overlay import compare_stack, format_stack, image_overlay
 
-        print(format_stack(args.container_image, compare_stack(args.container_image, plan.hardware_spec.cpu_arch)))
+        print(format_stack(args.container_image, compare_stack(args.container_image, plan.hardware_spec.cpu_arch)),
+              file=sys.stderr if args.json else sys.stdout)
         if not args.no_overlay:
             try:  # as launch: an image that cannot take the overlay of the pinned megatron is refused
                 image_overlay(args.container_image, plan.hardware_spec.cpu_arch)
             except LcmoeError as exc:
-                return report_error(exc)
+                return report_error(exc, args.json)
+    if args.json:
+        return _print_json(found, args)
     print(f"checked with {found.scope}")
     print(f"data: {found.data}")
     if sys.stdout.isatty() and layout_is_legal(findings):
@@ -110,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                     [(k, f"{v / 1e9:.1f}", f"{step.parts.get(k.lower() + '_exposed', 0.0):.2f}")
                      for k, v in step.comm_bytes.items()], title=f"communication (step {step.step_seconds:.2f} s)")
     print(format_findings(plan, findings))
+    if args.explain:
+        print("\n" + effective_text(_read_back(found, args)))
     if args.calibration:
         try:
             print(calibrated_line(plan, args.calibration))
@@ -124,4 +136,34 @@ def main(argv: list[str] | None = None) -> int:
         report = build_ranks(args.config, plan.layout.world, plan.hardware_spec.key)
         print("\n" + report.table())
         built_ok = report.ok
+    return 1 if found.errors or not built_ok else 0
+
+
+def _read_back(found, args: argparse.Namespace):
+    """:func:`lcmoe_recipes.cli.common.read_back` of the examined config (the check's own read-back, reused), or why
+    not: a config with errors is not read back (megatron-bridge may refuse to build it; fix those first)."""
+    if found.errors:
+        return None, f"not read back: the {found.errors} error(s) above come first (each names its fix)"
+    return read_back(found.cfg, found.plan.hardware_spec, found.plan.layout.world, args.container_image,
+                     overlay=not args.no_overlay)
+
+
+def _print_json(found, args: argparse.Namespace) -> int:
+    """``--json``: the examination as one JSON document (:func:`lcmoe_recipes.report.explain.explain_json`, with
+    ``valid``, ``scope``, ``data`` and ``effective``); --build's table goes to stderr. Returns the exit code."""
+    import json
+
+    from ..report.explain import explain_json
+
+    doc = {**explain_json(found.plan, found.findings), "valid": not found.errors, "errors": found.errors,
+           "scope": found.scope, "data": found.data, "effective": effective_json(_read_back(found, args))}
+    built_ok = True
+    if args.build and not found.errors:
+        from ..planner.examine import build_ranks
+
+        report = build_ranks(args.config, found.plan.layout.world, found.plan.hardware_spec.key)
+        print(report.table(), file=sys.stderr)
+        built_ok = report.ok
+        doc["build_ok"] = built_ok
+    print(json.dumps(doc, indent=2, default=str))
     return 1 if found.errors or not built_ok else 0

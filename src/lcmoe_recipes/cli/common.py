@@ -238,3 +238,40 @@ def calibrated_line(plan, profile_path: str) -> str:
             f"{p['tflops_calibrated']:.0f} TFLOP/s per GPU ({p['tflops_published']:.0f}), HBM use "
             f"{p['hbm_gib_calibrated']:.1f} GiB ({p['hbm_gib_published']:.1f})")
 
+
+
+def read_back(cfg, hardware, world_size: int, container_image: str | None = None, overlay: bool = True):
+    """The effective settings megatron derives from ``cfg`` for ``world_size`` GPUs of ``hardware``
+    (:func:`lcmoe_recipes.emit.effective.effective_settings`), with megatron-core's Transformer Engine gates answered
+    for the TE the job runs (``container_image``'s, else the target's: :func:`lcmoe_recipes.checks.known_issues.
+    job_versions`), so the check's read-back of the same config is reused, not built again.
+
+    Returns:
+        (:class:`lcmoe_recipes.emit.effective.EffectiveSettings`, None), or (None, why not) where megatron-bridge
+        rejects the config (its errors, printed with their fixes, come first) or torch.distributed is initialised.
+    """
+    from ..checks.known_issues import job_versions
+    from ..emit.effective import effective_settings
+    from ..errors import LcmoeError
+
+    versions, _ = job_versions(container_image, overlay)
+    try:
+        return effective_settings(cfg, hardware, world_size,
+                                  te_version=versions.versions.get("transformer-engine")), None
+    except LcmoeError as exc:
+        return None, f"not read back: {exc.message} (fix: {exc.fix})"
+
+
+def effective_text(found) -> str:
+    """The ``--explain`` section of :func:`read_back`'s answer ``found``."""
+    from ..emit.effective import HEADING
+
+    settings, why = found
+    return settings.section() if settings is not None else f"{HEADING}:\n  {why}"
+
+
+def effective_json(found) -> dict:
+    """The ``--json`` value (key ``effective``) of :func:`read_back`'s answer ``found``: every value with what the
+    config states, what runs and its source, megatron's logged warnings and the stand-ins; or ``{"error": why}``."""
+    settings, why = found
+    return settings.as_dict() if settings is not None else {"error": why}

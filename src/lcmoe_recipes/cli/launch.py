@@ -26,7 +26,8 @@ from ..jobs.prepare import Configured, prepare
 from ..jobs.submit import run
 from ..planner.recipes import NAMED_RECIPES
 from ..report.text import Citations, format_plan
-from .common import ArgumentParser, calibrated_line, model_argument, report_error, request_arguments, request_from_args
+from .common import (ArgumentParser, calibrated_line, effective_json, effective_text, model_argument, read_back,
+                     report_error, request_arguments, request_from_args)
 from .train import rank_arguments
 
 EPILOG = """\
@@ -65,9 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--list", action="store_true", help="list the named recipes and exit")
     parser.add_argument("--explain", action="store_true", help="print every decision's reason in full (the default "
                         "summary shows the decisions that matter, one line each), every finding with its fix, "
-                        "placement, memory and time breakdowns")
+                        "placement, memory and time breakdowns, and every effective value megatron derives from "
+                        "the config with where it came from (section 'effective settings (read back from "
+                        "megatron)')")
     parser.add_argument("--json", action="store_true", help="print the result as JSON (decisions, findings, memory, "
-                        "step, YAML path, cluster command) instead of text")
+                        "step, YAML path, cluster command, the effective settings read back from megatron: key "
+                        "'effective') instead of text")
     parser.add_argument("--plot", metavar="DIR", help="write memory.png, time.png and sweep.png (4K-256K) into DIR")
     request_arguments(parser.add_argument_group("target, planning and run options (layout flags on a named recipe "
                                                 "plan its target instead)"))
@@ -287,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             # a dry run shows the chain as it will be: the next phase's sbatch waits on this job (afterok)
             dependency = result.job_id or (f"<job id of {one.plan.name}>" if args.dry_run else None)
     if args.json:
-        _print_json(configs, results)
+        _print_json(configs, results, args)
     else:
         for result in results:
             if result.script:
@@ -306,13 +310,20 @@ def main(argv: list[str] | None = None) -> int:
     return failed.exit_code if args.smoke and failed.executor == "local" and failed.exit_code in (1, 2) else 1
 
 
-def _print_json(configs: list[Configured], results: list) -> None:
+def _read_back(one: Configured, args: argparse.Namespace):
+    """:func:`lcmoe_recipes.cli.common.read_back` of one prepared config, for the TE its job runs."""
+    return read_back(one.cfg, one.shown.hardware_spec, one.shown.layout.world, args.container_image,
+                     overlay=not args.no_overlay)
+
+
+def _print_json(configs: list[Configured], results: list, args: argparse.Namespace) -> None:
     from ..report.explain import explain_json
 
     docs = []
     for index, one in enumerate(configs):
         doc = {**explain_json(one.shown, one.warnings), "valid": True, "yaml": str(one.output),
-               "command": one.command, "overrides": one.overrides}
+               "command": one.command, "overrides": one.overrides,
+               "effective": effective_json(_read_back(one, args))}
         if one.changes:
             doc["changes"] = [{"field": d.path, "before": d.upstream, "after": d.ours, "setting": d.setting,
                                "reason": d.reason.why} for d in one.changes]
@@ -362,6 +373,7 @@ def _print_configured(one: Configured, args: argparse.Namespace, citations: Cita
         print(f"  checkpoints: {cadence.recovery} steps between the saves a restart resumes from: {cadence.reason.why}")
         print(f"  {losses.text()}")
         print("\n" + explain_text(one.shown, one.warnings, citations, with_decisions=False))
+        print("\n" + effective_text(_read_back(one, args)))
     print(f"\nConfigContainer YAML: {one.output}")
     if args.executor == "local" and not args.smoke:  # for slurm, the sbatch script is the command
         print(f"cluster command (on each of the {plan.layout.world // hw.gpus_per_node} nodes):\n  {one.command}")

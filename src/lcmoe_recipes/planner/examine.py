@@ -26,12 +26,14 @@ class Examination:
         findings: every finding, errors first where the checks sort them.
         scope: what was checked, in words.
         data: the data and tokenizer the config trains on, in words (:func:`lcmoe_recipes.emit.paths.data_text`).
+        cfg: the ConfigContainer examined (a named recipe's own), for the effective settings read back from it.
     """
 
     plan: Plan
     findings: list[Finding]
     scope: str
     data: str = ""
+    cfg: object = None
 
     @property
     def errors(self) -> int:
@@ -187,7 +189,7 @@ def _examined(plan: Plan, findings: list, versions, cfg) -> Examination:
     from ..emit.paths import data_text
 
     return Examination(plan, findings, f"our checks, the cost model, megatron-bridge validate() for the target and the "
-                       f"known upstream bugs for {versions.describe()}", data_text(cfg))
+                       f"known upstream bugs for {versions.describe()}", data_text(cfg), cfg)
 
 
 def build_ranks(config, gpus: int | None = None, hardware: str | None = None, name: str | None = None):
