@@ -70,3 +70,60 @@ def test_plan_json_failure_is_json(capsys):
     assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "60", "--hardware", "gb200", "--json"]) == 2
     data = json.loads(capsys.readouterr().out)
     assert data["valid"] is False and data["fix"].startswith("use 64 GPUs")
+
+
+def test_launch_json_lists_the_effective_settings(capsys, tmp_path, monkeypatch):
+    """DeepSeek-V3 128K (optimizer state offloaded): --json carries every value megatron derives, key 'effective' --
+    the scheduler's weight decay at step 1 (0.033, its start_weight_decay) and FP32 Adam moments on the host
+    (megatron-core builds HybridDeviceOptimizer without exp_avg_dtype) -- each with its upstream source."""
+    from lcmoe_recipes.cli.launch import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["dsv3", "--seq", "131072", "--dry-run", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["recipe"] == "dsv3_128k_h100"
+    values = {v["key"]: v for v in data["effective"]["values"]}
+    assert values["weight_decay_at_step_1"]["runs"] == pytest.approx(0.033)
+    moment = values["optimizer.moment_dtype"]
+    assert moment["runs"] == "float32" and "HybridDeviceOptimizer" in moment["source"]
+    assert values["optimizer.state_location"]["runs"] == "host"
+    assert values["data"]["runs"] == "mock"
+    assert all(v["source"].startswith(("megatron-core 0.19.2", "megatron-bridge 0.6.2")) for v in values.values())
+    assert not [k for k, v in values.items() if v["differs"]]  # ours states what runs
+    assert {"logs", "stand_ins"} <= set(data["effective"])
+
+
+def test_launch_explain_shows_the_effective_settings(capsys, tmp_path, monkeypatch):
+    """Qwen3-235B 128K (YaRN): --explain's section names rope fusion off, as megatron-bridge's
+    validate_rope_fusion_compatibility leaves it, and the MoE layer's pre-MLP norm not recomputed."""
+    from lcmoe_recipes.cli.launch import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["qwen3_235b", "--seq", "131072", "--dry-run", "--explain"]) == 0
+    text = capsys.readouterr().out
+    section = text[text.index("effective settings (read back from megatron):"):]
+    assert ("  rope_fusion: False <- megatron-bridge 0.6.2 models/gpt_provider.py GPTModelProvider.provide -> "
+            "utils/fusions.py validate_rope_fusion_compatibility") in section
+    assert "  layer[moe].recompute_pre_mlp_layernorm: False <- megatron-core 0.19.2" in section
+    assert "  weight_decay_at_step_1: 0.033 <-" in section and "the config says" not in section
+
+
+def test_check_json_reads_back_once(capsys, monkeypatch):
+    """check --json: the check's own read-back (config_findings) is the one printed: megatron's objects are built
+    once per config; without --explain the text output has no effective section."""
+    from lcmoe_recipes.cli.check import main
+    from lcmoe_recipes.emit import effective
+
+    built = []
+    real = effective._rope_fusion
+    monkeypatch.setattr(effective, "_SETTINGS_CACHE", {})
+    monkeypatch.setattr(effective, "_rope_fusion", lambda *a: built.append(1) or real(*a))
+    assert main(["qwen3_next_8k_gb200", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["valid"] is True and data["errors"] == 0
+    values = {v["key"]: v for v in data["effective"]["values"]}
+    assert values["rope_fusion"]["source"].endswith("validate_rope_fusion_compatibility")
+    assert values["grad_buffer_dtype"]["runs"] == "fp32"  # FP32 gradient reduction, the training default
+    assert len(built) == 1
+    assert main(["qwen3_next_8k_gb200"]) == 0
+    assert "effective settings" not in capsys.readouterr().out and len(built) == 1
