@@ -148,3 +148,83 @@ def test_memory_credits_no_pre_mlp_norm_recompute_megatron_skips():
     dsv3 = recipe_plan("dsv3_128k_h100")
     assert pre_mlp_norm_recomputed(dsv3) is True
     assert layer_activations(shapes(dsv3.model_spec), 5, dsv3)["pre_mlp_norm_out"][1] == ("layernorm",)
+
+
+GLM = ("glm45_air", 32768, "h200", 64)  # GQA, one dense layer first (first_k_dense_replace 1), then MoE layers
+
+
+@pytest.fixture(scope="module")
+def glm():
+    from lcmoe_recipes import TrainingRequest, resolve
+
+    model, seq, hw, gpus = GLM
+    plan = resolve(TrainingRequest(model=model, seq_length=seq, hardware=hw, num_gpus=gpus)).plan
+    return plan, _config(plan)
+
+
+def _kinds(plan):
+    """{kind: a layer of that kind} of the plan's model."""
+    from lcmoe_recipes.cost.shapes import shapes
+
+    s = shapes(plan.model_spec)
+    out = {}
+    for layer in range(s.num_layers):
+        out.setdefault("moe" if s.is_moe(layer) else "dense", layer)
+    return s, out
+
+
+@pytest.mark.parametrize("which", ["dsv3_128k_h100", "glm"])
+def test_memory_credits_exactly_the_norm_recomputes_megatron_runs(named, glm, which):
+    """For each layer kind the memory table drops a norm's output under 'layernorm' exactly where megatron-core's
+    built layer recomputes that norm: DeepSeek-V3 (MLA: the input norm a module of its own in both kinds) and
+    GLM-4.5-Air (GQA: the input norm inside TE's QKV linear; the dense MLP's pre-MLP norm inside its linear_fc1)."""
+    from lcmoe_recipes.cost.memory import layer_activations
+
+    plan, cfg = (named[which][0], named[which][1]) if which != "glm" else glm
+    assert "layernorm" in plan.recompute_modules
+    effective = _effective(cfg, plan)
+    s, kinds = _kinds(plan)
+    assert set(kinds) == {"dense", "moe"}
+    for kind, layer in kinds.items():
+        table = layer_activations(s, layer, plan)
+        for tensor, flag in (("input_norm_out", "recompute_input_layernorm"),
+                             ("pre_mlp_norm_out", "recompute_pre_mlp_layernorm")):
+            assert ("layernorm" in table[tensor][1]) is effective.get(f"layer[{kind}].{flag}").runs, (kind, tensor)
+    assert effective.get("layer[dense].recompute_pre_mlp_layernorm").runs is False  # TE: fused into linear_fc1
+    assert effective.differences == ()  # the MoE layers' norm is recomputed: 'layernorm' does something
+
+
+def test_dense_pre_mlp_norm_is_recomputable_only_in_the_local_spec(glm):
+    """GLM-4.5-Air's dense layer under 'layernorm': TE's spec keeps the pre-MLP norm's BF16 output and FP32 1/rms
+    (inside linear_fc1); megatron-core's local spec, which the activation probe measures, drops both."""
+    from lcmoe_recipes.cost.memory import layer_activations_kept
+
+    plan, _ = glm
+    s, kinds = _kinds(plan)
+    args = (s, kinds["dense"], 256, 1, 1, False, "selective", ("layernorm",))
+    te, local = layer_activations_kept(*args), layer_activations_kept(*args, te_spec=False)
+    assert te - local == 256 * s.h * 2 + 256 * 4
+    assert te == layer_activations_kept(s, kinds["dense"], 256, 1, 1, False, None, ())  # nothing dropped under TE
+
+
+def test_layernorm_that_recomputes_nothing_is_flagged_and_priced_as_nothing(glm):
+    """GLM-4.5-Air with the flex dispatcher and a TE-graphed router: megatron-core skips the MoE layers' pre-MLP norm
+    recompute, the dense layer has no norm of its own to recompute, GQA none at the input -- the read-back says
+    'layernorm' does nothing, and the memory model credits it nothing in any layer."""
+    from lcmoe_recipes.cost.memory import layer_activations
+    from lcmoe_recipes.emit import plan_from_config
+
+    plan, cfg = glm
+    asked = copy.deepcopy(cfg)
+    asked.model.moe_token_dispatcher_type, asked.model.moe_flex_dispatcher_backend = "flex", "deepep"
+    asked.model.cuda_graph_impl, asked.model.cuda_graph_scope = "transformer_engine", None
+    asked.model.cuda_graph_modules = ["moe_router"]
+    asked.model.recompute_modules = ["layernorm"]
+    effective = _effective(asked, plan)
+    assert [(v.key, v.stated, v.runs) for v in effective.differences] == [
+        ("layer[moe].recompute_pre_mlp_layernorm", True, False), ("layernorm_recompute_does_anything", True, False)]
+    assert any("Disabling pre_mlp_layernorm recompute" in line for line in effective.logs)
+    priced = plan_from_config(asked, plan.hardware_spec, plan.layout.world, "glm_graphed_router")
+    s, kinds = _kinds(priced)
+    for layer in kinds.values():
+        assert not [t for t, (_, by) in layer_activations(s, layer, priced).items() if "layernorm" in by]

@@ -264,7 +264,10 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
     ``layernorm`` recompute; GQA and gated DeltaNet fuse it into their first linear layer, megatron-core
     ``models/gpt/gpt_layer_specs.py`` / ``experimental_attention_variant_module_specs.py``, so it stays); the
     attention by kind (:func:`_softmax_attention`, :func:`_gated_delta_net`); the MLP input and the pre-MLP norm
-    output (a separate norm in MoE layers: dropped by ``layernorm``); the MoE block -- router scores, the routed
+    output (a separate norm in MoE layers: dropped by ``layernorm`` where megatron-core recomputes it,
+    :func:`pre_mlp_norm_recomputed`; in a dense layer TE's layer spec fuses it into the MLP's first linear layer,
+    ``TELayerNormColumnParallelLinear`` in megatron-core 0.19.2 ``models/gpt/gpt_layer_specs.py``
+    ``get_mlp_module_spec_for_backend``, so ``layernorm`` drops nothing there: real jobs run that spec); the MoE block -- router scores, the routed
     token copies the experts' grouped GEMMs save (fc1 input: the dispatcher's permuted output; fc1 output; the
     activation output already multiplied by the routing probabilities, fc2's input -- megatron-core 0.19.2
     ``transformer/moe/experts.py`` applies the probabilities after the activation, so the unpermute keeps no fc2
@@ -289,19 +292,25 @@ def pre_mlp_norm_recomputed(plan: Plan) -> bool:
 
 
 def layer_activations_kept(s: LayerShapes, layer: int, tokens: float, tp: int, etp: int, sequence_parallel: bool,
-                           granularity: str | None, modules: tuple[str, ...], pre_mlp_norm_recompute: bool = True
-                           ) -> float:
+                           granularity: str | None, modules: tuple[str, ...], pre_mlp_norm_recompute: bool = True,
+                           te_spec: bool = True) -> float:
     """Bytes layer ``layer`` keeps for backward for ``tokens`` per CP rank (MBS·seq_length/CP) under the recompute
-    setting: the table of :func:`layer_activations`, unscaled. ``lcmoe_recipes.emit.probe.activations`` measures the
-    same. ``pre_mlp_norm_recompute``: :func:`pre_mlp_norm_recomputed` of the plan."""
-    return _kept_bytes(_layer_tensors(s, layer, tokens, tp, etp, sequence_parallel, pre_mlp_norm_recompute),
+    setting: the table of :func:`layer_activations`, unscaled. ``pre_mlp_norm_recompute``:
+    :func:`pre_mlp_norm_recomputed` of the plan. ``te_spec``: the layer spec priced -- True (what jobs run):
+    megatron-core's Transformer Engine spec, whose dense MLP's first linear layer holds the pre-MLP norm; False:
+    megatron-core's local spec (``get_gpt_layer_local_submodules``), where that norm is a module of its own, as
+    ``lcmoe_recipes.emit.probe.activations`` builds and measures it. The input norm is priced as TE's in both (the
+    probe's tests account for the local spec's separate one)."""
+    return _kept_bytes(_layer_tensors(s, layer, tokens, tp, etp, sequence_parallel, pre_mlp_norm_recompute, te_spec),
                        granularity, modules)
 
 
 def _layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequence_parallel: bool,
-                   pre_mlp_norm_recompute: bool = True) -> dict[str, tuple[float, tuple[str, ...]]]:
+                   pre_mlp_norm_recompute: bool = True, te_spec: bool = True
+                   ) -> dict[str, tuple[float, tuple[str, ...]]]:
     """:func:`layer_activations` for ``n`` tokens on this rank (MBS·seq_length/CP); a MoE layer's pre-MLP norm is
-    dropped by ``layernorm`` only where ``pre_mlp_norm_recompute`` (:func:`pre_mlp_norm_recomputed`)."""
+    dropped by ``layernorm`` only where ``pre_mlp_norm_recompute`` (:func:`pre_mlp_norm_recomputed`), a dense
+    layer's only in the local spec (``te_spec`` False: :func:`layer_activations_kept`)."""
     nsp = n / tp if sequence_parallel else n                      # tokens in sequence-sharded regions
     h = s.h
     input_norm = ("layernorm",) if s.mla else ()
@@ -315,7 +324,8 @@ def _layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequ
     else:
         _gated_delta_net(s, n, tp, out)
     out["pre_mlp_input"] = (nsp * h * BF16, ())
-    pre_mlp_norm = ("layernorm",) if pre_mlp_norm_recompute or not s.is_moe(layer) else ()
+    separate = s.is_moe(layer) or not te_spec  # TE's dense MLP: the norm inside linear_fc1 (nothing to recompute)
+    pre_mlp_norm = ("layernorm",) if separate and (pre_mlp_norm_recompute or not s.is_moe(layer)) else ()
     out["pre_mlp_norm_out"] = (nsp * h * BF16, pre_mlp_norm)
     out["pre_mlp_norm_stats"] = (nsp * FP32, pre_mlp_norm)
     if s.is_moe(layer):

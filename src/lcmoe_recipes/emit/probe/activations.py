@@ -7,7 +7,8 @@ runs its forward and backward on ``tokens`` random tokens in BF16 under a tensor
 the bytes of every tensor autograd saves for the backward (``torch.autograd.graph.saved_tensors_hooks``), each storage
 once, parameters and the RoPE tables (one per model, shared by every layer) left out, sizes read after the forward (an
 output-discarding checkpoint frees its outputs once their consumers saved them). Our table for the same layer, tokens,
-TP and recompute setting is :func:`lcmoe_recipes.cost.memory.layer_activations`' (kept bytes).
+TP and recompute setting is :func:`lcmoe_recipes.cost.memory.layer_activations`' (kept bytes), priced for the local
+spec's separate pre-MLP norm in a dense layer (``layer_activations_kept(..., te_spec=False)``).
 
 Where Transformer Engine's kernels keep other tensors than megatron-core's local code, the layer runs with a stand-in
 that keeps exactly what TE keeps (each named in :data:`STAND_INS` and in the result; none is a TE measurement):
@@ -436,7 +437,8 @@ def measure_layer(plan: Plan, layer: int, tokens: int = 256, tp: int = 1, granul
     return LayerActivations(
         model=plan.model, layer=layer, moe=s.is_moe(layer), attention=s.kind(layer), tokens=tokens, tp=tp,
         sequence_parallel=tp > 1, granularity=granularity, modules=tuple(modules), measured_bytes=measured,
-        predicted_bytes=layer_activations_kept(s, layer, tokens, tp, 1, tp > 1, granularity, tuple(modules)),
+        predicted_bytes=layer_activations_kept(s, layer, tokens, tp, 1, tp > 1, granularity, tuple(modules),
+                                               te_spec=False),  # the local spec built here: its own pre-MLP norm
         by_module=by_module, stand_ins=tuple(used))
 
 
