@@ -6,7 +6,7 @@ from it, and reads the values that run:
 * **the resolved config** -- megatron-bridge's ``runtime_config_update`` (mixed-precision resolution, comm-overlap
   setup, the provider's ``finalize`` and ``TransformerConfig.__post_init__``) inside
   :func:`lcmoe_recipes.emit.target.target_environment`, as :func:`lcmoe_recipes.emit.validate.config_findings` runs
-  it (:func:`lcmoe_recipes.emit.validate.resolve_for_target`): the gradient buffer dtype
+  it (:func:`lcmoe_recipes.emit.target.resolve_for_target`): the gradient buffer dtype
   (``ddp.grad_reduce_in_fp32`` after the mixed-precision recipe overwrote it) and the CUDA-graph scope;
 * **rope fusion** -- megatron-bridge's ``utils/fusions.py`` ``validate_rope_fusion_compatibility``, which
   ``GPTModelProvider.provide`` (``models/gpt_provider.py``) calls to turn ``apply_rope_fusion`` off, e.g. for
@@ -539,7 +539,7 @@ def effective_settings(cfg, hardware: str | Hardware, world_size: int, resolved=
 
     Args:
         resolved: ``cfg`` after megatron-bridge's ``runtime_config_update`` on the target, where the caller has it
-            (:func:`lcmoe_recipes.emit.validate.resolve_for_target`); built here otherwise.
+            (:func:`lcmoe_recipes.emit.target.resolve_for_target`); built here otherwise.
         te_version: the Transformer Engine the job runs (megatron-core's TE version gates), default the target's.
 
     Raises:
@@ -547,7 +547,7 @@ def effective_settings(cfg, hardware: str | Hardware, world_size: int, resolved=
             torch.distributed is already initialised in this process.
     """
     from ..errors import LcmoeError
-    from .validate import resolve_for_target
+    from .target import resolve_for_target
 
     hw = hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
     key = (_fingerprint(cfg), hw.key, world_size, _te_key(te_version))
@@ -599,7 +599,7 @@ def _fingerprint(value: Any, depth: int = 0) -> Any:
 
 def _te_key(te_version: str | None) -> str:
     """The Transformer Engine megatron-core's version gates answer: ``te_version``, else the probe's current answer
-    (:func:`lcmoe_recipes.emit.validate._te_version_as` may have set it for the check)."""
+    (:func:`lcmoe_recipes.emit.target._te_version_as` may have set it for the check)."""
     if te_version is not None:
         from packaging.version import Version
 

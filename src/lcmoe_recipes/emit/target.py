@@ -30,6 +30,7 @@ config is never changed by any of this.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 from types import ModuleType, SimpleNamespace
@@ -37,7 +38,7 @@ from typing import Iterable, Iterator
 
 from ..catalog import Hardware
 from ..catalog.versions import TARGET_TE_VERSION
-from .stack import te_installed
+from .stack import quiet_upstream, te_installed
 
 
 # megatron-core modules whose TE-backed functions are None without TE, and those functions.
@@ -134,3 +135,40 @@ def target_environment(hardware: Hardware, world_size: int, cluster_paths: Itera
                 sys.modules.pop(adam_module_name, None)
         os.environ.clear()
         os.environ.update(saved_env)
+
+
+@contextlib.contextmanager
+def _te_version_as(version: str | None):
+    """megatron-core's TE version probe (``megatron.core.utils._te_version``, read by ``is_te_min_version``) answers
+    ``version`` for the duration; nothing changes for None."""
+    if version is None:
+        yield
+        return
+    import megatron.core.utils as mcore_utils
+    from packaging.version import Version
+
+    saved = mcore_utils._te_version
+    mcore_utils._te_version = Version(version)
+    try:
+        yield
+    finally:
+        mcore_utils._te_version = saved
+
+
+def resolve_for_target(cfg, hw: Hardware, world_size: int, te_version: str | None = None):
+    """(a deep copy of ``cfg`` after megatron-bridge's ``runtime_config_update`` -- mixed-precision resolution, DP
+    size, comm-overlap setup, ``validate()`` with the provider's finalize and every megatron-core post-init -- inside
+    :func:`target_environment` for ``world_size`` x ``hw``, the exception it raised or
+    None). ``cfg`` is never changed; ``checkpoint.pretrained_checkpoint`` is taken to exist (it is read on the
+    cluster, and checked where the job runs)."""
+    from megatron.bridge.training.config import runtime_config_update
+
+    trial = copy.deepcopy(cfg)
+    error = None
+    with target_environment(hw, world_size, cluster_paths=[trial.checkpoint.pretrained_checkpoint]), \
+            _te_version_as(te_version), quiet_upstream():
+        try:
+            runtime_config_update(trial)
+        except (AssertionError, ValueError, RuntimeError, TypeError, AttributeError, KeyError) as exc:
+            error = exc
+    return trial, error

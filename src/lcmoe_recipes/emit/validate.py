@@ -5,9 +5,6 @@ that fire later, and the known upstream bugs for the versions the job runs (:fun
 
 from __future__ import annotations
 
-import contextlib
-import copy
-
 from ..catalog import Hardware, get_hardware
 from ..checks import Finding, raise_for_errors
 from ..checks.config_asserts import config_assert_findings
@@ -18,7 +15,7 @@ from ..errors import InfeasibleConfig
 from .fields import layout_to_str
 from .readback import plan_from_config
 from .stack import load_bridge, quiet_upstream
-from .target import target_environment
+from .target import resolve_for_target
 
 
 def _check_pipeline_layout(cfg, name: str) -> None:
@@ -92,43 +89,6 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     if not any(f.severity == "error" for f in findings):
         findings += timeout_findings(view, plan_from_config(cfg, hw, world_size, name))
     return sorted(findings, key=lambda f: f.severity != "error")
-
-
-@contextlib.contextmanager
-def _te_version_as(version: str | None):
-    """megatron-core's TE version probe (``megatron.core.utils._te_version``, read by ``is_te_min_version``) answers
-    ``version`` for the duration; nothing changes for None."""
-    if version is None:
-        yield
-        return
-    import megatron.core.utils as mcore_utils
-    from packaging.version import Version
-
-    saved = mcore_utils._te_version
-    mcore_utils._te_version = Version(version)
-    try:
-        yield
-    finally:
-        mcore_utils._te_version = saved
-
-
-def resolve_for_target(cfg, hw: Hardware, world_size: int, te_version: str | None = None):
-    """(a deep copy of ``cfg`` after megatron-bridge's ``runtime_config_update`` -- mixed-precision resolution, DP
-    size, comm-overlap setup, ``validate()`` with the provider's finalize and every megatron-core post-init -- inside
-    :func:`lcmoe_recipes.emit.target.target_environment` for ``world_size`` x ``hw``, the exception it raised or
-    None). ``cfg`` is never changed; ``checkpoint.pretrained_checkpoint`` is taken to exist (it is read on the
-    cluster, and checked where the job runs)."""
-    from megatron.bridge.training.config import runtime_config_update
-
-    trial = copy.deepcopy(cfg)
-    error = None
-    with target_environment(hw, world_size, cluster_paths=[trial.checkpoint.pretrained_checkpoint]), \
-            _te_version_as(te_version), quiet_upstream():
-        try:
-            runtime_config_update(trial)
-        except (AssertionError, ValueError, RuntimeError, TypeError, AttributeError, KeyError) as exc:
-            error = exc
-    return trial, error
 
 
 def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str, te_version: str | None = None,
