@@ -599,7 +599,7 @@ def _fingerprint(value: Any, depth: int = 0) -> Any:
 
 def _te_key(te_version: str | None) -> str:
     """The Transformer Engine megatron-core's version gates answer: ``te_version``, else the probe's current answer
-    (:func:`lcmoe_recipes.emit.target._te_version_as` may have set it for the check)."""
+    (:func:`lcmoe_recipes.emit.target.te_version_as` may have set it for the check)."""
     if te_version is not None:
         from packaging.version import Version
 

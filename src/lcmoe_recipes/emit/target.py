@@ -138,7 +138,7 @@ def target_environment(hardware: Hardware, world_size: int, cluster_paths: Itera
 
 
 @contextlib.contextmanager
-def _te_version_as(version: str | None):
+def te_version_as(version: str | None):
     """megatron-core's TE version probe (``megatron.core.utils._te_version``, read by ``is_te_min_version``) answers
     ``version`` for the duration; nothing changes for None."""
     if version is None:
@@ -166,7 +166,7 @@ def resolve_for_target(cfg, hw: Hardware, world_size: int, te_version: str | Non
     trial = copy.deepcopy(cfg)
     error = None
     with target_environment(hw, world_size, cluster_paths=[trial.checkpoint.pretrained_checkpoint]), \
-            _te_version_as(te_version), quiet_upstream():
+            te_version_as(te_version), quiet_upstream():
         try:
             runtime_config_update(trial)
         except (AssertionError, ValueError, RuntimeError, TypeError, AttributeError, KeyError) as exc:

@@ -15,7 +15,7 @@ from ..errors import InfeasibleConfig
 from .fields import layout_to_str
 from .readback import plan_from_config
 from .stack import load_bridge, quiet_upstream
-from .target import resolve_for_target
+from .target import resolve_for_target, te_version_as
 
 
 def _check_pipeline_layout(cfg, name: str) -> None:
@@ -131,7 +131,7 @@ def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str, t
         if own is not None and not any(f.severity == "error" for f in findings):
             from .effective import effective_findings
 
-            with _te_version_as(te_version):
+            with te_version_as(te_version):
                 findings[:0] = effective_findings(cfg, hw, world_size, own, resolved=trial)
     return sorted(findings + hygiene_findings(cfg, plan.model_spec), key=lambda f: f.severity != "error")
 
