@@ -114,19 +114,34 @@ def _moonlight(recompute: tuple[str, ...]) -> Plan:
                  precision_aware=True, moments="bf16")
 
 
+class _OffloadKeepsMomentDtype(Plan):
+    """A Plan whose optimizer CPU offload keeps the moments in ``moment_dtype``, as the stack that measured the
+    cpu-offloading card's rows did: each 25% offloaded frees 3.6-4.0 GB there, the fp32 master plus two bf16 moments
+    (8 bytes) of the ~1.9 B parameters each GPU's optimizer holds. megatron-core 0.19.2's HybridDeviceOptimizer keeps
+    fp32 moments (12 bytes, ~5.7 GB a step; :attr:`Plan.effective_moment_dtype`), which these rows cannot test."""
+
+    @property
+    def effective_moment_dtype(self) -> str:
+        return self.moment_dtype
+
+
 def _qwen3_30b(offload: float) -> Plan:
     # Qwen3-30B-A3B, 16 x H100 (2 nodes), TP2 PP2 EP4 (DP4), seq 4096; the card publishes neither batch nor
     # precision: assumed MBS1 GBS8, BF16 with fp32 grads, alltoall, full recompute (the recipe of that time);
     # optimizer CPU offload fraction 0..1 (offload runs through the precision-aware optimizer: moments bf16)
-    return _plan("Q", "qwen3_30b", "h100", 16, 4096, "bf16", 8, tp=2, pp=2, ep=4, dispatcher="alltoall", full=True,
+    plan = _plan("Q", "qwen3_30b", "h100", 16, 4096, "bf16", 8, tp=2, pp=2, ep=4, dispatcher="alltoall", full=True,
                  grad="fp32", offload=offload, precision_aware=True, moments="bf16")
+    measured = object.__new__(_OffloadKeepsMomentDtype)
+    measured.__dict__.update(plan.__dict__)
+    return measured
 
 
 _RECOMPUTE_CARD = Source("skills/nemo-mbridge-perf-activation-recompute/card.yaml",
                          "measured_results, Moonlight 16B (peak allocated after iteration 2)", HEAD, "secondary-exact")
 _OFFLOAD_CARD = Source("skills/nemo-mbridge-perf-cpu-offloading/card.yaml", "measured_results, Qwen3-30B-A3B", HEAD,
                        "secondary-exact")
-_OFFLOAD_ASSUMED = "batch and precision unpublished: MBS1 GBS8, BF16 with fp32 grads, full recompute"
+_OFFLOAD_ASSUMED = ("batch and precision unpublished: MBS1 GBS8, BF16 with fp32 grads, full recompute; the offloaded "
+                    "optimizer keeps bf16 moments, as its 3.8 GB steps show (megatron-core 0.19.2 keeps fp32)")
 _LONG_CONTEXT = Source("skills/perf-techniques/moe-long-context/card.yaml", "cp_scaling_data", TRACKER,
                        "secondary-exact")
 _HARDWARE = Source("skills/perf-techniques/moe-hardware-configs/card.yaml", "best_configs", TRACKER, "secondary-exact")
@@ -163,11 +178,12 @@ def _report_rows():
 
     d1 = _plan("D1", "dsv3", "gb200", 256, 4096, "bf16", 4096, pp=4, vpp=4, ep=64, mtp=1)
     d1 = d1.with_changes(pipeline_model_parallel_layout=build_pipeline_layout(61, 16, 1))
-    gdn = "layout, recompute and measurement method unpublished: our qwen3_next recipe's layout assumed"
+    gdn = ("layout, recompute and measurement method unpublished: our qwen3_next recipe's layout assumed, with the "
+           "bf16 gradient reduction of the upstream recipe that ran")
     return {
-        "N1": Row(_named("qwen3_next_8k_gb200"), 148 * GB, _LONG_CONTEXT, assumed=gdn),
-        "N2": Row(_named("qwen3_next_32k_gb200"), 134 * GB, _LONG_CONTEXT, assumed=gdn),
-        "N3": Row(_named("qwen3_next_64k_gb200"), 157 * GB, _LONG_CONTEXT, assumed=gdn),
+        "N1": Row(_named("qwen3_next_8k_gb200", grad_dtype="bf16"), 148 * GB, _LONG_CONTEXT, assumed=gdn),
+        "N2": Row(_named("qwen3_next_32k_gb200", grad_dtype="bf16"), 134 * GB, _LONG_CONTEXT, assumed=gdn),
+        "N3": Row(_named("qwen3_next_64k_gb200", grad_dtype="bf16"), 157 * GB, _LONG_CONTEXT, assumed=gdn),
         "D1": Row(d1, 199.5 * GB, Source("skills/nemo-mbridge-perf-moe-optimization-workflow/card.yaml",
                                          "core_concepts.three_walls.memory (arXiv 2603.07685)", HEAD, "secondary-exact"),
                   assumed="'without optimization', method not stated (possibly analytic); BF16 and GBS 4096 assumed "
@@ -194,10 +210,18 @@ _QNEXT = ("only CP published: our recipe's TP1 PP2 VPP4 EP16, the library recipe
           "moe_act), 2^22 tokens per step assumed")
 
 
+def _qwen3_235b_cp4() -> Plan:
+    # the published TP4 CP4 (DP2) with the recompute the library recipe of that time listed (moe_act, layernorm) and
+    # its bf16 gradient reduction; our named recipe runs CP8 (DP1) with FP32 gradients
+    plan = _named("qwen3_235b_128k_gb200", global_batch_size=64, recompute_modules=("moe_act", "layernorm"),
+                  grad_dtype="bf16")
+    return plan.with_changes(layout=replace(plan.layout, cp=4))
+
+
 def _qwen3_next(name: str) -> Plan:
     from lcmoe_recipes.core.pipeline import build_pipeline_layout
 
-    plan = _named(name)
+    plan = _named(name, grad_dtype="bf16")  # the bf16 gradient reduction of the upstream recipe that ran
     return plan.with_changes(recompute_modules=("layernorm", "moe", "moe_act"), recompute_granularity="selective",
                              pipeline_model_parallel_layout=build_pipeline_layout(48, 8, 1),
                              global_batch_size=max(2**22 // plan.seq_length, 2 * plan.layout.dp))
@@ -234,7 +258,7 @@ def _throughput_rows():
         "LC10": Row(_plan("qwen3_235b_4k", "qwen3_235b", "gb200", 128, 4096, "bf16", 1024, pp=4, vpp=12, ep=32,
                           graphs=("attn", "moe_router", "moe_preprocess")), 698, lc,
                     assumed="layout and batch from the hardware card (HC9); no recompute"),
-        "LC11": Row(_named("qwen3_235b_128k_gb200", global_batch_size=64), 1117, lc, fit=True,
+        "LC11": Row(_qwen3_235b_cp4(), 1117, lc, fit=True,
                     assumed="TP4 CP4 published; our recipe's EP32 PP4 VPP12, recompute moe_act+layernorm and "
                             "2^23 tokens per step assumed"),
         # skills hardware card (exact tracker values)

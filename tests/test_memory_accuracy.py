@@ -6,6 +6,8 @@ caching allocator's peak): two constants fitted on the stated subset (rows marke
 components, checked by hand, and the HBM budget outside the allocator.
 """
 
+from dataclasses import replace
+
 import pytest
 from published import MEMORY_ROWS, REPORT_ROWS
 
@@ -135,8 +137,8 @@ def test_dispatcher_buffers_by_hand_and_outside_the_allocator():
     rdma = 10 * 4 * (128 * 2 * (16392 + 16) + 18 * 2 * 4)
     assert m.dispatcher == nvl + rdma == 545_698_880
     assert m.hbm_total == m.total + m.dispatcher + m.cuda_context + m.nccl and "dispatcher" not in m.gib()
-    # HybridEP, EP32, 8192 tokens per rank (128K / CP4 / TP4): 262144 tokens x (h bf16 + 128 experts fp32 + h/128 fp32)
-    assert estimate_memory(recipe_plan("qwen3_235b_128k_gb200")).dispatcher == 262144 * 8832 == 2_315_255_808
+    # HybridEP, EP32, 4096 tokens per rank (128K / CP8 / TP4): 131072 tokens x (h bf16 + 128 experts fp32 + h/128 fp32)
+    assert estimate_memory(recipe_plan("qwen3_235b_128k_gb200")).dispatcher == 131072 * 8832 == 1_157_627_904
 
 
 def test_fp8_weight_cache_and_graph_buffers():
@@ -146,7 +148,7 @@ def test_fp8_weight_cache_and_graph_buffers():
     assert dsv3.weight_cache > 0 and dsv3.cuda_graphs == 0
     qwen = estimate_memory(recipe_plan("qwen3_235b_128k_gb200"))  # BF16, TE graphs on attn + MoE router/preprocess
     assert qwen.weight_cache == 0
-    assert qwen.cuda_graphs == 2 * 2 * (131072 // 4 // 4) * 4096 * 2  # (attn, moe) x (input, output) x layer input
+    assert qwen.cuda_graphs == 2 * 2 * (131072 // 8 // 4) * 4096 * 2  # (attn, moe) x (input, output) x layer input
 
 
 def test_gdn_ratios_quoted_are_the_report_rows():
@@ -193,7 +195,8 @@ def test_memory_check_holds_the_whole_budget():
     hbm = plan.hardware_spec.hbm_bytes
     assert m.total <= HBM_MARGIN * hbm
     assert bool([f for f in memory_findings(plan) if f.rule == "memory/exceeds-hbm"]) == (m.hbm_total > HBM_MARGIN * hbm)
-    over = plan.with_changes(recompute_granularity=None, recompute_modules=())
+    # the published CP4 layout without recompute (CP8 fits even then)
+    over = plan.with_changes(layout=replace(plan.layout, cp=4), recompute_granularity=None, recompute_modules=())
     errors = [f for f in memory_findings(over) if f.rule == "memory/exceeds-hbm"]
     assert errors and "outside it: dispatcher, CUDA context, NCCL" in errors[0].message
 

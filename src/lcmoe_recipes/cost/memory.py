@@ -131,8 +131,8 @@ CALIBRATED = MemoryConstants(overhead_bytes=3.8e9, activation_scale=0.84)
 # Predicted / published peak of the three Qwen3-Next rows (docs/accuracy.md, N1-N3: layout unpublished, measurement
 # method unknown) with gated DeltaNet priced from megatron-core's implementation: the range the memory/uncalibrated
 # warning quotes and the planner's safety factor (lcmoe_recipes.planner.search.UNCALIBRATED_FACTOR). A test recomputes it.
-# (0.50-0.82 while the named Qwen3-Next recipes kept fp32 gradients and an even pipeline split; upstream's base recipe
-# reduces gradients in bf16 and lightens the MTP/loss stage, which our peaks now include.)
+# The rows price the bf16 gradient reduction of the upstream recipe that ran (with our recipes' fp32 gradients they read
+# 0.50-0.83) and upstream's lighter MTP/loss stage.
 GDN_MEASURED_RATIOS = (0.45, 0.78)
 
 # What the caching allocator holds at the peak (sums to ``total``); OUTSIDE lives in HBM outside it.
