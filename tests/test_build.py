@@ -99,12 +99,12 @@ def test_dsv3_last_stage_holds_a_second_embedding_and_the_mtp_norms(built):
     pre_process or mtp_process), enorm/hnorm/final norm and eh_proj -- and the decoder's final norm sits with the
     last decoder layer (PP rank 6's last chunk), not on the MTP stage."""
     report = built["dsv3_128k_h100"][0]
-    last, middle = report.stages[7], report.stages[3]  # PP 3: 8 MoE layers; PP 7: 6 MoE layers + 1 MTP layer (MoE)
+    last, middle = report.stages[7], report.stages[3]  # PP 3: 8 MoE layers; PP 7: 5 MoE layers + 1 MTP layer (MoE)
     h, vocab = get_model("deepseek_v3").hidden_size, get_model("deepseek_v3").vocab_size
-    assert last.mtp_layers == 1 and last.decoder_layers == (2, 2, 2, 0) and middle.decoder_layers == (2, 2, 2, 2)
-    # beyond 7 MoE layers' dense parts: eh_proj (2h x h), enorm + hnorm + MTP final norm (3h), embedding + output
+    assert last.mtp_layers == 1 and last.decoder_layers == (1, 2, 2, 0) and middle.decoder_layers == (2, 2, 2, 2)
+    # beyond 6 MoE layers' dense parts: eh_proj (2h x h), enorm + hnorm + MTP final norm (3h), embedding + output
     # layer (2 x V x h) -- bf16
-    assert last.dense_bytes - 7 * middle.dense_bytes // 8 == 2 * (2 * h * h + 3 * h + 2 * vocab * h)
+    assert last.dense_bytes - 6 * middle.dense_bytes // 8 == 2 * (2 * h * h + 3 * h + 2 * vocab * h)
     assert report.stages[6].dense_bytes - report.stages[5].dense_bytes == 2 * h  # the decoder's final norm
 
 

@@ -121,7 +121,8 @@ class Plan:
             size, ``variable_seq_lengths``); CUDA graphs cannot capture them.
         etp_unset: read from a config whose ``expert_tensor_parallel_size`` is None (megatron-core alone would use TP).
         grad_dtype: main-gradient buffer dtype, "fp32" (``grad_reduce_in_fp32``) or "bf16".
-        moment_dtype: Adam moment dtype ("fp32", or "bf16" with the precision-aware optimizer).
+        moment_dtype: Adam moment dtype the run keeps ("fp32", or "bf16" with the precision-aware optimizer on the
+            GPU; "fp32" under optimizer CPU offload, see :attr:`effective_moment_dtype`).
         moe_router_bias_update_rate: the update rate of the router's expert biases (auxiliary-loss-free balancing)
             for models that have them; None for models without (nothing written).
         moe_ep_overlap: ``overlap_moe_expert_parallel_comm`` (EP all-to-all hidden behind compute).

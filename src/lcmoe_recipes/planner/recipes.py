@@ -54,13 +54,15 @@ def _named(name: str, model: str, hardware: str, seq_length: int, layout: Parall
 # also megatron-bridge 0.6.2's DSV3 H100 perf recipes: "Et|(tt|)*30mL") gives PP rank 7 six decoder layers plus the
 # MTP layer (a whole MoE layer), the output layer and MTP's copy of the embedding. With FP32 gradients
 # (rules.base.GRAD_DTYPE), every selective recompute module but core_attn on and the whole optimizer offloaded, rank 7
-# keeps 65.5 GiB (128K; 65.8 at 256K) of the 70.8 GiB limit: 7.5% (7.1%) free, under the memory model's worst
-# error of 8% (cost.bands.MEMORY_ERROR_BAND). One decoder layer moves from rank 7's first chunk (chunk 7: "t") to
-# rank 0's first chunk (embedding + 2 layers: "Ett"): ranks 0-6 then run 8 decoder layers each, rank 7 five plus MTP
-# and the loss. The peak moves to rank 0 (64.3 GiB at 128K, 64.6 at 256K: 9.2% / 8.8% free) and the predicted step
-# stays 957.8 s / 866.0 s (no rank runs more than the 8 layers the middle ranks already run). Full recompute (uniform,
-# 1 layer), the next rung, would also fit, at 1167.5 s / 1070.4 s per step (+22% / +24%).
-DSV3_H100_PIPELINE = "Ett|(tt|)*6t|(tt|)*23mL"
+# then uses 65.5 GiB of HBM (128K; 65.8 at 256K) of the 70.8 GiB limit: 7.5% (7.1%) free, under the memory model's
+# worst error of 8% (cost.bands.MEMORY_ERROR_BAND). One decoder layer moves from rank 7's first chunk (chunk 7: "t")
+# to rank 0's second chunk (chunk 8: "ttt"), a MoE layer whose experts are sharded over EP32. Ranks 0-6 then run 8
+# decoder layers each, rank 7 five plus MTP and the loss; the peak is rank 0 at 63.4 GiB (128K; 63.7 at 256K):
+# 10.4% / 10.0% free, and the predicted step stays 957.8 s / 866.0 s (no rank runs more than the 8 layers the middle
+# ranks already run). Rank 0's first chunk keeps only layer 0: a second layer there would be dense DeepSeek-V3 layer
+# 1 (first_k_dense_replace 3; its FFN is not sharded by EP), on the rank that holds the most in-flight microbatches:
+# 65.7 GiB. Full recompute (uniform, 1 layer), the next rung, would also fit, at +22% / +24% step time.
+DSV3_H100_PIPELINE = "Et|(tt|)*6t|ttt|(tt|)*22mL"
 
 
 def _dsv3_h100(seq_length: int, num_gpus: int, cp: int, name: str, options: TrainingRequest) -> Plan:
@@ -71,7 +73,7 @@ def _dsv3_h100(seq_length: int, num_gpus: int, cp: int, name: str, options: Trai
         moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep",
         recompute_granularity="selective", recompute_modules=("mla_up_proj", "layernorm", "moe", "mlp"),
         optimizer_cpu_offload=True, optimizer_offload_fraction=1.0, use_distributed_optimizer=True,
-        use_precision_aware_optimizer=True, sequence_parallel=False,
+        use_precision_aware_optimizer=True, moment_dtype="fp32", sequence_parallel=False,
         reasons={
             "layout": Reason(f"published DSV3 {seq_length // 1024}K H100 layout TP1 CP{cp} EP32 PP8 VPP4 "
                              f"(CP = seq_length/4096 = {seq_length // 4096}); one decoder layer moved off PP rank 7 "
@@ -89,13 +91,14 @@ def _dsv3_h100(seq_length: int, num_gpus: int, cp: int, name: str, options: Trai
                                   "H100 perf recipes", SKILL),
             "pipeline_model_parallel_layout": Reason(
                 f"{DSV3_H100_PIPELINE}: one decoder layer moved from PP rank 7 (which also holds the MTP layer, the "
-                "output layer and MTP's embedding copy) to rank 0's first chunk, so ranks 0-6 run 8 decoder layers "
+                "output layer and MTP's embedding copy) to rank 0's second chunk (a MoE layer, not dense layer 1), "
+                "so ranks 0-6 run 8 decoder layers "
                 "each and rank 7 five plus MTP and the loss. The even split (Et|(tt|)*30mL, as megatron-bridge's DSV3 "
                 "H100 perf recipes) leaves 7.5% (128K) or 7.1% (256K) of the planning limit free on rank 7 with FP32 "
                 "gradients, under the memory model's worst error (8%); the selective recompute set has every module "
                 "but core_attn (not recomputed at long context) and the optimizer is wholly offloaded, so the next rung is "
-                "full recompute, +22-24% step time. The moved layer frees 1.2 GiB on the peak rank (9.2% free at 128K, "
-                "8.8% at 256K) at the same predicted step time (957.8 s at 128K, 866.0 s at 256K); the published "
+                "full recompute, +22-24% step time. The moved layer leaves 10.4% free on the peak rank (PP rank 0) at 128K "
+                "and 10.0% at 256K, at the same predicted step time (957.8 s at 128K, 866.0 s at 256K); the published "
                 "layout TP1 CP EP32 PP8 VPP4 is kept",
                 f"{SKILL} (rules 3-4: selective before full recompute, no SDPA recompute at long context); "
                 "megatron-bridge 0.6.2 perf_recipes/deepseek/h100/deepseek_v3.py (the even split); megatron-core "

@@ -428,12 +428,13 @@ def _with_knobs(base: Plan, recompute: tuple, fraction: float, hw, request: Trai
     """``base`` on one rung of the ladder: recompute, offload, and the CUDA graphs the rule allows with them."""
     return base.with_changes(**dict(_rung((recompute[0], tuple(recompute[1])), fraction, hw.key,
                                           request.variable_length, base.moe_flex_dispatcher_backend,
-                                          base.model_spec.is_moe, base.use_precision_aware_optimizer)))
+                                          base.model_spec.is_moe, base.use_precision_aware_optimizer,
+                                          base.moment_dtype)))
 
 
 @lru_cache(maxsize=1024)
 def _rung(recompute: tuple, fraction: float, hw_key: str, variable_length: bool, backend: str | None, is_moe: bool,
-          precision_aware: bool) -> tuple[tuple[str, object], ...]:
+          precision_aware: bool, moment_dtype: str) -> tuple[tuple[str, object], ...]:
     granularity, modules = recompute
     (impl, graphs), _ = choose_cuda_graphs(get_hardware(hw_key), variable_length, granularity, modules, backend, is_moe)
     return (("recompute_granularity", granularity), ("recompute_modules", modules),
@@ -442,6 +443,8 @@ def _rung(recompute: tuple, fraction: float, hw_key: str, variable_length: bool,
             ("optimizer_cpu_offload", fraction > 0), ("optimizer_offload_fraction", fraction),
             # CPU offload runs through the precision-aware optimizer (megatron-core HybridDeviceOptimizer)
             ("use_precision_aware_optimizer", precision_aware or fraction > 0),
+            # and keeps FP32 moments whatever exp_avg_dtype says: the plan states what runs (Plan.moment_dtype)
+            ("moment_dtype", "fp32" if fraction > 0 else moment_dtype),
             ("cuda_graph_impl", impl), ("cuda_graph_modules", graphs))
 
 
