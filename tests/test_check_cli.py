@@ -16,7 +16,7 @@ def test_named_recipe_is_clean(capsys):
     assert "  EP       32              8                      1" in out  # 8 trays, one 64-GPU NVLink block
     # at CP8 (planner/recipes.py QWEN3_235B_CP) it leaves more than the memory model's worst error free: no warning
     assert "memory/thin-headroom" not in out and out.rstrip().endswith("0 error(s), 0 warning(s)")
-    assert "\ndata: mock (megatron-core's synthetic tokens; NullTokenizer): --data-path PREFIX --tokenizer NAME" in out
+    assert "\ndata: mock (synthetic tokens; NullTokenizer): --data-path PREFIX --tokenizer NAME" in out
 
 
 @pytest.mark.slow

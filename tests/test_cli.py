@@ -20,8 +20,9 @@ def _run(zygote, *args, cwd):
 
 @pytest.mark.slow
 def test_dry_run_end_to_end(tmp_path, zygote):
-    out = _run(zygote, "qwen3_235b", "--seq", "131072", "model.tensor_model_parallel_size=8", "--dry-run",
-               "--output", "cfg.yaml", cwd=tmp_path)
+    # TP8 with the recipe's CP8 is 256 GPUs: CP4 keeps it on 128 (the README's example)
+    out = _run(zygote, "qwen3_235b", "--seq", "131072", "model.tensor_model_parallel_size=8",
+               "model.context_parallel_size=4", "--dry-run", "--output", "cfg.yaml", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "Loading Megatron-Bridge" in out.stderr  # the user sees that work is in progress
     text = out.stdout
@@ -34,7 +35,8 @@ def test_dry_run_end_to_end(tmp_path, zygote):
     assert yaml_text.startswith('# lcmoe_recipes: {"base_recipe": "megatron.bridge.perf_recipes.qwen.gb200.qwen3_moe:'
                                 'qwen3_235b_a22b_pretrain_256gpu_gb200_bf16_config", "hardware": "gb200", '
                                 '"megatron_bridge": "0.6.2", "megatron_core": "0.19.2", "model": "qwen3_235b", '
-                                '"overrides": ["model.tensor_model_parallel_size=8"], "recipe": "qwen3_235b_128k_gb200", '
+                                '"overrides": ["model.tensor_model_parallel_size=8", "model.context_parallel_size=4"], '
+                                '"recipe": "qwen3_235b_128k_gb200", '
                                 '"seq_length": 131072, "world_size": 128}\n')
     assert "tensor_model_parallel_size: 8" in yaml_text and "seq_length: 131072" in yaml_text
 

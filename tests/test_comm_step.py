@@ -20,14 +20,14 @@ def _by_kind(plan, layer):
 
 def test_qwen3_235b_128k_layer_bytes_by_hand():
     t = _by_kind(recipe_plan("qwen3_235b_128k_gb200"), 0)
-    n = 131072 // 4                                   # tokens per CP rank
+    n = 131072 // 8                                   # tokens per CP rank
     # TP4 + SP, attention only (no shared experts): AG + RS forward, RS + AG backward, 3/4 of n·h·2 bytes each
-    assert t["TP"].nvlink_bytes == 4 * 3 / 4 * n * 4096 * 2 == 805_306_368
-    # CP4 ring, GQA K+V = 2·4 heads·128: 3·(CP-1) transfers of n·1024·2/TP bytes
-    assert t["CP"].nvlink_bytes == 3 * 3 * n * 1024 * 2 / 4 == 150_994_944
+    assert t["TP"].nvlink_bytes == 4 * 3 / 4 * n * 4096 * 2 == 402_653_184
+    # CP8 ring, GQA K+V = 2·4 heads·128: 3·(CP-1) transfers of n·1024·2/TP bytes
+    assert t["CP"].nvlink_bytes == 3 * 7 * n * 1024 * 2 / 4 == 176_160_768
     # EP32: n/TP tokens x top-8 x h x 2 bytes, 4 transfers, 31/32 leave the GPU; inside one 64-GPU NVLink block
     assert t["EP"].nvlink_bytes == pytest.approx(4 * (n / 4) * 8 * 4096 * 2 * 31 / 32) and t["EP"].scaleout_bytes == 0
-    assert t["EP"].seconds == pytest.approx(2_080_374_784 / 900e9)
+    assert t["EP"].seconds == pytest.approx(1_040_187_392 / 900e9)
 
 
 def test_dsv3_128k_layer_bytes_by_hand():

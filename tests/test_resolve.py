@@ -199,7 +199,7 @@ def test_main_job_output_fits_one_screen_and_explain_keeps_every_reason(tmp_path
     assert launch(["qwen3_235b", "--seq", "131072", "--dry-run"]) == 0
     out, err = capsys.readouterr()
     assert len(out) + len(err) <= 3000, len(out) + len(err)
-    assert "TP=4 PP=4 VPP=12 CP=4 EP=32 ETP=1 -> DP=2 EDP=1" in out and "why (the decisions that matter" in out
+    assert "TP=4 PP=4 VPP=12 CP=8 EP=32 ETP=1 -> DP=1 EDP=1" in out and "why (the decisions that matter" in out
     sources = [line for line in out.splitlines() if re.match(r"  \[\d+\] ", line)]
     assert sources and len(sources) == len(set(s.split("] ", 1)[1] for s in sources))  # each source once
     assert launch(["qwen3_235b", "--seq", "131072", "--dry-run", "--explain"]) == 0
@@ -340,8 +340,8 @@ def test_a_gpu_count_alone_takes_the_named_recipes_hardware():
 
 def test_plan_names_the_named_recipe_launch_would_use(capsys):
     assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", "--top", "1"]) == 0
-    assert ("note: the named recipe qwen3_235b_128k_gb200 covers this request, and launch uses it (TP4 CP4 EP32 ETP1 "
-            "PP4 VPP12 -> DP2 EDP1 on 128 GPUs)") in capsys.readouterr().out
+    assert ("note: the named recipe qwen3_235b_128k_gb200 covers this request, and launch uses it (TP4 CP8 EP32 ETP1 "
+            "PP4 VPP12 -> DP1 EDP1 on 128 GPUs)") in capsys.readouterr().out
     assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", "--top", "1",
                       "--tp", "2"]) in (0, 1)
     assert "note: the named recipe" not in capsys.readouterr().out  # a layout wish: launch searches too
@@ -366,7 +366,7 @@ def test_a_launch_that_trains_refuses_mock_data_random_weights_and_missing_gpus(
     assert "error: this launch would not train as asked: (1) this machine has 0 GPU(s)" in capsys.readouterr().err
     # the dry run shows what the ranks would read
     assert launch(["qwen3_next", "--seq", "8192", "--dry-run", "--output", str(out)]) == 0
-    assert "  data               mock (megatron-core's synthetic tokens; NullTokenizer)" in capsys.readouterr().out
+    assert "  data               mock (synthetic tokens; NullTokenizer)" in capsys.readouterr().out
 
 
 def test_an_override_of_cp_derives_the_hierarchical_cp_sizes_again(tmp_path, capsys):

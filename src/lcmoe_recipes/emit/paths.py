@@ -87,7 +87,7 @@ def data_text(cfg) -> str:
         tokenizer += f" {tok.tokenizer_model}"
     prefixes = [p for _, p in data_prefixes(cfg)]
     if not prefixes:
-        return f"mock (megatron-core's synthetic tokens; {tokenizer}): --data-path PREFIX --tokenizer NAME for real data"
+        return f"mock (synthetic tokens; {tokenizer}): --data-path PREFIX --tokenizer NAME for real data"
     shown = ", ".join(prefixes[:3]) + (f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else "")
     return f"{len(prefixes)} prefix(es): {shown}; tokenizer {tokenizer}"
 

@@ -112,7 +112,7 @@ class _Progress:
                 self._thread = threading.Thread(target=self._tick, daemon=True)
                 self._thread.start()
             else:
-                print(f"{self.what} (takes 10-40 s) ...", file=sys.stderr, flush=True)
+                print(f"{self.what} (10-40 s) ...", file=sys.stderr, flush=True)
         return self
 
     def _tick(self) -> None:
@@ -126,8 +126,9 @@ class _Progress:
         if self._thread is not None:
             self._thread.join()
             print("\r", end="", file=sys.stderr)
-        if not self.quiet:
-            print(f"{self.what}: done in {self.seconds:.0f} s", file=sys.stderr, flush=True)
+        if not self.quiet:  # on a TTY the ticking line above is overwritten; elsewhere "(10-40 s) ..." precedes
+            print(f"{self.what}: done in {self.seconds:.0f} s" if self._thread is not None
+                  else f"... done in {self.seconds:.0f} s", file=sys.stderr, flush=True)
 
 
 STACK_PACKAGES = {"megatron_core": "megatron-core", "megatron_bridge": "megatron-bridge"}

@@ -123,8 +123,7 @@ def _qwen3_235b_gb200(options: TrainingRequest, precision: str = "bf16", seq_len
     norm_why = ("megatron-core 0.19.2 runs no norm recompute here: the input norm is fused into TE's QKV linear "
                 "(TELayerNormColumnParallelLinear), and the pre-MLP norm recompute is switched off, with a warning, "
                 "under the flex dispatcher with moe_router/moe_preprocess CUDA graphs")
-    norm_source = ("megatron-core 0.19.2 transformer/transformer_layer.py (pre-MLP norm recompute), "
-                   "models/gpt/gpt_layer_specs.py (input norm fused)")
+    norm_source = "megatron-core 0.19.2 transformer/transformer_layer.py, models/gpt/gpt_layer_specs.py"
     return _named(
         name, "qwen3_235b", "gb200", seq_length, layout, precision, options,
         moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="hybridep",

@@ -114,8 +114,8 @@ def plan_rows(plan: Plan) -> list[tuple[str, str]]:
         ("positions", plan.positions.describe() if plan.positions else "as the model was trained"),
         ("schedule", schedule_text(plan)),
         ("weights", f"from {plan.pretrained_checkpoint} (model weights; optimizer state fresh)"
-         if plan.pretrained_checkpoint else "random (to extend a pretrained model: --from-hf DIR or --from-checkpoint "
-                                            "DIR)"),
+         if plan.pretrained_checkpoint else "random: --from-hf DIR or --from-checkpoint DIR to extend a pretrained "
+                                            "model"),
         ("based on", base_recipe_text(plan)),
     ]
 
