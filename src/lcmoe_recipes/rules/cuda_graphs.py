@@ -27,5 +27,10 @@ def choose_cuda_graphs(hw: Hardware, variable_length: bool, granularity: str | N
     if "moe" in modules:  # megatron-core: TE graphs with moe_router conflict with moe recompute
         return ("transformer_engine", ("attn",)), Reason("TE CUDA graphs on attn only: moe recompute excludes the "
                                                          "moe_router scope", SOURCE)
+    if "layernorm" in modules:  # a graphed router under the flex dispatcher switches the pre-MLP norm recompute off
+        return ("transformer_engine", ("attn",)), Reason(
+            "TE CUDA graphs on attn only: with moe_router graphed under the flex dispatcher, megatron-core does not "
+            "run the layernorm recompute the plan needs", "megatron-core 0.19.2 transformer/transformer_layer.py "
+            "(can_recompute_pre_mlp_layernorm_for_cudagraph)")
     return ("transformer_engine", ("attn", "moe_router", "moe_preprocess")), Reason(
         "TE CUDA graphs on attn, moe_router, moe_preprocess: static shapes, as the published GB200 config", SOURCE)
