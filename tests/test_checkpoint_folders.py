@@ -30,6 +30,24 @@ def test_a_folder_of_the_planned_model_passes(tmp_path):
     assert matching_models(spec.config) == ["qwen3_30b"]
 
 
+def test_a_folder_without_tokenizer_files_warns_when_the_run_takes_its_tokenizer_from_it(tmp_path):
+    from lcmoe_recipes import TrainingRequest
+    from lcmoe_recipes.checks.weights import weights_of
+
+    folder = hf_folder(tmp_path / "q", get_model("qwen3_30b").config)
+    data = ["/lustre/data/web_text_document"]
+    (note,) = weights_of(TrainingRequest(model="qwen3_30b", seq_length=8192, from_hf=str(folder), data_path=data),
+                         "qwen3_30b").notes
+    assert (note.severity, note.rule) == ("warning", "weights/no-tokenizer")
+    assert note.fix == "copy the checkpoint's tokenizer files into the folder, or name one with --tokenizer"
+    named = TrainingRequest(model="qwen3_30b", seq_length=8192, from_hf=str(folder), data_path=data,
+                            tokenizer="Qwen/Qwen3-30B-A3B")
+    assert weights_of(named, "qwen3_30b").notes == ()
+    (folder / "tokenizer.json").write_text("{}")
+    assert weights_of(TrainingRequest(model="qwen3_30b", seq_length=8192, from_hf=str(folder), data_path=data),
+                      "qwen3_30b").notes == ()
+
+
 def test_each_mismatching_number_is_named_with_both_values_and_the_matching_model(tmp_path):
     folder = hf_folder(tmp_path / "q235", get_model("qwen3_235b").config)
     with pytest.raises(CheckpointError) as err:

@@ -93,6 +93,33 @@ def test_values_read_back_for_qwen3_235b(named):
     assert again.get("layer[moe].recompute_pre_mlp_layernorm").runs is False
 
 
+def test_what_megatron_warns_is_read_after_a_jobs_logging_setup():
+    """megatron-bridge's setup_logging (run by a training job in this process) leaves a filter that drops WARNING
+    records on the loggers: the read-back still sees megatron-core's warning, and leaves the loggers as it found them."""
+    import logging
+
+    from megatron.bridge.training.utils.log_utils import setup_logging
+
+    from lcmoe_recipes.emit.effective import capture
+
+    loggers = [logging.getLogger()] + [lg for lg in logging.root.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    before = [(lg, list(lg.filters), lg.level) for lg in loggers]
+    try:
+        setup_logging()
+        layer_logger = logging.getLogger("megatron.core.transformer.transformer_layer")
+        set_up = (list(layer_logger.filters), layer_logger.level)
+        lines: list[str] = []
+        with capture(lines):
+            layer_logger.warning("Disabling pre_mlp_layernorm recompute.")
+        assert lines == ["megatron.core.transformer.transformer_layer: Disabling pre_mlp_layernorm recompute."]
+        assert (list(layer_logger.filters), layer_logger.level) == set_up  # restored
+    finally:
+        for lg, filters, level in before:
+            lg.filters = filters
+            lg.setLevel(level)
+
+
 def test_user_yaml_difference_is_a_warning_naming_the_fix(named, tmp_path):
     from lcmoe_recipes.planner.examine import examine
     from lcmoe_recipes.emit import target_meta, write_yaml

@@ -16,9 +16,9 @@ from lcmoe_recipes.planner.search import search_layouts as search
 def test_checkpoint_size_and_cadence_for_deepseek_v3():
     plan = recipe_plan("dsv3_128k_h100")
     # upstream's DSV3 recipe asks the precision-aware optimizer for bf16 moments, but under optimizer CPU offload
-    # HybridDeviceOptimizer keeps FP32 Adam states (megatron-core 0.19.2 optimizer/__init__.py): bf16 weight 2 +
-    # fp32 master 4 + 2 x 4 bytes per parameter
-    assert plan.moment_dtype == "bf16" and plan.effective_moment_dtype == "fp32"
+    # HybridDeviceOptimizer keeps FP32 Adam states (megatron-core 0.19.2 optimizer/__init__.py), and the plan states
+    # what runs: bf16 weight 2 + fp32 master 4 + 2 x 4 bytes per parameter
+    assert plan.moment_dtype == "fp32" and plan.effective_moment_dtype == "fp32"
     assert wc.checkpoint_bytes(plan) == shapes(plan.model_spec).total_params * 14
     assert wc.checkpoint_bytes(plan) == pytest.approx(9.39e12, rel=0.01)
     assert wc.write_seconds(plan) == pytest.approx(9.39e12 / 20e9, rel=0.01)  # default 20 GB/s: 7.8 min

@@ -43,6 +43,8 @@ HF_ARCHITECTURE_KEYS = (
 )
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+# what transformers' AutoTokenizer reads from a checkpoint folder: one of these is there when a tokenizer is
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 TRACKER_FILES = ("latest_train_state.pt", "latest_checkpointed_iteration.txt")
 RUN_CONFIG = "run_config.yaml"
 
@@ -285,6 +287,11 @@ def weights_of(request: TrainingRequest, model: str) -> Weights:
     notes: tuple[Finding, ...] = ()
     if Path(folder).exists():
         (check_hf_folder if request.from_hf else check_megatron_checkpoint)(folder, spec)
+        if request.from_hf and request.data_path and not request.tokenizer and not any(
+                (Path(folder) / name).is_file() for name in HF_TOKENIZER_FILES):
+            notes = (Finding("warning", "weights/no-tokenizer", f"--from-hf {folder} holds no tokenizer file "
+                             f"({', '.join(HF_TOKENIZER_FILES)}), yet the run takes its tokenizer from there",
+                             "copy the checkpoint's tokenizer files into the folder, or name one with --tokenizer"),)
     else:
         notes = (Finding("warning", "weights/not-here", f"{flag} {folder} is not on this machine: it is checked "
                          "against the planned model where the job starts", "build on a machine that sees it to have "

@@ -176,6 +176,15 @@ def capture(lines: list[str]) -> Iterator[None]:
     handler = _Records()
     root = logging.getLogger()
     previous, handlers = logging.root.manager.disable, list(root.handlers)
+    # a job's setup_logging (megatron-bridge training/utils/log_utils.py) may have left a filter that drops WARNING
+    # records, or a higher level, on the loggers of this process: set aside for the block, so what megatron warns is
+    # read whatever ran before
+    loggers = [root] + [lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    saved = [(lg, list(lg.filters), lg.level, lg.disabled) for lg in loggers]
+    for lg, _, level, _ in saved:
+        lg.filters, lg.disabled = [], False
+        if level > logging.WARNING:
+            lg.setLevel(logging.WARNING)
     logging.disable(logging.INFO)
     root.handlers = [handler]
     try:
@@ -184,6 +193,9 @@ def capture(lines: list[str]) -> Iterator[None]:
             yield
     finally:
         root.handlers = handlers
+        for lg, filters, level, disabled in saved:
+            lg.filters, lg.disabled = filters, disabled
+            lg.setLevel(level)
         logging.disable(previous)
     lines += handler.lines + [f"warning ({w.category.__name__}): {w.message}" for w in caught]
 
