@@ -125,6 +125,13 @@ start() {
       --log-error="$dir/log/mariadb.log" >/dev/null 2>&1 &)
   fi
   wait_for 30 mariadbd mysqladmin --socket=/run/mysqld/mysqld.sock ping
+  # a controller without saved state numbers jobs from 1 again: an accounting store kept from an earlier one (mariadb
+  # keeps /var/lib/mysql) would hold jobs of the same ids, and sacct -j ID -- NeMo-Run's job state -- would answer
+  # with both (a job read as done while it still runs); so a fresh controller gets a fresh store
+  if ! alive "$dir/run/slurmctld.pid" && [ ! -f "$dir/state/job_state" ]; then
+    alive "$dir/run/slurmdbd.pid" && kill "$(cat "$dir/run/slurmdbd.pid")" && sleep 1
+    mysql --socket=/run/mysqld/mysqld.sock -e "DROP DATABASE IF EXISTS slurm_acct_db;"
+  fi
   mysql --socket=/run/mysqld/mysqld.sock -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$db_pass';
     GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
   alive "$dir/run/slurmdbd.pid" || slurmdbd
