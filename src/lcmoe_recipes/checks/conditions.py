@@ -52,9 +52,18 @@ class ConfigView:
 
     config: Any
     target: Mapping[str, Any] = field(default_factory=dict)
+    _read: dict = field(default_factory=dict, compare=False, repr=False)  # path -> value, read once per view
 
     def get(self, path: str) -> Any:
-        """The value at the dotted ``path`` (e.g. ``model.context_parallel_size``), or :data:`ABSENT`."""
+        """The value at the dotted ``path`` (e.g. ``model.context_parallel_size``), or :data:`ABSENT`; each path is
+        read from the config once per view (a view stands for the config as it was when first read)."""
+        try:
+            return self._read[path]
+        except KeyError:
+            value = self._read[path] = self._lookup(path)
+            return value
+
+    def _lookup(self, path: str) -> Any:
         head, _, rest = path.partition(".")
         if head == "target":
             return self.target.get(rest, ABSENT)

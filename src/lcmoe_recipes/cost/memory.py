@@ -164,12 +164,13 @@ class MemoryBreakdown:
     @cached_property
     def total(self) -> float:
         """The caching allocator's peak (what ``torch.cuda.max_memory_allocated`` measures), bytes."""
-        return sum(getattr(self, n) for n in COMPONENTS)
+        return (self.parameters + self.weight_cache + self.gradients + self.optimizer + self.activations
+                + self.transient + self.cuda_graphs + self.workspace + self.overhead)  # COMPONENTS, in order
 
     @cached_property
     def outside(self) -> float:
         """Bytes of HBM outside PyTorch's caching allocator: :data:`OUTSIDE` (dispatcher, CUDA context, NCCL)."""
-        return sum(getattr(self, n) for n in OUTSIDE)
+        return self.dispatcher + self.cuda_context + self.nccl  # OUTSIDE, in order
 
     @cached_property
     def hbm_total(self) -> float:

@@ -101,7 +101,13 @@ def plan_view(plan: Plan) -> dict[str, Any]:
 def open_hazards(plan: Plan, only: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """Ids of the open hazards ``plan`` walks into on the pinned stack, in catalogue order (the target's hardware,
     architecture and GPU count decide those keyed to them; an entry ``safe`` on the target's architecture is
-    skipped), among ``only`` when given."""
+    skipped), among ``only`` when given. Judged once per plan and ``only`` (the search asks again for the ties and
+    their answers)."""
+    return _open_hazards(plan, only)
+
+
+@functools.lru_cache(maxsize=8192)
+def _open_hazards(plan: Plan, only: tuple[str, ...] | None) -> tuple[str, ...]:
     view = config_view(plan_view(plan), plan.hardware_spec, plan.layout.world)
     arch = view.get("target.architecture")
     refs = catalogue()[1]

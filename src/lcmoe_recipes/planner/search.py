@@ -690,7 +690,7 @@ def _hazard_answers(best: Candidate, fastest: Candidate, ties: list[Candidate], 
                    f"and is within the step error band of the fastest ({fastest.plan.layout.describe()}, MBS "
                    f"{fastest.plan.micro_batch_size}), which does")
         elif all(issue_id in hazards[id(c)] for c in ties):
-            every = all(issue_id in open_hazards(c.plan) for c in fits)
+            every = all(open_hazards(c.plan, (issue_id,)) for c in fits)
             how = ("cannot avoid: " + ("decided by the request: every fitting candidate priced walks into it"
                                         if every else "every candidate within the step error band walks into it; "
                                         "a layout without it is slower than the band allows"))
