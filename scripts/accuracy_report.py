@@ -10,6 +10,7 @@ emitted as a ConfigContainer, after ``runtime_config_update`` for the target) be
 from __future__ import annotations
 
 import copy
+import json
 import math
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ from lcmoe_recipes.cost.efficiency import FITTED, GPUS, KINDS, constant  # noqa:
 from lcmoe_recipes.cost.memory import CALIBRATED, GDN_MEASURED_RATIOS, estimate_memory  # noqa: E402
 
 OUT = ROOT / "docs" / "accuracy.md"
+SIMUMAX_FILE = ROOT / "tests" / "simumax_v1_2.json"
 GOAL_STEP, GOAL_MEMORY = 0.15, 0.10
 
 
@@ -185,6 +187,58 @@ def _flops_note(key: str) -> str:
     return f"{ratio:.3f}" + (f" ({release[:9]})" if round(ratio, 3) != 1.0 else "")
 
 
+def simumax_ratios(rows) -> dict[str, float]:
+    """SimuMax v1.2's TFLOP/s over the published value (both at our FLOP count) for each row it ran
+    (``tests/simumax_v1_2.json``, written by ``scripts/simumax_compare.py``): our FLOPs per GPU per step over its step
+    time, divided by :attr:`Row.comparable`."""
+    from lcmoe_recipes.cost.step import estimate_step
+
+    ran = json.loads(SIMUMAX_FILE.read_text())["rows"]
+    out = {}
+    for key, result in ran.items():
+        est = estimate_step(rows[key].plan)
+        out[key] = est.tflops_per_gpu * est.step_seconds / result["step_seconds"] / rows[key].comparable
+    return out
+
+
+def _peer_section(rows) -> list[str]:
+    from lcmoe_recipes.cost.step import estimate_step
+
+    data = json.loads(SIMUMAX_FILE.read_text())
+    peer = simumax_ratios(rows)
+    sm = data["simumax"]
+    lines = ["### Against a peer: SimuMax v1.2", "",
+             f"SimuMax ({sm['repository']}, tag {sm['tag']}, commit {sm['commit'][:9]}) is an open analytical "
+             "simulator of Megatron-style training. `scripts/simumax_compare.py` ran it on every row it can express "
+             "with its public system configs as shipped (" + ", ".join(f"`{v}`" for v in data["systems"].values())
+             + "); its step time is stored in `tests/simumax_v1_2.json` and compared at our FLOP count. "
+             "What every run assumed:", ""]
+    lines += [f"* {a};" for a in data["assumed"]]
+    lines += ["", "| row | used as (ours) | ours / published | SimuMax / published | SimuMax step s (compute, exposed communication) | "
+                  "ours step s | assumed for the model |", "|---|---|---|---|---|---|---|"]
+    for key, result in data["rows"].items():
+        r, est = rows[key], estimate_step(rows[key].plan)
+        lines.append(f"| {key} | {'fit' if r.fit else 'held out'} | {est.tflops_per_gpu / r.comparable:.2f} | "
+                     f"{peer[key]:.2f} | {result['step_seconds']:.2f} ({result['compute_seconds']:.2f}, "
+                     f"{result['exposed_comm_seconds']:.2f}) | {est.step_seconds:.2f} | "
+                     f"{'; '.join(result['assumed']) or '-'} |")
+    held = [k for k in data["rows"] if not rows[k].fit and rows[k].source.quality in TRUSTED]
+    mine = {k: estimate_step(rows[k].plan).tflops_per_gpu / rows[k].comparable for k in data["rows"]}
+    lines += ["", f"Held-out trusted rows both models priced: {len(held)} ("
+                  + ", ".join(f"{k}: SimuMax {abs(peer[k] - 1):.0%} off, ours {abs(mine[k] - 1):.0%}" for k in held)
+                  + "). Where SimuMax's step goes (compute, then exposed communication, as it reports them): "
+                  + ", ".join(f"{k} {r['compute_seconds']:.1f} s and {r['exposed_comm_seconds']:.1f} s"
+                              for k, r in data["rows"].items())
+                  + ". Both rows span nodes, so they run over the config's placeholder inter-node network. One held-out row "
+                  "does not rank the two models, and their errors point opposite ways."]
+    by_reason: dict[str, list[str]] = {}
+    for key, why in data["not_expressible"].items():
+        by_reason.setdefault(why, []).append(key)
+    lines += ["", "Rows it cannot express, by reason (`simumax_compare.expressible`):", ""]
+    lines += [f"* {why}: {', '.join(keys)};" for why, keys in by_reason.items()]
+    return lines + [""]
+
+
 def _throughput_section(rows) -> list[str]:
     fit_rows = {k: (r.plan, r.comparable) for k, r in rows.items() if r.fit}
     tables = leave_one_out_tables(fit_rows)
@@ -205,14 +259,16 @@ def _throughput_section(rows) -> list[str]:
              "from each release's own `flop_utils.py`); *ours / published* compares the same step: ours over "
              "published / (FLOPs counted / ours).", "",
              "| row | configuration | source | used as | published | FLOPs counted / ours | ours | ours / published | "
-             "leave-one-out | MFU (ours) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "leave-one-out | MFU (ours) | SimuMax v1.2 / published |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     from lcmoe_recipes.cost.step import estimate_step
 
+    peer = simumax_ratios(rows)
     for row, r in rows.items():
         est = estimate_step(r.plan)
         lines.append(f"| {row} | {_describe(r.plan)} | {r.source.quality} | {'fit' if r.fit else 'held out'} | "
                      f"{r.value:g} | {_flops_note(row)} | {est.tflops_per_gpu:.0f} | {est.tflops_per_gpu / r.comparable:.2f} | "
-                     f"{f'{loo[row]:.2f}' if row in loo else '-'} | {est.mfu:.1%} |")
+                     f"{f'{loo[row]:.2f}' if row in loo else '-'} | {est.mfu:.1%} | "
+                     f"{f'{peer[row]:.2f}' if row in peer else '-'} |")
     inside = [k for k, v in held.items() if abs(v - 1) <= GOAL_STEP]
     outside = {k: v for k, v in held.items() if abs(v - 1) > GOAL_STEP}
     other = [k for k, r in rows.items() if not r.fit and r.source.quality not in TRUSTED]
@@ -416,6 +472,7 @@ def build() -> str:
     lines += _memory_section(MEMORY_ROWS, REPORT_ROWS)
     lines += _budget_section()
     lines += _throughput_section(THROUGHPUT_ROWS)
+    lines += _peer_section(THROUGHPUT_ROWS)
     lines += _band_section(THROUGHPUT_ROWS)
     lines += _offload_section(THROUGHPUT_ROWS)
     lines += [f"Error bands (`cost/bands.py`): step per GPU x precision (above; pooled ±{STEP_ERROR_BAND:.1%}, "
