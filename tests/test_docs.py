@@ -95,7 +95,9 @@ NOT_INSTALLED_HERE = ("transformer_engine/", "pytorch/", "attention/dot_product_
                       "skills/", "examples/model_verification_cards/", "docs/performance-summary",
                       "megatron/core/transformer/moe/README.md",
                       # Megatron-Bridge's performance scripts and its repository paths (known-issue sources)
-                      "scripts/performance/", "src/megatron/bridge/")
+                      "scripts/performance/", "src/megatron/bridge/",
+                      # SimuMax v1.2's public system configs (the peer comparison, scripts/simumax_compare.py)
+                      "configs/system/")
 PLACEHOLDERS = ("out/", "my/", "x/", "folder/", "hf_dir/", "iter_NNNNNNN/")
 CITED = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|yaml|json|sh|txt|toml))\b")
 
