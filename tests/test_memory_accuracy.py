@@ -215,3 +215,36 @@ def test_explain_lines_show_every_hbm_part_and_each_constants_origin():
     assert "FlashAttention-3 paper" in lines and "error band ±" in lines
     h200 = "\n".join(constant_lines(plan.with_changes(hardware="h200")))
     assert "borrowed -- h100 fp8_blockwise stands in: H200 has H100's GH100 tensor cores" in h200
+
+
+def test_one_knob_pairs_keep_the_published_order():
+    """Issue 26 item 5: rows that differ in one knob only, the predicted order against the published one
+    (docs/accuracy.md, 'One knob at a time'). Sources: tests/published.py rows (NVIDIA performance summary tables,
+    model-verification cards, skills cards at tracker ad4138a1d)."""
+    import importlib.util
+    from pathlib import Path
+
+    from published import MEMORY_ROWS, THROUGHPUT_ROWS
+
+    from lcmoe_recipes.calibration.fit_step import predicted_tflops
+    from lcmoe_recipes.cost.efficiency import FITTED
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "accuracy_report.py"
+    spec = importlib.util.spec_from_file_location("accuracy_report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    knob = {(a, b): k for a, b, k in report.one_knob_pairs(THROUGHPUT_ROWS)}
+    assert knob[("VC1", "VC4")] == "EP overlap (with its dispatcher backend)"
+    assert knob[("PS17", "PS22")] == "batch (MBS, GBS)"  # GBS alone: the narrowest group, not CP
+    assert knob[("LC2", "LC5")].startswith("context parallelism")
+    assert ("HC7", "PS22") not in knob  # HC7 is disputed: not a trusted row
+    checks = {c["rows"]: c["verdict"] for c in report.order_checks(THROUGHPUT_ROWS,
+                                                                     lambda p: predicted_tflops(p, FITTED))}
+    for pair in (("HC1", "PS26"), ("VC1", "VC4"), ("PS8", "PS21"), ("LC3", "LC5"), ("PS10", "PS23")):
+        assert checks[pair] == "match", pair
+    assert checks[("LC1", "LC3")] == "flip" and checks[("RC1", "RC5")] == "flat" and checks[("PS7", "VC3")] == "tie"
+    assert sum(v == "match" for v in checks.values()) == 18 and sum(v != "tie" for v in checks.values()) == 30
+    memory = {c["rows"]: c["verdict"] for c in report.order_checks(MEMORY_ROWS,
+                                                                   lambda p: estimate_memory(p).total / 1e9)}
+    assert memory[("Q2", "Q5")] == "match" and memory[("M1", "M6")] == "match" and memory[("Q1", "Q2")] == "flat"
+    assert sum(v == "match" for v in memory.values()) == 17

@@ -200,6 +200,15 @@ class Plan:
     pin_cpu_grads: bool = True
     reasons: dict[str, Reason] = field(default_factory=dict, compare=False)
 
+    def __hash__(self) -> int:
+        """The hash dataclasses would give (every compared field), computed once: the search keys its memos on
+        plans, and a plan's 40-odd fields (a layout, tuples, a schedule) cost more to hash than most lookups save."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(self.__dict__[name] for name in _COMPARED))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     @property
     def model_spec(self) -> ModelSpec:
         return get_model(self.model)
@@ -237,10 +246,12 @@ class Plan:
         # the cost: the search builds thousands of variants per request.
         copy = object.__new__(Plan)
         copy.__dict__.update(self.__dict__, **changes)
+        copy.__dict__.pop("_hash", None)  # the hash of the fields before the change
         return copy
 
 
 _FIELDS = frozenset(f.name for f in fields(Plan))
+_COMPARED = tuple(f.name for f in fields(Plan) if f.compare)
 
 
 # The reason of a config read back from a YAML that does not record the recipe it started from (no lcmoe_recipes
