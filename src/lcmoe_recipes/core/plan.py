@@ -209,6 +209,10 @@ class Plan:
             object.__setattr__(self, "_hash", cached)
         return cached
 
+    def __getstate__(self) -> dict:
+        """Pickle and copy without the cached hash: string hashes differ from process to process."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @property
     def model_spec(self) -> ModelSpec:
         return get_model(self.model)
