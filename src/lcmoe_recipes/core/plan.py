@@ -10,6 +10,7 @@ not import it. :data:`HBM_MARGIN` is the planning limit every memory check and t
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from operator import itemgetter
 
 from ..catalog import Hardware, ModelSpec, get_hardware, get_model
 from ..errors import UnknownName
@@ -205,7 +206,7 @@ class Plan:
         plans, and a plan's 40-odd fields (a layout, tuples, a schedule) cost more to hash than most lookups save."""
         cached = self.__dict__.get("_hash")
         if cached is None:
-            cached = hash(tuple(self.__dict__[name] for name in _COMPARED))
+            cached = hash(_compared(self.__dict__))
             object.__setattr__(self, "_hash", cached)
         return cached
 
@@ -255,7 +256,7 @@ class Plan:
 
 
 _FIELDS = frozenset(f.name for f in fields(Plan))
-_COMPARED = tuple(f.name for f in fields(Plan) if f.compare)
+_compared = itemgetter(*(f.name for f in fields(Plan) if f.compare))  # a plan's __dict__ -> its compared values
 
 
 # The reason of a config read back from a YAML that does not record the recipe it started from (no lcmoe_recipes

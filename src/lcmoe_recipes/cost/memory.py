@@ -588,19 +588,33 @@ def estimate_memory(plan: Plan, constants: MemoryConstants = CALIBRATED) -> Memo
     return max((rank_memory(plan, r, constants) for r in range(plan.layout.pp)), key=lambda m: m.total)
 
 
+def _rank_params(plan: Plan, pp_rank: int):
+    """(static counts of pipeline rank ``pp_rank``, its dense parameters per GPU, its expert parameters per GPU)."""
+    lay = plan.layout
+    static = _rank_static(plan.model_spec.key, stage_decoder_layers(plan), lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
+    return static, static.dense / lay.tp + static.replicated, static.experts / (lay.ep * lay.etp)
+
+
+def optimizer_shard_params(plan: Plan, pp_rank: int) -> float:
+    """Parameters (elements) of one GPU's distributed-optimizer shard on pipeline rank ``pp_rank``: its dense
+    parameters over DP x CP plus its expert parameters over EDP (megatron-core 0.19.2 ``DistributedOptimizer`` shards
+    each gradient buffer over its data-parallel group). What :func:`rank_memory` reports as
+    ``optimizer_shard_params``, without pricing the rest of the rank."""
+    _, dense, experts = _rank_params(plan, pp_rank)
+    return dense / (plan.layout.dp * plan.layout.cp) + experts / plan.layout.edp
+
+
 def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATED) -> MemoryBreakdown:
     """Memory breakdown of pipeline rank ``pp_rank``."""
     spec = plan.model_spec
     s = shapes(spec)
     lay = plan.layout
-    static = _rank_static(spec.key, stage_decoder_layers(plan), lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
+    static, dense, experts = _rank_params(plan, pp_rank)
     last = static.last
-    dense = static.dense / lay.tp + static.replicated
-    experts = static.experts / (lay.ep * lay.etp)
     params = dense + experts
     grad_bytes = FP32 if plan.grad_dtype == "fp32" else BF16
     state_bytes = master_weight_bytes(plan) + 2 * (FP32 if plan.effective_moment_dtype == "fp32" else BF16)
-    shard = dense / (lay.dp * lay.cp) + experts / lay.edp
+    shard = optimizer_shard_params(plan, pp_rank)
     on_gpu = 1.0 - (plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0)
 
     n = plan.micro_batch_size * plan.seq_length / lay.cp

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..core.plan import Plan
-from .memory import rank_memory
+from .memory import optimizer_shard_params
 
 # One fused torch AdamW step over fp32 tensors: read param, grad, exp_avg, exp_avg_sq; write param, exp_avg,
 # exp_avg_sq (torch 2.14 aten/src/ATen/native/cpu/FusedAdamKernel.cpp, called by torch.optim.AdamW(fused=True)).
@@ -81,7 +81,7 @@ def offload_elements(plan: Plan, pp_rank: int) -> float:
     moves parameters until that fraction of the shard's elements is reached); 0 without offload."""
     if not plan.optimizer_cpu_offload or plan.optimizer_offload_fraction <= 0:
         return 0.0
-    return plan.optimizer_offload_fraction * rank_memory(plan, pp_rank).detail["optimizer_shard_params"]
+    return plan.optimizer_offload_fraction * optimizer_shard_params(plan, pp_rank)
 
 
 def offload_step_seconds(plan: Plan) -> OffloadTime:

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 
 from ..core.plan import Plan, Reason
-from .memory import BF16, FP32, master_weight_bytes, rank_memory
+from .memory import BF16, FP32, master_weight_bytes, optimizer_shard_params
 from .shapes import shapes
 from .step import estimate_step, microbatch_seconds
 
@@ -85,7 +85,7 @@ def rank_save_bytes(plan: Plan, pp_rank: int) -> float:
     distributed-optimizer shard (master weight and moments) and the same share of the model weights (the replicas
     split the write); with asynchronous saving, held in host memory until written. Offloaded optimizer state is on
     the host already (no copy)."""
-    shard = rank_memory(plan, pp_rank).detail["optimizer_shard_params"]
+    shard = optimizer_shard_params(plan, pp_rank)
     on_gpu = 1.0 - (plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0)
     state = master_weight_bytes(plan) + 2 * (FP32 if plan.effective_moment_dtype == "fp32" else BF16)
     return shard * (BF16 + state * on_gpu)
