@@ -248,3 +248,27 @@ def test_one_knob_pairs_keep_the_published_order():
                                                                    lambda p: estimate_memory(p).total / 1e9)}
     assert memory[("Q2", "Q5")] == "match" and memory[("M1", "M6")] == "match" and memory[("Q1", "Q2")] == "flat"
     assert sum(v == "match" for v in memory.values()) == 17
+
+
+def test_expert_gemm_quantization_bound():
+    """docs/accuracy.md 'GEMM tile and wave quantization, bounded', checked by hand for PS13 (gpt-oss-120b on 64 x
+    B200, EP8, MBS4, seq 4096; NVIDIA performance summary archive, 26.04.01): 16,384 tokens per rank x top-4 x EP8 /
+    128 experts = 4,096 tokens per expert, 16 local experts in one grouped launch. With 128x128 tiles the 2,880-wide
+    N of fc2 fills 23 tiles for 22.5 of work (0.978); the waves over 132-160 SMs lose little more."""
+    import importlib.util
+    import math
+    from pathlib import Path
+
+    from published import THROUGHPUT_ROWS
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "accuracy_report.py"
+    spec = importlib.util.spec_from_file_location("accuracy_report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    plan = THROUGHPUT_ROWS["PS13"].plan
+    # fc2 forward alone on 148 SMs: 16 x 32 x 23 tiles = 11,776 -> 80 waves (11,840 slots)
+    fc2 = 16 * 4096 * 2880 / (math.ceil(16 * 32 * 23 / 148) * 148 * 128 * 128)
+    assert fc2 == pytest.approx(2880 / 2944 * 11776 / 11840, rel=1e-9)
+    u = report.expert_gemm_utilisation(plan, (128, 128))
+    assert u == pytest.approx(0.974, abs=0.001)  # docs/accuracy.md, PS13, 128x128
+    assert report.expert_gemm_utilisation(plan, (256, 128)) < u  # coarser tiles waste more
