@@ -433,6 +433,9 @@ def _throughput_section(rows) -> list[str]:
                      f"{r.value:g} | {_flops_note(row)} | {est.tflops_per_gpu:.0f} | {est.tflops_per_gpu / r.comparable:.2f} | "
                      f"{f'{loo[row]:.2f}' if row in loo else '-'} | {est.mfu:.1%} | "
                      f"{f'{peer[row]:.2f}' if row in peer else '-'} |")
+    def ratio(key: str) -> float:
+        return predicted_tflops(rows[key].plan, FITTED) / rows[key].comparable
+
     inside = [k for k, v in held.items() if abs(v - 1) <= GOAL_STEP]
     outside = {k: v for k, v in held.items() if abs(v - 1) > GOAL_STEP}
     other = [k for k, r in rows.items() if not r.fit and r.source.quality not in TRUSTED]
@@ -472,6 +475,20 @@ def _throughput_section(rows) -> list[str]:
               "step and per-step host work, which the model does not price, dominate (outside its stated scope);",
               "* natural-routing runs (VC4, VC5) and the single-node B200/GB200/GB300 Qwen3-30B rows mix expert "
               "imbalance and container versions the model does not see;",
+              "* DeepSeek-V3 MXFP8 on GB200 and GB300 from the skills card (HC4 "
+              f"{ratio('HC4'):.2f}, HC6 {ratio('HC6'):.2f}): the card's tracker values sit under NVIDIA's table "
+              f"for the same model, GPU and precision (GB200: HC4 {rows['HC4'].value:g} and HC5 "
+              f"{rows['HC5'].value:g} against PS2 {rows['PS2'].value:g}; GB300: HC6 {rows['HC6'].value:g} against "
+              f"PS1 {rows['PS1'].value:g}), at other layouts, an earlier container and a recompute the card does "
+              "not publish (assumed none; mla_up_proj, as the table's rows run, moves ours by 2%). The efficiency "
+              "these rows ask for spreads 1.5x within one GPU x precision (the reach table below);",
+              f"* Qwen3-235B FP8 current scaling on H100 (PS22 {ratio('PS22'):.2f}; the fit row PS17 reads "
+              f"{ratio('PS17'):.2f}): the H100 FP8-CS constant also carries Qwen3-30B (PS9 {ratio('PS9'):.2f}), "
+              "whose row asks for a quarter to a third of the efficiency these ask for (the reach table). No term of ours "
+              "separates a 30B model with 2,048 x 768 experts on 16 GPUs from a 235B one with 4,096 x 1,536 experts "
+              "on 256 GPUs under per-tensor scaling by that much;",
+              f"* Kimi-K2 (PS27, {ratio('PS27'):.2f}): the run trained with Muon (`tests/published.py`), whose "
+              "optimizer step (Newton-Schulz iterations over every weight matrix) the step model does not price;",
               "* HC7 contradicts the primary table (module doc of `tests/published.py`); FL1-FL3 are packed "
               "fine-tuning sanity runs, not performance results.", ""]
     lines += _reach_section(rows)
