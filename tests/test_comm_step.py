@@ -12,6 +12,7 @@ from lcmoe_recipes.cost.comm import layer_transfers, pipeline_transfer
 from lcmoe_recipes.cost.efficiency import BORROWED, FITTED, GPUS, KINDS, constant
 from lcmoe_recipes.cost.shapes import shapes
 from lcmoe_recipes.cost.step import estimate_step, model_flops_per_token
+from scripts_loader import load_script
 
 
 def _by_kind(plan, layer):
@@ -183,18 +184,12 @@ def test_model_flops_equal_megatron_bridge(seq):
 
 def _installed_upstream_flops():
     """plan -> the installed megatron-bridge's model FLOPs per token for it (scripts/flops_conventions.py's count)."""
-    import importlib.util
-    from pathlib import Path
-
     from lcmoe_recipes.emit.stack import load_bridge
 
     load_bridge(quiet=True)  # megatron-bridge without Transformer Engine, before its modules are imported
     from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "flops_conventions.py"
-    spec = importlib.util.spec_from_file_location("flops_conventions", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("flops_conventions")
     return lambda plan: script.upstream_flops_per_token(num_floating_point_operations, plan)
 
 

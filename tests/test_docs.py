@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
@@ -192,11 +193,7 @@ def test_every_reason_cites_what_a_user_can_open():
 
 def test_recipes_table_is_generated_from_the_yaml():
     """docs/recipes.md's table is what recipes/*.yaml say (scripts/recipes_doc.py): the effective values, current."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("recipes_doc", ROOT / "scripts" / "recipes_doc.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("recipes_doc")
     assert module.generate() == module.TARGET.read_text(), "run python scripts/recipes_doc.py"
     row = next(line for line in module.table().splitlines() if line.startswith("| `qwen3_235b_128k_gb200`"))
     # TP4 CP8 EP32 ETP1 PP4 VPP12, DP1 EDP1; FP32 gradients; the recompute megatron runs

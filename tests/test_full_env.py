@@ -5,12 +5,12 @@ the GPU (this machine has none), and the emitted YAML is byte-identical to the l
 """
 
 import copy
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from lcmoe_recipes.emit.stack import te_installed
+from scripts_loader import load_script
 
 pytestmark = [pytest.mark.te, pytest.mark.slow,
               pytest.mark.skipif(not te_installed(), reason="needs Transformer Engine (scripts/setup.sh --with-te)")]
@@ -44,8 +44,6 @@ def test_upstream_runtime_config_update_unchanged(configs):
 
 
 def test_full_env_emits_the_light_env_yaml(tmp_path):
-    spec = importlib.util.spec_from_file_location("regen_recipes", ROOT / "scripts" / "regen_recipes.py")
-    regen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(regen)
+    regen = load_script("regen_recipes")
     for name, path in regen.emit_all(tmp_path).items():
         assert path.read_text() == (ROOT / "recipes" / path.name).read_text(), name

@@ -7,7 +7,6 @@ hardware catalogue's (DGX H100: 2 TB; GB200 compute tray: 2 x 480 GB).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from lcmoe_recipes.cost.host import (MASK_BUILD_BYTES, MASK_BYTES, RANK_PROCESS_
 from lcmoe_recipes.cost.offload import CPU_ADAM_BYTES, CPU_COPY_BYTES, offload_step_seconds
 from lcmoe_recipes.cost.step import estimate_step
 from lcmoe_recipes.report.explain import explain_json, explain_text
+from scripts_loader import load_script
 
 GIB = 2**30
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,9 +220,7 @@ def test_explain_shows_host_memory():
 def test_mask_build_measured_against_megatron_core():
     """megatron-core 0.19.2 builds the mask as float32 ones -> float32 tril -> bool: 8 bytes per element at the peak
     (peak RSS growth, measured in a fresh interpreter), 1 byte per element kept."""
-    spec = importlib.util.spec_from_file_location("measure_host_memory", ROOT / "scripts" / "measure_host_memory.py")
-    measure = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(measure)
+    measure = load_script("measure_host_memory")
     peak, held = measure.measure_mask(4096)
     assert peak == pytest.approx(MASK_BUILD_BYTES, abs=0.5)
     assert held == pytest.approx(MASK_BYTES, abs=0.5)

@@ -13,6 +13,7 @@ from published import MEMORY_ROWS, REPORT_ROWS
 
 from lcmoe_recipes.calibration.fit_memory import fit, leave_one_out
 from lcmoe_recipes.cost.memory import CALIBRATED, estimate_memory
+from scripts_loader import load_script
 
 ROWS = {k: (r.plan, r.value) for k, r in MEMORY_ROWS.items()}
 FIT = {k: v for k, v in ROWS.items() if MEMORY_ROWS[k].fit}
@@ -64,31 +65,19 @@ def test_report_rows_are_computed():
 
 @pytest.mark.slow
 def test_accuracy_report_is_current():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / "accuracy_report.py"
-    spec = importlib.util.spec_from_file_location("accuracy_report", path)
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = load_script("accuracy_report")
     assert report.OUT.read_text() == report.build(), "docs/accuracy.md is stale: run python scripts/accuracy_report.py"
 
 
 def test_needed_gemm_efficiency_hits_the_row():
     """The efficiency a row alone asks for (docs/accuracy.md, 'What the ±15% goal can reach') makes the step model
     give exactly the published value; for a fit row the model meets within 1% it is the fitted constant."""
-    import importlib.util
-    from pathlib import Path
-
     from published import THROUGHPUT_ROWS
 
     from lcmoe_recipes.calibration.fit_step import predicted_tflops
     from lcmoe_recipes.cost.efficiency import FITTED
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "accuracy_report.py"
-    spec = importlib.util.spec_from_file_location("accuracy_report", path)
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = load_script("accuracy_report")
     ps15, ps14 = THROUGHPUT_ROWS["PS15"], THROUGHPUT_ROWS["PS14"]  # Qwen3-30B and DeepSeek-V3, B200 MXFP8
     assert predicted_tflops(ps15.plan, FITTED) / ps15.comparable == pytest.approx(1.0, abs=0.01)
     assert report.needed_gemm_efficiency(ps15.plan, ps15.comparable) == pytest.approx(FITTED[("b200", "mxfp8")], rel=0.02)
@@ -221,18 +210,12 @@ def test_one_knob_pairs_keep_the_published_order():
     """Issue 26 item 5: rows that differ in one knob only, the predicted order against the published one
     (docs/accuracy.md, 'One knob at a time'). Sources: tests/published.py rows (NVIDIA performance summary tables,
     model-verification cards, skills cards at tracker ad4138a1d)."""
-    import importlib.util
-    from pathlib import Path
-
     from published import MEMORY_ROWS, THROUGHPUT_ROWS
 
     from lcmoe_recipes.calibration.fit_step import predicted_tflops
     from lcmoe_recipes.cost.efficiency import FITTED
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "accuracy_report.py"
-    spec = importlib.util.spec_from_file_location("accuracy_report", path)
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = load_script("accuracy_report")
     knob = {(a, b): k for a, b, k in report.one_knob_pairs(THROUGHPUT_ROWS)}
     assert knob[("VC1", "VC4")] == "EP overlap (with its dispatcher backend)"
     assert knob[("PS17", "PS22")] == "batch (MBS, GBS)"  # GBS alone: the narrowest group, not CP
@@ -255,16 +238,11 @@ def test_expert_gemm_quantization_bound():
     B200, EP8, MBS4, seq 4096; NVIDIA performance summary archive, 26.04.01): 16,384 tokens per rank x top-4 x EP8 /
     128 experts = 4,096 tokens per expert, 16 local experts in one grouped launch. With 128x128 tiles the 2,880-wide
     N of fc2 fills 23 tiles for 22.5 of work (0.978); the waves over 132-160 SMs lose little more."""
-    import importlib.util
     import math
-    from pathlib import Path
 
     from published import THROUGHPUT_ROWS
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "accuracy_report.py"
-    spec = importlib.util.spec_from_file_location("accuracy_report", path)
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = load_script("accuracy_report")
     plan = THROUGHPUT_ROWS["PS13"].plan
     # fc2 forward alone on 148 SMs: 16 x 32 x 23 tiles = 11,776 -> 80 waves (11,840 slots)
     fc2 = 16 * 4096 * 2880 / (math.ceil(16 * 32 * 23 / 148) * 148 * 128 * 128)

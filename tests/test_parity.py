@@ -1,7 +1,6 @@
 """Our configs start from megatron-bridge's own recipe for the model and GPU; every field we change is owned by one
 setting with a reason (docs/parity.md, generated), and a change outside a setting's fields fails."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -9,15 +8,11 @@ import pytest
 from lcmoe_recipes import recipe_plan
 from lcmoe_recipes.catalog import get_hardware, get_model
 from lcmoe_recipes.catalog.upstream import base_recipe, upstream_recipes
+from scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("model,hw,precision,gpus,expected,how", [
@@ -47,13 +42,13 @@ def test_catalogue_records_upstream_settings():
 
 @pytest.mark.slow
 def test_upstream_catalogue_is_current():
-    module = _script("regen_upstream")
+    module = load_script("regen_upstream")
     assert module.generate() == module.TARGET.read_text(), "run python scripts/regen_upstream.py"
 
 
 @pytest.mark.slow
 def test_parity_report_is_current():
-    module = _script("parity_report")
+    module = load_script("parity_report")
     assert module.generate() == module.TARGET.read_text(), "run python scripts/parity_report.py"
 
 

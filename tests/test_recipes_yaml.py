@@ -1,18 +1,16 @@
 """recipes/*.yaml are what the code emits now, and each loads back and validates for its target."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _regen():
-    spec = importlib.util.spec_from_file_location("regen_recipes", ROOT / "scripts" / "regen_recipes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("regen_recipes")
     return module
 
 

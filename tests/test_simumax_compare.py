@@ -2,24 +2,19 @@
 and the stored results docs/accuracy.md reports (tests/simumax_v1_2.json, written by scripts/simumax_compare.py from
 a SimuMax v1.2 checkout; SimuMax itself is not installed here)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from published import THROUGHPUT_ROWS
+from scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
-compare = _script("simumax_compare")
+compare = load_script("simumax_compare")
 STORED = json.loads((ROOT / "tests" / "simumax_v1_2.json").read_text())
 
 
@@ -69,7 +64,7 @@ def test_peer_ratio_is_at_our_flop_count():
     FLOPs): SimuMax's 8.70 s step is 0.69 of the published throughput; our model reads 1.62."""
     from lcmoe_recipes.cost.step import estimate_step
 
-    report = _script("accuracy_report")
+    report = load_script("accuracy_report")
     ratios = report.simumax_ratios(THROUGHPUT_ROWS)
     row, est = THROUGHPUT_ROWS["PS13"], estimate_step(THROUGHPUT_ROWS["PS13"].plan)
     assert STORED["rows"]["PS13"]["step_seconds"] == pytest.approx(8.70, abs=0.01)
