@@ -601,7 +601,11 @@ def optimizer_shard_params(plan: Plan, pp_rank: int) -> float:
     each gradient buffer over its data-parallel group). What :func:`rank_memory` reports as
     ``optimizer_shard_params``, without pricing the rest of the rank."""
     _, dense, experts = _rank_params(plan, pp_rank)
-    return dense / (plan.layout.dp * plan.layout.cp) + experts / plan.layout.edp
+    return _shard(plan.layout, dense, experts)
+
+
+def _shard(lay, dense: float, experts: float) -> float:
+    return dense / (lay.dp * lay.cp) + experts / lay.edp
 
 
 def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATED) -> MemoryBreakdown:
@@ -614,7 +618,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     params = dense + experts
     grad_bytes = FP32 if plan.grad_dtype == "fp32" else BF16
     state_bytes = master_weight_bytes(plan) + 2 * (FP32 if plan.effective_moment_dtype == "fp32" else BF16)
-    shard = optimizer_shard_params(plan, pp_rank)
+    shard = _shard(lay, dense, experts)
     on_gpu = 1.0 - (plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0)
 
     n = plan.micro_batch_size * plan.seq_length / lay.cp
