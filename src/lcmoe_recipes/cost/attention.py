@@ -179,7 +179,7 @@ def select_backend(s: LayerShapes, layer: int, cc: tuple[int, int], cp: int, cp_
     if cp > 1:  # "Filter: Context parallelism"
         if unfused:
             unfused = False
-            why.append("unfused off: no context parallelism")
+            why.append(f"unfused off: it does not support context parallelism (CP={cp})")
         if fused and window and cp_comm_type in ("p2p", "a2a+p2p"):
             fused = False
             why.append(f"FusedAttention off: sliding window with cp_comm_type {cp_comm_type}")
