@@ -214,8 +214,9 @@ def _peer_section(rows) -> list[str]:
              + "); its step time is stored in `tests/simumax_v1_2.json` and compared at our FLOP count. "
              "What every run assumed:", ""]
     lines += [f"* {a};" for a in data["assumed"]]
-    lines += ["", "| row | used as (ours) | ours / published | SimuMax / published | SimuMax step s (compute, exposed communication) | "
-                  "ours step s | assumed for the model |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| row | used as (ours) | ours / published | SimuMax / published | "
+                  "SimuMax step s (compute, exposed communication) | ours step s | assumed for the model |",
+              "|---|---|---|---|---|---|---|"]
     for key, result in data["rows"].items():
         r, est = rows[key], estimate_step(rows[key].plan)
         lines.append(f"| {key} | {'fit' if r.fit else 'held out'} | {est.tflops_per_gpu / r.comparable:.2f} | "
@@ -229,8 +230,8 @@ def _peer_section(rows) -> list[str]:
                   + "). Where SimuMax's step goes (compute, then exposed communication, as it reports them): "
                   + ", ".join(f"{k} {r['compute_seconds']:.1f} s and {r['exposed_comm_seconds']:.1f} s"
                               for k, r in data["rows"].items())
-                  + ". Both rows span nodes, so they run over the config's placeholder inter-node network. One held-out row "
-                  "does not rank the two models, and their errors point opposite ways."]
+                  + ". Both rows span nodes, so they run over the config's placeholder inter-node network. "
+                  "One held-out row does not rank the two models, and their errors point opposite ways."]
     by_reason: dict[str, list[str]] = {}
     for key, why in data["not_expressible"].items():
         by_reason.setdefault(why, []).append(key)
@@ -273,7 +274,8 @@ def _quantization_section(rows) -> list[str]:
     from lcmoe_recipes.cost.shapes import shapes
 
     held = held_out_ratios(rows, lambda p: predicted_tflops(p, FITTED))
-    missed = {k: v for k, v in held.items() if abs(v - 1) > GOAL_STEP and shapes(rows[k].plan.model_spec).num_experts > 1}
+    missed = {k: v for k, v in held.items()
+              if abs(v - 1) > GOAL_STEP and shapes(rows[k].plan.model_spec).num_experts > 1}
     util = {k: [expert_gemm_utilisation(rows[k].plan, t) for t in TILES] for k in missed}
     lines = ["### GEMM tile and wave quantization, bounded", "",
              "The held-out trusted rows outside ±15%: the share of their routed-expert GEMM work that tile and wave "
@@ -375,8 +377,8 @@ def _order_section(throughput, memory) -> list[str]:
         for c in found:
             (a, b), (pa, pb), (oa, ob) = c["rows"], c["published"], c["ours"]
             k = scale[quantity]
-            lines.append(f"| {quantity} | {c['knob']} | {a} / {b} | {pa * k:.1f} / {pb * k:.1f} | {oa:.1f} / {ob:.1f} | "
-                         f"{c['verdict']} |")
+            lines.append(f"| {quantity} | {c['knob']} | {a} / {b} | {pa * k:.1f} / {pb * k:.1f} | "
+                         f"{oa:.1f} / {ob:.1f} | {c['verdict']} |")
     summary = []
     for quantity, found in checks.items():
         scored = [c for c in found if c["verdict"] != "tie"]
@@ -484,9 +486,9 @@ def _throughput_section(rows) -> list[str]:
               "these rows ask for spreads 1.5x within one GPU x precision (the reach table below);",
               f"* Qwen3-235B FP8 current scaling on H100 (PS22 {ratio('PS22'):.2f}; the fit row PS17 reads "
               f"{ratio('PS17'):.2f}): the H100 FP8-CS constant also carries Qwen3-30B (PS9 {ratio('PS9'):.2f}), "
-              "whose row asks for a quarter to a third of the efficiency these ask for (the reach table). No term of ours "
-              "separates a 30B model with 2,048 x 768 experts on 16 GPUs from a 235B one with 4,096 x 1,536 experts "
-              "on 256 GPUs under per-tensor scaling by that much;",
+              "whose row asks for a quarter to a third of the efficiency these ask for (the reach table). No term of "
+              "ours separates a 30B model with 2,048 x 768 experts on 16 GPUs from a 235B one with 4,096 x 1,536 "
+              "experts on 256 GPUs under per-tensor scaling by that much;",
               f"* Kimi-K2 (PS27, {ratio('PS27'):.2f}): the run trained with Muon (`tests/published.py`), whose "
               "optimizer step (Newton-Schulz iterations over every weight matrix) the step model does not price;",
               "* HC7 contradicts the primary table (module doc of `tests/published.py`); FL1-FL3 are packed "

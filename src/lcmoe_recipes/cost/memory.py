@@ -591,7 +591,8 @@ def estimate_memory(plan: Plan, constants: MemoryConstants = CALIBRATED) -> Memo
 def _rank_params(plan: Plan, pp_rank: int):
     """(static counts of pipeline rank ``pp_rank``, its dense parameters per GPU, its expert parameters per GPU)."""
     lay = plan.layout
-    static = _rank_static(plan.model_spec.key, stage_decoder_layers(plan), lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
+    static = _rank_static(plan.model_spec.key, stage_decoder_layers(plan), lay.pp, lay.vpp or 1, plan.mtp_num_layers,
+                          pp_rank)
     return static, static.dense / lay.tp + static.replicated, static.experts / (lay.ep * lay.etp)
 
 
