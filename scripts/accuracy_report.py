@@ -244,18 +244,26 @@ TILES = ((128, 128), (256, 128))   # output tiles (M x N) of the grouped-GEMM ke
 SM_RANGE = (132, 144, 148, 152, 160)  # SM counts from H100 SXM (132) to Blackwell Ultra (160): the worst is taken
 
 
+def tokens_per_expert(plan) -> float:
+    """Tokens each routed expert of a rank receives per microbatch at balanced routing: MBS x seq_length / (CP x TP)
+    tokens per rank, x top-k x EP / experts."""
+    from lcmoe_recipes.cost.shapes import shapes
+
+    s, lay = shapes(plan.model_spec), plan.layout
+    return plan.micro_batch_size * plan.seq_length / (lay.cp * lay.tp) * s.topk * lay.ep / s.num_experts
+
+
 def expert_gemm_utilisation(plan, tile: tuple[int, int]) -> float:
     """The share of a rank's routed-expert GEMM tile slots that do useful work, time-weighted over the six GEMMs of a
     gated expert MLP (fc1 and fc2; forward, data gradient, weight gradient), all local experts in one grouped launch
     (Transformer Engine's ``GroupedLinear``, megatron-core's ``TEGroupedMLP``): tile quantization (the last partial
     tile of M and N) times wave quantization (the last partial wave over the SMs), the worst over :data:`SM_RANGE`.
-    Tokens per expert at balanced routing: MBS x seq_length / (CP x TP) tokens per rank, x top-k x EP / experts.
-    A diagnostic: the step model does not apply it (docs/accuracy.md says why)."""
+    Tokens per expert: :func:`tokens_per_expert`. A diagnostic: the step model does not apply it (docs/accuracy.md says why)."""
     from lcmoe_recipes.cost.shapes import shapes
 
     s, lay = shapes(plan.model_spec), plan.layout
     local = s.num_experts // lay.ep
-    m = max(1, round(plan.micro_batch_size * plan.seq_length / (lay.cp * lay.tp) * s.topk * lay.ep / s.num_experts))
+    m = max(1, round(tokens_per_expert(plan)))
     h, f = s.h, s.f_expert // lay.etp
     gemms = [(m, 2 * f, h), (m, h, 2 * f), (h, 2 * f, m), (m, h, f), (m, f, h), (f, h, m)]   # (M, N, K)
     bm, bn = tile
@@ -287,9 +295,7 @@ def _quantization_section(rows) -> list[str]:
              + " | ours / published |", "|---|---|---|" + "---|" * len(TILES) + "---|"]
     for key in missed:
         p = rows[key].plan
-        s, lay = shapes(p.model_spec), p.layout
-        per = p.micro_batch_size * p.seq_length / (lay.cp * lay.tp) * s.topk * lay.ep / s.num_experts
-        lines.append(f"| {key} | {p.model_spec.display.split(' (')[0]} | {per:,.0f} | "
+        lines.append(f"| {key} | {p.model_spec.display.split(' (')[0]} | {tokens_per_expert(p):,.0f} | "
                      + " | ".join(f"{u:.3f}" for u in util[key]) + f" | {missed[key]:.2f} |")
     oss = [k for k in missed if rows[k].plan.model_spec.key == "gpt_oss_120b"]
     low = min(min(util[k]) for k in oss)

@@ -47,10 +47,10 @@ COMMON = (
 
 
 def _hf(model: str) -> dict:
+    """The model's config.json values as our catalog ships them (``ModelSpec.config``)."""
     from lcmoe_recipes.catalog import get_model
 
-    return json.loads((ROOT / "src" / "lcmoe_recipes" / "catalog" / "hf_configs" / get_model(model).config_file)
-                      .read_text())
+    return get_model(model).config
 
 
 def _model_assumptions(model: str) -> tuple[str, ...]:
@@ -98,9 +98,8 @@ def simumax_inputs(plan) -> tuple[dict, dict, tuple[str, ...]]:
              "moe_ffn_hidden_size": hf.get("moe_intermediate_size", hf["intermediate_size"]),
              "layer_num": hf["num_hidden_layers"], "expert_num": experts, "topk": hf["num_experts_per_tok"],
              "vocab_size": hf["vocab_size"], "use_swiglu": True}
-    dp = lay.world // (lay.tp * lay.pp * lay.cp)
     strategy = {"seq_len": plan.seq_length, "micro_batch_size": plan.micro_batch_size,
-                "micro_batch_num": plan.global_batch_size // (plan.micro_batch_size * dp), "dtype": "bf16",
+                "micro_batch_num": plan.num_microbatches, "dtype": "bf16",
                 "world_size": lay.world, "tp_size": lay.tp, "pp_size": lay.pp, "ep_size": lay.ep, "etp_size": lay.etp,
                 "interleaving_size": lay.vpp or 1, "pp_comm_async": False, "zero_state": 1,
                 "enable_sequence_parallel": lay.tp > 1, "moe_dispatcher_policy": "all2all",
