@@ -31,6 +31,16 @@ Re-check findings (2026-12-02), fixed here:
 * Qwen3-235B 128xGB200 4K (LC10/HC9): the card lists CUDA graphs (attn, moe_router, moe_preprocess), which the row
   had as none.
 
+Re-check of the primary table's unpublished knobs (2026-12-04), fixed here: the rows took them from megatron-bridge
+0.6.2's perf recipes but had left out the EP all-to-all overlap those recipes set (the rows predate the step model's
+overlap pricing). Each row's knobs are now read from the perf configuration of the release that ran it (the tag of
+each table: tests/published_flops.py): ``perf_recipes`` at v0.6.0 for the 26.08 table, ``scripts/performance``
+presets at v0.5.0 / v0.4.2 / v0.2.0, ``scripts/performance/run_script.py`` at v0.1.0rc3. The overlap
+(``overlap_moe_expert_parallel_comm`` with ``delay_wgrad_compute``) is on in PS1-PS8 (26.08), PS14, PS17 (26.04.01),
+PS22 (25.11) and PS26 (25.09, with DeepEP), as before in PS11, and off elsewhere; PS14 also runs DeepEP and recompute
+mla_up_proj + mlp, PS12 and PS25 no recompute and partial CUDA graphs. PS26 then has HC1's configuration: the skills
+card's 368 TFLOP/s and the table's 330 are one layout, not an overlap on/off pair.
+
 "GB" = 1e9 bytes; memory rows are torch peak allocated (``mem-max-allocated-bytes``) unless noted.
 """
 
@@ -239,6 +249,14 @@ def _card(model: str, item: str, commit: str) -> Source:
 
 
 _PERF = "megatron-bridge 0.6.2 perf recipe's recompute / dispatcher / graphs; even pipeline split"
+# The EP all-to-all overlap (overlap_moe_expert_parallel_comm, with delay_wgrad_compute) as the perf config of the
+# release that ran the row sets it (re-read 2026-12-04; the tag each table ran is in tests/published_flops.py):
+_V060 = ("; EP overlap on: megatron-bridge v0.6.0 perf_recipes (the 26.08 release) set overlap_moe_expert_parallel_comm "
+         "and delay_wgrad_compute for this model, GPU and precision (with full-iteration CUDA graphs, which the step "
+         "model does not price)")
+_V042 = "; EP overlap on: megatron-bridge v0.4.2 scripts/performance/configs/{} (moe_a2a_overlap=True)"
+_V020 = "; EP overlap on: megatron-bridge v0.2.0 scripts/performance/configs/qwen3/workload_base_configs.py {} " \
+        "(moe_a2a_overlap=True)"
 
 
 def _throughput_rows():
@@ -289,21 +307,23 @@ def _throughput_rows():
                           graphs=("attn", "moe_router", "moe_preprocess")), 327, hc, assumed="no recompute"),
         # NVIDIA's performance summary (primary)
         "PS1": Row(_plan("dsv3_gb300", "dsv3", "gb300", 256, 4096, "mxfp8", 4096, pp=2, vpp=8, ep=32, mtp=1,
-                         recompute=("mla_up_proj",)), 1635, _summary("26.08"), fit=True, assumed=_PERF),
+                         recompute=("mla_up_proj",), ep_overlap=True), 1635, _summary("26.08"), fit=True,
+                   assumed=_PERF + _V060),
         "PS2": Row(_plan("dsv3_gb200", "dsv3", "gb200", 256, 4096, "mxfp8", 4096, pp=4, vpp=4, ep=64, mtp=1,
-                         recompute=("mla_up_proj",)), 1276, _summary("26.08"), fit=True, assumed=_PERF),
-        "PS3": Row(_plan("gptoss_gb300_mx", "gpt_oss_120b", "gb300", 64, 4096, "mxfp8", 1280, ep=16, mbs=4), 1077,
-                   _summary("26.08"), assumed=_PERF),
-        "PS4": Row(_plan("gptoss_gb200_mx", "gpt_oss_120b", "gb200", 64, 4096, "mxfp8", 1280, ep=64, mbs=4), 934,
-                   _summary("26.08"), assumed=_PERF),
-        "PS5": Row(_plan("q30_gb300_mx", "qwen3_30b", "gb300", 8, 4096, "mxfp8", 512, ep=8, mbs=8), 1029,
-                   _summary("26.08"), assumed=_PERF),
-        "PS6": Row(_plan("q30_gb200_mx", "qwen3_30b", "gb200", 8, 4096, "mxfp8", 512, ep=8, mbs=4), 923,
-                   _summary("26.08"), fit=True, assumed=_PERF),
+                         recompute=("mla_up_proj",), ep_overlap=True), 1276, _summary("26.08"), fit=True,
+                   assumed=_PERF + _V060),
+        "PS3": Row(_plan("gptoss_gb300_mx", "gpt_oss_120b", "gb300", 64, 4096, "mxfp8", 1280, ep=16, mbs=4,
+                         ep_overlap=True), 1077, _summary("26.08"), assumed=_PERF + _V060),
+        "PS4": Row(_plan("gptoss_gb200_mx", "gpt_oss_120b", "gb200", 64, 4096, "mxfp8", 1280, ep=64, mbs=4,
+                         ep_overlap=True), 934, _summary("26.08"), assumed=_PERF + _V060),
+        "PS5": Row(_plan("q30_gb300_mx", "qwen3_30b", "gb300", 8, 4096, "mxfp8", 512, ep=8, mbs=8, ep_overlap=True),
+                   1029, _summary("26.08"), assumed=_PERF + _V060),
+        "PS6": Row(_plan("q30_gb200_mx", "qwen3_30b", "gb200", 8, 4096, "mxfp8", 512, ep=8, mbs=4, ep_overlap=True),
+                   923, _summary("26.08"), fit=True, assumed=_PERF + _V060),
         "PS7": Row(_plan("q235_gb300_mx", "qwen3_235b", "gb300", 256, 4096, "mxfp8", 8192, pp=4, vpp=12, ep=32, mbs=2,
-                         **q235), 1306, _summary("26.08"), fit=True, assumed=_PERF),
+                         ep_overlap=True, **q235), 1306, _summary("26.08"), fit=True, assumed=_PERF + _V060),
         "PS8": Row(_plan("q235_gb200_mx", "qwen3_235b", "gb200", 256, 4096, "mxfp8", 8192, pp=8, vpp=3, ep=32,
-                         **q235), 1077, _summary("26.08"), assumed=_PERF),
+                         ep_overlap=True, **q235), 1077, _summary("26.08"), assumed=_PERF + _V060),
         "PS9": Row(_plan("q30_h100_fp8", "qwen3_30b", "h100", 16, 4096, "fp8_cs", 1024, ep=16), 203,
                    _summary("26.06"), fit=True, assumed=_PERF),
         "PS10": Row(_plan("gptoss_h100", "gpt_oss_120b", "h100", 64, 4096, "bf16", 1280, pp=4, ep=8,
@@ -313,17 +333,26 @@ def _throughput_rows():
                           recompute=("layernorm", "moe_act"), ep_overlap=True), 452, _summary("26.04.01"),
                     assumed=_PERF),
         "PS12": Row(_plan("gptoss_gb300", "gpt_oss_120b", "gb300", 64, 4096, "bf16", 1280, ep=64, mbs=4,
-                          recompute=("layernorm", "moe_act")), 523, _summary("26.04.01"), assumed=_PERF),
+                          graphs=("attn", "moe_router", "moe_preprocess")), 523, _summary("26.04.01"),
+                    assumed=_PERF + "; no recompute and CUDA graphs on attention, router and preprocess, as the "
+                    "release that ran it set them (megatron-bridge v0.4.2 scripts/performance/configs/gpt_oss/"
+                    "gpt_oss_workload_base_configs.py GPT_OSS_120B_PRETRAIN_CONFIG_GB300_BF16_V2)"),
         "PS13": Row(_plan("gptoss_b200", "gpt_oss_120b", "b200", 64, 4096, "bf16", 1280, ep=8, mbs=4,
                           recompute=("layernorm", "moe_act")), 369, _summary("26.04.01"), assumed=_PERF),
         "PS14": Row(_plan("dsv3_b200", "dsv3", "b200", 256, 4096, "mxfp8", 4096, pp=8, vpp=2, ep=32, mtp=1,
-                          recompute=("mla_up_proj",)), 864, _summary("26.04.01"), assumed=_PERF),
+                          backend="deepep", recompute=("mla_up_proj", "mlp"), graphs=("attn", "moe_router", "moe_preprocess"),
+                          ep_overlap=True), 864, _summary("26.04.01"),
+                    assumed=_PERF + "; DeepEP, recompute mla_up_proj + mlp, CUDA graphs on attention, router and "
+                    "preprocess" + _V042.format("deepseek/deepseek_workload_base_configs.py "
+                                                "DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2")),
         "PS15": Row(_plan("q30_b200", "qwen3_30b", "b200", 8, 4096, "mxfp8", 512, ep=8, mbs=4), 619,
                     _summary("26.04.01"), fit=True, assumed=_PERF),
         "PS16": Row(_plan("q235_b200", "qwen3_235b", "b200", 256, 4096, "mxfp8", 8192, pp=8, ep=8), 560,
                     _summary("26.04.01"), fit=True, assumed=_PERF),
         "PS17": Row(_plan("q235_h100", "qwen3_235b", "h100", 256, 4096, "fp8_cs", 8192, tp=2, pp=8, vpp=4, ep=32,
-                          dispatcher="alltoall"), 253, _summary("26.04.01"), fit=True, assumed=_PERF),
+                          dispatcher="alltoall", ep_overlap=True), 253, _summary("26.04.01"), fit=True,
+                    assumed=_PERF + _V042.format("qwen/qwen3_workload_base_configs.py "
+                                                 "QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V1 (V2 keeps it)")),
         "PS18": Row(_plan("dsv3_gb300_bf16", "dsv3", "gb300", 256, 4096, "bf16", 4096, pp=2, vpp=4, ep=32, mtp=0,
                           recompute=("mla_up_proj",)), 961, _summary("25.11"), fit=True, assumed=_PERF),
         "PS19": Row(_plan("dsv3_gb200_bf16", "dsv3", "gb200", 256, 4096, "bf16", 4096, pp=4, vpp=4, ep=64, mtp=0,
@@ -333,17 +362,26 @@ def _throughput_rows():
         "PS21": Row(_plan("q235_gb200_bf16", "qwen3_235b", "gb200", 256, 4096, "bf16", 8192, pp=8, vpp=3, ep=32), 728,
                     _summary("25.11"), fit=True, assumed=_PERF),
         "PS22": Row(_plan("q235_h100_cs", "qwen3_235b", "h100", 256, 4096, "fp8_cs", 2048, tp=2, pp=8, vpp=4, ep=32,
-                          dispatcher="alltoall"), 233, _summary("25.11"), assumed=_PERF),
+                          dispatcher="alltoall", ep_overlap=True), 233, _summary("25.11"),
+                    assumed=_PERF + _V020.format("QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG")),
         "PS23": Row(_plan("gptoss_h100_2511", "gpt_oss_120b", "h100", 64, 4096, "bf16", 512, pp=4, ep=8, mbs=4,
                           dispatcher="alltoall", recompute=("layernorm", "moe_act")), 153, _summary("25.11"),
                     assumed=_PERF),
         "PS24": Row(_plan("gptoss_gb200_8k", "gpt_oss_120b", "gb200", 64, 8192, "bf16", 1280, ep=64,
                           recompute=("layernorm", "moe_act")), 488, _summary("25.11"), assumed=_PERF),
         "PS25": Row(_plan("gptoss_gb300_8k", "gpt_oss_120b", "gb300", 64, 8192, "bf16", 1280, ep=64, mbs=2,
-                          recompute=("layernorm", "moe_act")), 565, _summary("25.11"), assumed=_PERF),
+                          graphs=("attn", "moe_router", "moe_preprocess")), 565, _summary("25.11"),
+                    assumed=_PERF + "; no recompute and CUDA graphs on attention, router and preprocess, as the "
+                    "release that ran it set them (megatron-bridge v0.2.0 scripts/performance/configs/gpt_oss/"
+                    "workload_base_configs.py GPT_OSS_120B_GB300_BF16_BASE_CONFIG; the table's 8K length, MBS and "
+                    "GBS override the preset's)"),
         "PS26": Row(_plan("dsv3_h100_1024", "dsv3", "h100", 1024, 4096, "fp8_blockwise", 8192, tp=2, pp=8, vpp=4,
-                          ep=64, recompute=("mla_up_proj", "mlp"), mtp=1), 330, _summary("25.09"), fit=True,
-                    assumed=_PERF + " (the 128x128 / 1x128 block-scaled figure in parentheses)"),
+                          ep=64, recompute=("mla_up_proj", "mlp"), mtp=1, backend="deepep", ep_overlap=True), 330,
+                    _summary("25.09"), fit=True,
+                    assumed=_PERF + " (the 128x128 / 1x128 block-scaled figure in parentheses); DeepEP and the EP "
+                    "overlap with delayed weight gradients, as the release that ran it set them on H100 "
+                    "(megatron-bridge v0.1.0rc3 scripts/performance/run_script.py, DeepSeek-V3: enable_deepep and "
+                    "A2A_1F1B on h100)"),
         "PS27": Row(_plan("kimi_gb300", "kimi_k2", "gb300", 256, 4096, "mxfp8", 4096, pp=4, vpp=4, ep=64, mbs=2,
                           recompute=("mla_up_proj",)), 1099, _summary("26.06"),
                     assumed=_PERF + "; trained with Muon (the step model prices no optimizer step)"),
