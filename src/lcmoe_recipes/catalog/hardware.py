@@ -50,6 +50,12 @@ class Hardware:
         hbm_gbps: HBM bandwidth per GPU, GB/s (datasheet TB/s x 1000): H100 SXM 3,350; H200 4,800; B200 8,000 (DGX
             B200: 64 TB/s for 8 GPUs); GB200 and GB300 8,000 (GB200 / GB300 NVL72: 576 TB/s for 72 GPUs). What the
             memory-bound kernels stream through (the unfused attention path, :mod:`lcmoe_recipes.cost.attention`).
+        sm_count: streaming multiprocessors per GPU: H100 SXM5 and H200 132 (NVIDIA H100 Tensor Core GPU
+            Architecture whitepaper; H200 is the same GH100 configuration), B200 148 (Chips and Cheese, "Nvidia's
+            B200: Keeping the CUDA Juggernaut Rolling", 2025: 74 of each die's 80 enabled), GB200 148 (the same
+            Blackwell GPU), GB300 160 (NVIDIA technical blog "Inside NVIDIA Blackwell Ultra", 2025). What a
+            communication kernel that holds some of them takes from the compute beside it
+            (:func:`lcmoe_recipes.cost.overlap.contended`).
     """
 
     key: str
@@ -72,6 +78,7 @@ class Hardware:
     host_link_gbps: float = 0.0
     host_source: str = ""
     hbm_gbps: float = 0.0
+    sm_count: int = 0
 
     def peak(self, precision: str) -> float:
         """Dense peak TFLOP/s for one of our precision keys (bf16, fp8_blockwise, fp8_cs, mxfp8)."""
@@ -120,7 +127,7 @@ HARDWARE: dict[str, Hardware] = {
                  "sparsity, half that dense; NVLink 900 GB/s); DGX H100: one ConnectX-7 400 Gb/s per GPU; host: "
                  "NVIDIA DGX BasePOD reference architecture, 'Core Components' (DGX H200 and H100: dual Intel Xeon "
                  "Platinum 8480C, 112 cores total; 2 TB of DDR5 system memory)",
-                 ("h100_sxm", "h100-sxm"), host_memory_gbps=614.4, hbm_gbps=3350.0, host_link_gbps=64.0,
+                 ("h100_sxm", "h100-sxm"), host_memory_gbps=614.4, hbm_gbps=3350.0, sm_count=132, host_link_gbps=64.0,
                  host_source="Intel ARK, Xeon Platinum 8480+ (DGX's 8480C is its custom variant): 8 DDR5 "
                              "channels, max memory speed 4800 MT/s -> 8 x 4.8 GT/s x 8 B = 307.2 GB/s per socket, "
                              "614.4 GB/s for two; NVIDIA H100 Tensor Core GPU datasheet (SXM: PCIe Gen5 128 GB/s, "
@@ -130,7 +137,7 @@ HARDWARE: dict[str, Hardware] = {
                  "NVIDIA H200 Tensor Core GPU datasheet (141 GB HBM3e; same tensor cores as H100 SXM; NVLink "
                  "900 GB/s); HGX H200: one 400 Gb/s NIC per GPU; host: NVIDIA DGX BasePOD reference architecture, "
                  "'Core Components' (DGX H200: dual Xeon Platinum 8480C, 112 cores; 2 TB of DDR5 system memory)",
-                 ("h200_sxm",), host_memory_gbps=614.4, hbm_gbps=4800.0, host_link_gbps=64.0,
+                 ("h200_sxm",), host_memory_gbps=614.4, hbm_gbps=4800.0, sm_count=132, host_link_gbps=64.0,
                  host_source="Intel ARK, Xeon Platinum 8480+ (DGX's 8480C is its custom variant): 8 DDR5 "
                              "channels, max memory speed 4800 MT/s -> 8 x 4.8 GT/s x 8 B = 307.2 GB/s per socket, "
                              "614.4 GB/s for two; NVIDIA H200 Tensor Core GPU datasheet (SXM: PCIe Gen5 128 GB/s, "
@@ -141,7 +148,7 @@ HARDWARE: dict[str, Hardware] = {
                  "inference with sparsity for 8 GPUs; NVLink 5 1.8 TB/s per GPU; 8 x ConnectX-7 400 Gb/s); host: "
                  "NVIDIA DGX B200 User Guide, 'Introduction to NVIDIA DGX B200 Systems' (2 x Intel Xeon 8570, 56 "
                  "cores each; system memory 2 TB using 32 DIMMs, upgradable to 4 TB -- the shipped 2 TB is used)",
-                 host_memory_gbps=716.8, hbm_gbps=8000.0, host_link_gbps=64.0,
+                 host_memory_gbps=716.8, hbm_gbps=8000.0, sm_count=148, host_link_gbps=64.0,
                  host_source="Intel ARK, Xeon Platinum 8570: 8 DDR5 channels, max memory speed 5600 MT/s -> 358.4 "
                              "GB/s per socket, 716.8 GB/s for two (32 DIMMs on 16 channels is two per channel, which "
                              "Intel rates lower: an upper bound); HGX B200: each GPU on PCIe Gen5 x16 to the host "
@@ -153,7 +160,7 @@ HARDWARE: dict[str, Hardware] = {
                  "same datasheet (GB200 Grace Blackwell Superchip: 72 Arm Neoverse V2 cores, up to 480 GB LPDDR5X; "
                  "rack: 36 Grace CPUs, 2,592 cores, up to 17 TB LPDDR5X) -- a compute tray (a Slurm node) holds two "
                  "superchips: 144 cores and up to 960 GB",
-                 ("gb200_nvl72", "gb200-nvl72"), "aarch64", host_memory_gbps=1000.0, hbm_gbps=8000.0,
+                 ("gb200_nvl72", "gb200-nvl72"), "aarch64", host_memory_gbps=1000.0, hbm_gbps=8000.0, sm_count=148,
                  host_link_gbps=225.0,
                  host_source="NVIDIA Grace CPU Superchip datasheet (LPDDR5X, up to 1 TB/s for its two Grace "
                              "CPUs: 500 GB/s per Grace); a compute tray holds two Grace CPUs: 1,000 GB/s per node; "
@@ -167,7 +174,7 @@ HARDWARE: dict[str, Hardware] = {
                  "the same datasheet (36 Grace CPUs, 2,592 Arm Neoverse V2 cores, up to 17 TB LPDDR5X per rack) and "
                  "NVIDIA Enterprise Reference Architecture 'NVL72 AI factory', System Hardware & Components (a compute "
                  "tray holds 4 GPUs and 2 Grace CPUs): 144 cores and up to 2 x 480 GB per tray",
-                 ("gb300_nvl72", "gb300-nvl72"), "aarch64", host_memory_gbps=1000.0, hbm_gbps=8000.0,
+                 ("gb300_nvl72", "gb300-nvl72"), "aarch64", host_memory_gbps=1000.0, hbm_gbps=8000.0, sm_count=160,
                  host_link_gbps=225.0,
                  host_source="NVIDIA Grace CPU Superchip datasheet (LPDDR5X, up to 1 TB/s for its two Grace "
                              "CPUs: 500 GB/s per Grace); a compute tray holds two Grace CPUs: 1,000 GB/s per node; "

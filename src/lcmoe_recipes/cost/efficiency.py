@@ -33,13 +33,13 @@ FITTED: dict[tuple[str, str], float] = {
     ('gb200', 'attention'): 1.24,
     ('gb200', 'bf16'): 0.333,
     ('gb200', 'gdn_step'): 1.53e-05,
-    ('gb200', 'mxfp8'): 0.243,
+    ('gb200', 'mxfp8'): 0.252,
     ('gb300', 'bf16'): 0.457,
-    ('gb300', 'mxfp8'): 0.334,
-    ('h100', 'attention'): 0.79,
-    ('h100', 'bf16'): 0.305,
-    ('h100', 'fp8_blockwise'): 0.253,
-    ('h100', 'fp8_cs'): 0.133,
+    ('gb300', 'mxfp8'): 0.345,
+    ('h100', 'attention'): 0.78,
+    ('h100', 'bf16'): 0.313,
+    ('h100', 'fp8_blockwise'): 0.263,
+    ('h100', 'fp8_cs'): 0.134,
 }
 
 _SAME_HOPPER = "H200 has H100's GH100 tensor cores and clocks (datasheets); only its HBM differs"

@@ -37,8 +37,15 @@ and the asserts of ``setup``) and megatron-core 0.19.2 (``transformer/transforme
 * **PP send / receive**: with VPP, megatron-bridge sets ``overlap_p2p_comm`` and the transfers run behind the
   other chunks' compute (hidden); without VPP it sets ``batch_p2p_comm``, and they are exposed.
 
-What this leaves out, stated: the SMs the communication kernels occupy while compute runs beside them (DeepEP and
-HybridEP take 20-30 SMs), and the CUDA-graph launch savings; the fitted GEMM efficiencies absorb them on the
+**The SMs an overlapped all-to-all holds.** The flex dispatcher's kernels (DeepEP, HybridEP) run on a fixed number
+of SMs while the compute beside them runs on the rest (megatron-core 0.19.2 ``TransformerConfig``:
+``moe_flex_dispatcher_num_sms``, None = each backend's default, DeepEP's historical 20, which HybridEP also uses):
+a compute block of ``b`` seconds beside a transfer of ``c`` seconds runs at (SMs - k) / SMs while the transfer lasts,
+so the pair takes max(c, b + c k / SMs) and the exposed part is max(c - b, c k / SMs) (:func:`contended`). The
+alltoall dispatcher's NCCL kernels take channels NCCL sizes from the topology, not a megatron setting: not priced.
+
+What this leaves out, stated: the CUDA-graph launch savings, and the SM counts a recipe sets above the default
+(megatron-bridge v0.6.0's MXFP8 perf recipes give HybridEP 32); the fitted GEMM efficiencies absorb them on the
 measured rows.
 """
 
@@ -111,3 +118,23 @@ def bucket_share(plan: Plan, params: float) -> float:
 def exposed(communication: float, hidden_behind: float) -> float:
     """max(0, communication - the compute it hides behind), in seconds."""
     return max(0.0, communication - hidden_behind)
+
+
+FLEX_DISPATCHER_SMS = 20  # megatron-core 0.19.2 transformer_config.py: DeepEP's default SM count (HybridEP's too)
+
+
+def dispatcher_sm_share(plan: Plan) -> float:
+    """Share of a GPU's SMs the EP all-to-all holds while it runs beside compute: FLEX_DISPATCHER_SMS over the GPU's
+    SMs (``Hardware.sm_count``) for the flex dispatcher (DeepEP, HybridEP), 0 for alltoall (NCCL's channels are not
+    a megatron setting)."""
+    if plan.moe_token_dispatcher_type != "flex":
+        return 0.0
+    return FLEX_DISPATCHER_SMS / plan.hardware_spec.sm_count
+
+
+def contended(communication: float, hidden_behind: float, sm_share: float) -> float:
+    """Exposed seconds of ``communication`` overlapped with ``hidden_behind`` seconds of compute when the
+    communication's kernels hold ``sm_share`` of the SMs while they run: max(communication - hidden_behind,
+    communication x sm_share) -- the compute runs at 1 - sm_share of its speed until the transfer ends (module
+    doc); ``sm_share`` 0 gives :func:`exposed`."""
+    return max(communication - hidden_behind, communication * sm_share, 0.0)

@@ -46,7 +46,7 @@ from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, r
 from .efficiency import Constant, constant
 from .offload import offload_step_seconds
 from .attention import BACKWARD_FLOPS as ATTENTION_BACKWARD
-from .overlap import Overlap, bucket_share, dp_overlap, ep_overlap, exposed
+from .overlap import Overlap, bucket_share, contended, dispatcher_sm_share, dp_overlap, ep_overlap, exposed
 from .shapes import GDN, LayerShapes, shapes
 
 GDN_CHUNK = 64
@@ -257,10 +257,11 @@ class StepTerms:
 
     def _ep_exposed(self, w: _RankWork, gemm_eff: float, attn_scale: float) -> float:
         """Exposed EP seconds of one microbatch of rank ``w`` (cost.overlap: each layer's all-to-all behind the
-        other microbatch's compute of that layer, less the experts' weight gradients unless they are delayed)."""
+        other microbatch's compute of that layer, less the experts' weight gradients unless they are delayed; the SMs
+        a flex dispatcher holds slow the compute beside it: cost.overlap.contended)."""
         if not self.ep_on:
             return w.ep_seconds
-        out = 0.0
+        out, share = 0.0, dispatcher_sm_share(self.plan)  # the SMs the dispatcher holds beside the compute
         for ep, dense, experts, attn, n in w.ep_layers:
             rate = self.peak * gemm_eff
             f_attn = dense / 3 / rate + attn / attn_scale / (1 + ATTENTION_BACKWARD)  # forward, attention side
@@ -268,7 +269,7 @@ class StepTerms:
             f_mlp, dgrad = experts / 3 / rate, experts / 3 / rate  # routed experts: forward, dgrad, wgrad
             b_mlp, late = (dgrad, dgrad) if self.delay_wgrad else (2 * dgrad, 0.0)
             c = ep / 4  # dispatch and combine, forward and backward
-            out += n * (exposed(c, b_mlp) + exposed(c, b_attn) + exposed(c, f_attn) + exposed(c, f_mlp + late))
+            out += n * sum(contended(c, block, share) for block in (b_mlp, b_attn, f_attn, f_mlp + late))
         return out
 
     def dp_exposed(self, rank: int, t_mb: float) -> tuple[float, float, float]:
