@@ -402,7 +402,8 @@ def _order_section(throughput, memory) -> list[str]:
               f"and falls after ({throughput['LC5'].comparable:.0f} at 128K); ours rises all the way to 128K. Each "
               "rank runs the same 4,096 tokens per microbatch and 64 microbatches at every length (CP grows with "
               "seq_length, DP shrinks), so what ours gains with length is what shrinks with DP -- the exposed DP "
-              "traffic and the optimizer offload's share of the step (the offload table below) -- while what grows with length, attention and the CP ring, is priced at H100's one fitted "
+              "traffic and the optimizer offload's share of the step (the offload table below) -- while what grows "
+              "with length, attention and the CP ring, is priced at H100's one fitted "
               "attention scale, which the fit sets from every H100 row at once (no term of ours makes the long "
               "ring costlier per step than its kernels and bytes);",
               "* the Moonlight recompute study (RC rows; a 0.46 s step, outside the step model's scope): recomputing "

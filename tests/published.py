@@ -37,9 +37,10 @@ overlap pricing). Each row's knobs are now read from the perf configuration of t
 each table: tests/published_flops.py): ``perf_recipes`` at v0.6.0 for the 26.08 table, ``scripts/performance``
 presets at v0.5.0 / v0.4.2 / v0.2.0, ``scripts/performance/run_script.py`` at v0.1.0rc3. The overlap
 (``overlap_moe_expert_parallel_comm`` with ``delay_wgrad_compute``) is on in PS1-PS8 (26.08), PS14, PS17 (26.04.01),
-PS22 (25.11) and PS26 (25.09, with DeepEP), as before in PS11, and off elsewhere; PS14 also runs DeepEP and recompute
-mla_up_proj + mlp, PS12 and PS25 no recompute and partial CUDA graphs. PS26 then has HC1's configuration: the skills
-card's 368 TFLOP/s and the table's 330 are one layout, not an overlap on/off pair.
+PS22 (25.11) and PS26 (25.09, with DeepEP), as before in PS11, and off elsewhere; PS14 also runs DeepEP and
+recompute mla_up_proj + mlp, PS12 and PS25 no recompute and partial CUDA graphs; PS11-PS13 and PS16 run the alltoall
+dispatcher (the v0.4.2 scripts force it where a preset names no flex backend). PS26 then has HC1's configuration:
+the skills card's 368 TFLOP/s and the table's 330 are one layout, not an overlap on/off pair.
 
 "GB" = 1e9 bytes; memory rows are torch peak allocated (``mem-max-allocated-bytes``) unless noted.
 """
@@ -251,8 +252,8 @@ def _card(model: str, item: str, commit: str) -> Source:
 _PERF = "megatron-bridge 0.6.2 perf recipe's recompute / dispatcher / graphs; even pipeline split"
 # The EP all-to-all overlap (overlap_moe_expert_parallel_comm, with delay_wgrad_compute) as the perf config of the
 # release that ran the row sets it (re-read 2026-12-04; the tag each table ran is in tests/published_flops.py):
-_V060 = ("; EP overlap on: megatron-bridge v0.6.0 perf_recipes (the 26.08 release) set overlap_moe_expert_parallel_comm "
-         "and delay_wgrad_compute for this model, GPU and precision (with full-iteration CUDA graphs, which the step "
+_V060 = ("; EP overlap on: megatron-bridge v0.6.0 perf_recipes (the 26.08 release) set "
+         "overlap_moe_expert_parallel_comm and delay_wgrad_compute for this model, GPU and precision (with full-iteration CUDA graphs, which the step "
          "model does not price)")
 _V042 = "; EP overlap on: megatron-bridge v0.4.2 scripts/performance/configs/{} (moe_a2a_overlap=True)"
 _V020 = "; EP overlap on: megatron-bridge v0.2.0 scripts/performance/configs/qwen3/workload_base_configs.py {} " \
@@ -330,25 +331,27 @@ def _throughput_rows():
                           dispatcher="alltoall", recompute=("layernorm", "moe_act")), 158, _summary("26.04.01"),
                     assumed=_PERF),
         "PS11": Row(_plan("gptoss_gb200", "gpt_oss_120b", "gb200", 64, 4096, "bf16", 1280, ep=64, mbs=4,
-                          recompute=("layernorm", "moe_act"), ep_overlap=True), 452, _summary("26.04.01"),
-                    assumed=_PERF),
+                          dispatcher="alltoall", recompute=("layernorm", "moe_act"), ep_overlap=True), 452,
+                    _summary("26.04.01"), assumed=_PERF),
         "PS12": Row(_plan("gptoss_gb300", "gpt_oss_120b", "gb300", 64, 4096, "bf16", 1280, ep=64, mbs=4,
-                          graphs=("attn", "moe_router", "moe_preprocess")), 523, _summary("26.04.01"),
+                          dispatcher="alltoall", graphs=("attn", "moe_router", "moe_preprocess")), 523,
+                    _summary("26.04.01"),
                     assumed=_PERF + "; no recompute and CUDA graphs on attention, router and preprocess, as the "
                     "release that ran it set them (megatron-bridge v0.4.2 scripts/performance/configs/gpt_oss/"
                     "gpt_oss_workload_base_configs.py GPT_OSS_120B_PRETRAIN_CONFIG_GB300_BF16_V2)"),
         "PS13": Row(_plan("gptoss_b200", "gpt_oss_120b", "b200", 64, 4096, "bf16", 1280, ep=8, mbs=4,
-                          recompute=("layernorm", "moe_act")), 369, _summary("26.04.01"), assumed=_PERF),
+                          dispatcher="alltoall", recompute=("layernorm", "moe_act")), 369, _summary("26.04.01"),
+                    assumed=_PERF),
         "PS14": Row(_plan("dsv3_b200", "dsv3", "b200", 256, 4096, "mxfp8", 4096, pp=8, vpp=2, ep=32, mtp=1,
-                          backend="deepep", recompute=("mla_up_proj", "mlp"), graphs=("attn", "moe_router", "moe_preprocess"),
-                          ep_overlap=True), 864, _summary("26.04.01"),
+                          backend="deepep", recompute=("mla_up_proj", "mlp"),
+                          graphs=("attn", "moe_router", "moe_preprocess"), ep_overlap=True), 864, _summary("26.04.01"),
                     assumed=_PERF + "; DeepEP, recompute mla_up_proj + mlp, CUDA graphs on attention, router and "
                     "preprocess" + _V042.format("deepseek/deepseek_workload_base_configs.py "
                                                 "DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2")),
         "PS15": Row(_plan("q30_b200", "qwen3_30b", "b200", 8, 4096, "mxfp8", 512, ep=8, mbs=4), 619,
                     _summary("26.04.01"), fit=True, assumed=_PERF),
-        "PS16": Row(_plan("q235_b200", "qwen3_235b", "b200", 256, 4096, "mxfp8", 8192, pp=8, ep=8), 560,
-                    _summary("26.04.01"), fit=True, assumed=_PERF),
+        "PS16": Row(_plan("q235_b200", "qwen3_235b", "b200", 256, 4096, "mxfp8", 8192, pp=8, ep=8,
+                          dispatcher="alltoall"), 560, _summary("26.04.01"), fit=True, assumed=_PERF),
         "PS17": Row(_plan("q235_h100", "qwen3_235b", "h100", 256, 4096, "fp8_cs", 8192, tp=2, pp=8, vpp=4, ep=32,
                           dispatcher="alltoall", ep_overlap=True), 253, _summary("26.04.01"), fit=True,
                     assumed=_PERF + _V042.format("qwen/qwen3_workload_base_configs.py "

@@ -83,7 +83,8 @@ def test_needed_gemm_efficiency_hits_the_row():
     assert report.needed_gemm_efficiency(ps15.plan, ps15.comparable) == pytest.approx(FITTED[("b200", "mxfp8")], rel=0.02)
     need = report.needed_gemm_efficiency(ps14.plan, ps14.comparable)
     assert predicted_tflops(ps14.plan, {**FITTED, ("b200", "mxfp8"): need}) == pytest.approx(ps14.comparable, rel=1e-3)
-    assert need / FITTED[("b200", "mxfp8")] > 5  # what one constant per GPU x precision cannot give both rows
+    # beyond (1 + 0.15) / (1 - 0.15): one constant per GPU x precision cannot put both rows within ±15%
+    assert need / FITTED[("b200", "mxfp8")] > 1.15 / 0.85
 
 
 # --- physical components (cost/memory.py: each derived from megatron-core / TE / DeepEP, checked by hand) ---------
@@ -223,10 +224,13 @@ def test_one_knob_pairs_keep_the_published_order():
     assert ("HC7", "PS22") not in knob  # HC7 is disputed: not a trusted row
     checks = {c["rows"]: c["verdict"] for c in report.order_checks(THROUGHPUT_ROWS,
                                                                      lambda p: predicted_tflops(p, FITTED))}
-    for pair in (("HC1", "PS26"), ("VC1", "VC4"), ("PS8", "PS21"), ("LC3", "LC5"), ("PS10", "PS23")):
+    # HC1 and PS26 run one configuration (the 25.09 release ran PS26 with DeepEP and the EP overlap, as HC1): no pair;
+    # PS8 against PS21 and PS7 against VC3 now differ in the overlap too: no longer one knob
+    assert ("HC1", "PS26") not in knob and ("PS8", "PS21") not in knob and ("PS7", "VC3") not in knob
+    for pair in (("VC1", "VC4"), ("LC1", "LC3"), ("PS17", "PS22"), ("PS10", "PS23")):
         assert checks[pair] == "match", pair
-    assert checks[("LC1", "LC3")] == "flip" and checks[("RC1", "RC5")] == "flat" and checks[("PS7", "VC3")] == "tie"
-    assert sum(v == "match" for v in checks.values()) == 18 and sum(v != "tie" for v in checks.values()) == 30
+    assert checks[("LC3", "LC5")] == "flip" and checks[("RC1", "RC5")] == "flat" and checks[("PS6", "VC2")] == "tie"
+    assert sum(v == "match" for v in checks.values()) == 16 and sum(v != "tie" for v in checks.values()) == 28
     memory = {c["rows"]: c["verdict"] for c in report.order_checks(MEMORY_ROWS,
                                                                    lambda p: estimate_memory(p).total / 1e9)}
     assert memory[("Q2", "Q5")] == "match" and memory[("M1", "M6")] == "match" and memory[("Q1", "Q2")] == "flat"
