@@ -41,6 +41,8 @@ PS22 (25.11) and PS26 (25.09, with DeepEP), as before in PS11, and off elsewhere
 recompute mla_up_proj + mlp, PS12 and PS25 no recompute and partial CUDA graphs; PS11-PS13 and PS16 run the alltoall
 dispatcher (the v0.4.2 scripts force it where a preset names no flex backend). PS26 then has HC1's configuration:
 the skills card's 368 TFLOP/s and the table's 330 are one layout, not an overlap on/off pair.
+The 25.11 rows PS18, PS20, PS21 and PS23-PS25 publish layouts or batches other than v0.2.0's presets (the table's
+runs overrode them); the overlap, off in every one of those presets, is what the re-read confirms for them.
 
 "GB" = 1e9 bytes; memory rows are torch peak allocated (``mem-max-allocated-bytes``) unless noted.
 """
