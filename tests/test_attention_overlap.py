@@ -133,6 +133,10 @@ def test_contended_overlap_is_max_of_the_uncovered_and_the_sm_share():
     assert contended(4.0, 1.0, 0.15) == pytest.approx(3.0)    # the transfer outlasts the compute
     assert dispatcher_sm_share(THROUGHPUT_ROWS["PS17"].plan) == 0.0  # alltoall: NCCL channels, not priced
     assert dispatcher_sm_share(THROUGHPUT_ROWS["PS4"].plan) == pytest.approx(20 / 148)  # HybridEP on GB200
+    from lcmoe_recipes.catalog.hardware import HARDWARE
+
+    assert {k: h.sm_count for k, h in HARDWARE.items()} == {"h100": 132, "h200": 132, "b200": 148, "gb200": 148,
+                                                             "gb300": 160}
 
 
 def test_graphed_attention_with_biases_keeps_wgrad_undelayed():
