@@ -18,15 +18,15 @@ GPU x precision (GEMM) and per GPU (attention, scan), and where each comes from 
 borrowed from a stated sibling -- are :mod:`lcmoe_recipes.cost.efficiency`. Recompute adds the forward work of the
 recomputed modules to the time.
 
-Overlap: every overlap megatron-core implements, each exposed = max(0, communication - the compute it hides
-behind), with the settings that enable or forbid it (:mod:`lcmoe_recipes.cost.overlap`, which says where each
-condition is read): EP all-to-all behind the other microbatch's layer compute (``overlap_moe_expert_parallel_comm``,
-with or without ``delay_wgrad_compute``; the flex dispatcher's kernels hold 20 SMs while they run, so at least that
-share of the transfer stays exposed: ``overlap.contended``), one microbatch's EP traffic exposed per step; TP
-collectives exposed (``tp_comm_overlap`` off); DP / EDP gradient reduce-scatter behind the last microbatch's backward and parameter
-all-gather behind the first forward, the last bucket exposed, all of it exposed at DP=1; CP ring steps behind the
-attention they feed (per layer), all-to-all and all-gather exchanges exposed; PP send/receive hidden with VPP
-(``overlap_p2p_comm``), exposed without. :attr:`StepEstimate.overlaps` lists each with its seconds.
+Overlap: every overlap megatron-core implements, each exposed = max(0, communication - the compute it hides behind),
+with the settings that enable or forbid it (:mod:`lcmoe_recipes.cost.overlap`, which says where each condition is
+read): EP all-to-all behind the other microbatch's layer compute (``overlap_moe_expert_parallel_comm``, with or
+without ``delay_wgrad_compute``; the flex dispatcher's kernels hold 20 SMs while they run, so at least that share of
+the transfer stays exposed: ``overlap.contended``), one microbatch's EP traffic exposed per step; TP collectives
+exposed (``tp_comm_overlap`` off); DP / EDP gradient reduce-scatter behind the last microbatch's backward and
+parameter all-gather behind the first forward, the last bucket exposed, all of it exposed at DP=1; CP ring steps
+behind the attention they feed (per layer), all-to-all and all-gather exchanges exposed; PP send/receive hidden with
+VPP (``overlap_p2p_comm``), exposed without. :attr:`StepEstimate.overlaps` lists each with its seconds.
 
 * pipeline bubble: (PP - 1) / VPP microbatches;
 * optimizer CPU offload: the host's CPU Adam over the offloaded elements and their GPU <-> host copies, from the
