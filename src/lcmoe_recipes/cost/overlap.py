@@ -137,4 +137,4 @@ def contended(communication: float, hidden_behind: float, sm_share: float) -> fl
     communication's kernels hold ``sm_share`` of the SMs while they run: max(communication - hidden_behind,
     communication x sm_share) -- the compute runs at 1 - sm_share of its speed until the transfer ends (module
     doc); ``sm_share`` 0 gives :func:`exposed`."""
-    return max(communication - hidden_behind, communication * sm_share, 0.0)
+    return max(exposed(communication, hidden_behind), communication * sm_share)

@@ -250,6 +250,7 @@ class StepTerms:
     peak: float                   # the dense peak at the plan's precision, FLOP/s
     ep_on: bool                   # EP all-to-all overlapped (cost.overlap.ep_overlap)
     delay_wgrad: bool             # ... with the experts' weight gradients delayed behind it
+    ep_sm_share: float            # ... the SMs its kernels hold meanwhile (cost.overlap.dispatcher_sm_share)
     dp_on: bool                   # DP / EDP reduce-scatter and all-gather overlapped (cost.overlap.dp_overlap)
     micro: int
     bubble: float
@@ -262,7 +263,7 @@ class StepTerms:
         a flex dispatcher holds slow the compute beside it: cost.overlap.contended)."""
         if not self.ep_on:
             return w.ep_seconds
-        out, share = 0.0, dispatcher_sm_share(self.plan)  # the SMs the dispatcher holds beside the compute
+        out = 0.0
         for ep, dense, experts, attn, n in w.ep_layers:
             rate = self.peak * gemm_eff
             f_attn = dense / 3 / rate + attn / attn_scale / (1 + ATTENTION_BACKWARD)  # forward, attention side
@@ -270,7 +271,7 @@ class StepTerms:
             f_mlp, dgrad = experts / 3 / rate, experts / 3 / rate  # routed experts: forward, dgrad, wgrad
             b_mlp, late = (dgrad, dgrad) if self.delay_wgrad else (2 * dgrad, 0.0)
             c = ep / 4  # dispatch and combine, forward and backward
-            out += n * sum(contended(c, block, share) for block in (b_mlp, b_attn, f_attn, f_mlp + late))
+            out += n * sum(contended(c, block, self.ep_sm_share) for block in (b_mlp, b_attn, f_attn, f_mlp + late))
         return out
 
     def dp_exposed(self, rank: int, t_mb: float) -> tuple[float, float, float]:
@@ -335,7 +336,7 @@ def step_terms(plan: Plan) -> StepTerms:
     ep_on, delay_wgrad, _ = ep_overlap(plan)
     return StepTerms(plan, work, tuple(w.gemm_flops / peak for w in work),
                      _gdn_seconds(plan.micro_batch_size, plan.seq_length, 1.0), peak, ep_on, delay_wgrad,
-                     dp_overlap(plan)[0], plan.num_microbatches, (lay.pp - 1) / (lay.vpp or 1),
+                     dispatcher_sm_share(plan), dp_overlap(plan)[0], plan.num_microbatches, (lay.pp - 1) / (lay.vpp or 1),
                      offload_step_seconds(plan).seconds,
                      model_flops_per_token(plan) * plan.global_batch_size * plan.seq_length)
 
