@@ -42,6 +42,19 @@ class ParallelLayout:
         if self.vpp is not None and (not isinstance(self.vpp, int) or self.vpp < 1):
             raise InfeasibleConfig(f"VPP={self.vpp!r} is not a positive integer", "use None (no interleaving) or >= 2")
 
+    def __hash__(self) -> int:
+        """The hash dataclasses would give (the seven degrees), computed once: the search keys its caches on layouts
+        thousands of times per request."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.world, self.tp, self.pp, self.cp, self.ep, self.etp, self.vpp))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        """Pickle and copy without the cached hash (it is recomputed where the copy lands)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @property
     def dense_model_size(self) -> int:
         """TP·PP·CP: ranks holding one replica of the dense part; must divide ``world``."""

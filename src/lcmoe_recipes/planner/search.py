@@ -65,7 +65,7 @@ from ..cost.memory import GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants,
 from ..cost.shapes import shapes
 from ..cost.step import StepEstimate
 from ..errors import InfeasibleConfig
-from ..rules.batch import choose_batch, tokens_per_step
+from ..rules.batch import batch_size, tokens_per_step
 from ..rules.cp import (a2a_heads_fit, choose_cp_comm_type, cp_candidates, cp_first_guess, cp_split_limit,
                         hierarchical_split)
 from ..rules.cuda_graphs import choose_cuda_graphs
@@ -769,7 +769,7 @@ def _smallest_count_that_fits(ctx: _Request) -> tuple[int | None, int, int]:
 def _compute_bound(ctx: _Request, layout: ParallelLayout, mbs: int) -> float:
     """:func:`~lcmoe_recipes.cost.bounds.compute_lower_bound` of ``layout`` at MBS ``mbs`` for the request."""
     request = ctx.request
-    gbs, _ = choose_batch(request.seq_length, layout, mbs, ctx.tokens, request.global_batch_size)
+    gbs = batch_size(request.seq_length, layout, mbs, ctx.tokens, request.global_batch_size)
     return compute_lower_bound(ctx.model.key, ctx.hw.key, ctx.precision[0], request.seq_length,
                                ctx.model.mtp_num_layers, mbs, layout, max(1, gbs // (mbs * layout.dp)), ctx.table_key)
 

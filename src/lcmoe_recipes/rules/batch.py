@@ -46,6 +46,24 @@ def tokens_per_step(spec: ModelSpec, total_params: float, wish: int | None = Non
     return tokens, Reason(f"{tokens / 1e6:.1f}M tokens per step ({total_params / 1e9:.0f}B parameters)", DEFAULT_SOURCE)
 
 
+def batch_size(seq_length: int, layout: ParallelLayout, mbs: int, tokens: int, wish: int | None = None) -> int:
+    """The GBS of :func:`choose_batch`, without its reason (the search prices thousands of layouts, and the reason's
+    text costs more than the number).
+
+    Raises:
+        LcmoeError: ``tokens`` is less than one sequence of ``seq_length``.
+    """
+    if wish:
+        return wish
+    if tokens < seq_length:
+        raise LcmoeError(f"`tokens_per_step` {tokens:,} is less than one sequence of seq_length {seq_length:,}",
+                         f"use at least {seq_length} (one sequence per step); extension phases use millions, e.g. "
+                         "tokens_per_step=8388608", fields=("tokens_per_step",))
+    step = mbs * layout.dp * (layout.pp if layout.vpp else 1)
+    wanted = max(1, round(tokens / seq_length))
+    return max(mbs * layout.dp * layout.pp, -(-wanted // step) * step)
+
+
 def choose_batch(seq_length: int, layout: ParallelLayout, mbs: int, tokens: int,
                  wish: int | None = None) -> tuple[int, Reason]:
     """(GBS, reason): ``tokens`` / seq_length samples, rounded up to a multiple of MBS·DP (and of MBS·DP·PP with
@@ -56,14 +74,10 @@ def choose_batch(seq_length: int, layout: ParallelLayout, mbs: int, tokens: int,
     """
     if wish:
         return wish, Reason(f"GBS {wish}, as requested", "your request")
-    if tokens < seq_length:
-        raise LcmoeError(f"`tokens_per_step` {tokens:,} is less than one sequence of seq_length {seq_length:,}",
-                         f"use at least {seq_length} (one sequence per step); extension phases use millions, e.g. "
-                         "tokens_per_step=8388608", fields=("tokens_per_step",))
+    gbs = batch_size(seq_length, layout, mbs, tokens)
     step = mbs * layout.dp * (layout.pp if layout.vpp else 1)
     floor = mbs * layout.dp * layout.pp
     wanted = max(1, round(tokens / seq_length))
-    gbs = max(floor, -(-wanted // step) * step)
     micro = gbs // (mbs * layout.dp)
     note = ""
     if gbs > wanted:
@@ -81,7 +95,7 @@ def choose_eval_batch(seq_length: int, layout: ParallelLayout, mbs: int, eval_it
     ``eval_iters`` batches, in the fewest sequences that are whole microbatches on every DP rank with every pipeline
     stage busy (:func:`choose_batch`'s rounding)."""
     iters = max(1, eval_iters)
-    gbs, _ = choose_batch(seq_length, layout, mbs, max(seq_length, UPSTREAM_EVAL_TOKENS // iters))
+    gbs = batch_size(seq_length, layout, mbs, max(seq_length, UPSTREAM_EVAL_TOKENS // iters))
     tokens = gbs * seq_length * iters
     return gbs, Reason(
         f"evaluation batch of {gbs} sequences x {iters} batches = {tokens / 1e6:.1f}M tokens per evaluation "
