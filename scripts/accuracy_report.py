@@ -463,19 +463,26 @@ def _throughput_section(rows) -> list[str]:
                   + ".", "",
               "Why the misses miss, as far as the record shows:", "",
               "* gpt-oss-120b (" + ", ".join(gpt_oss) + f"): predicted {min(ratio(k) for k in gpt_oss):.2f}-"
-              f"{max(ratio(k) for k in gpt_oss):.2f}x its published throughput on every GPU and precision (its one "
-              f"row within ±15% is PS23 on H100, {ratio('PS23'):.2f}) once each row is brought to our FLOP count "
-              "(releases before "
-              "megatron-bridge 0.5.0 counted 0.83-0.89 of our FLOPs for it). Not the attention backend: by "
+              f"{max(ratio(k) for k in gpt_oss):.2f}x its published throughput (its rows within ±15% are on H100: "
+              f"PS10 {ratio('PS10'):.2f}, PS23 {ratio('PS23'):.2f}) once each row is brought to our FLOP count "
+              "(releases before megatron-bridge 0.5.0 counted 0.83-0.89 of our FLOPs for it). Priced: the passes "
+              "megatron-core 0.19.2 runs outside its fused kernels for gpt-oss's features (`cost/elementwise.py`: "
+              "the clamped GLU's clamp and cat, the expert FC2 bias added expert by expert with FP32 routing "
+              "weights, the output-projection bias, RoPE unfused under YaRN; only the bias gradient's extra read "
+              "where the v0.6.0 MXFP8 recipes of PS3 and PS4 run the experts through Transformer Engine's op "
+              "fuser), at the datasheet HBM bandwidth, no fitted constant: "
+              f"{_elementwise_share(rows, [k for k in held if rows[k].plan.model == 'gpt_oss_120b'])} of the predicted step, which brought PS10 inside ±15% "
+              "(from 1.20) and took 0.17-0.23 off the Blackwell BF16 rows' ratios and 0.04-0.06 off PS3 and PS4's "
+              "when it was added (2026-12-04). Not the attention backend: by "
               "Transformer Engine's rules (`cost/attention.py`, `select_backend`) its learnable sinks turn "
               "FlashAttention off but leave cuDNN fused attention on from cuDNN 9.13.1 (every image these rows ran "
               "on has it; the unfused path needs 9.11 or packed sequences before 9.18), and its 128-token windows, "
-              "priced at the two key tiles they touch, are a small share of its step. A term for the memory-bound "
-              "work between GEMMs (norms, permutation, activation, FP8 casts, at the datasheet HBM bandwidth) moved "
-              "Qwen3-30B's rows as much as gpt-oss's. Nor tile and wave quantization of its 2,880-wide GEMMs (at most "
-              "10%, bounded below). What is left is named, not measured: work around its experts the model does not "
-              "list (expert biases and the clamped GLU, memory-bound at hidden 2,880) and, on GB200, the "
-              "cuDNN-frontend grouped-GEMM regression megatron-bridge's 26.06.01 summary names;",
+              "priced at the two key tiles they touch, are a small share of its step. Nor tile and wave quantization "
+              "of its 2,880-wide GEMMs (at most 10%, bounded below). What is left on Blackwell is not in the record: "
+              "the 26.06.01 summary's drop of gpt-oss on GB200 from 943 to 597 TFLOP/s, which megatron-bridge ties to "
+              "a cuDNN-frontend grouped-GEMM regression of the fused dGLU with bias gradients (cudnn-frontend issue "
+              "256), shows how much the expert kernels with biases can cost on these GPUs; the rows' own kernel times "
+              "are not published;",
               f"* Qwen3-30B on one GB300 node (PS5 {ratio('PS5'):.2f}; the fit row PS6 on GB200 reads "
               f"{ratio('PS6'):.2f}): with the EP overlap its release set, the step model hides most of the "
               "node's all-to-all behind the other microbatch's compute; the card row VC2, PS6's layout without the "
@@ -554,6 +561,22 @@ def needed_gemm_efficiency(plan, value: float) -> float:
         mid = (lo * hi) ** 0.5
         lo, hi = (mid, hi) if tflops(mid) < value else (lo, mid)
     return (lo * hi) ** 0.5
+
+
+def _elementwise_share(rows, names) -> str:
+    """The share of the predicted step that ``cost/elementwise.py`` prices, as a range per GPU family of ``names``."""
+    from lcmoe_recipes.cost.step import estimate_step
+
+    def share(k):
+        e = estimate_step(rows[k].plan)
+        return e.parts["elementwise"] / e.step_seconds
+
+    groups = {"H100": [k for k in names if rows[k].plan.hardware == "h100"],
+              "Blackwell, experts unfused": [k for k in names if rows[k].plan.hardware != "h100"
+                                            and not rows[k].plan.use_transformer_engine_op_fuser],
+              "op fuser": [k for k in names if rows[k].plan.use_transformer_engine_op_fuser]}
+    return ", ".join(f"{min(map(share, ks)):.0%}-{max(map(share, ks)):.0%} ({label}: {', '.join(ks)})"
+                     for label, ks in groups.items() if ks)
 
 
 def _reach_section(rows) -> list[str]:

@@ -100,7 +100,7 @@ class Row:
 
 def _plan(name, model, hardware, gpus, seq, precision, gbs, *, tp=1, pp=1, vpp=None, cp=1, ep=1, mbs=1,
           dispatcher="flex", backend="hybridep", recompute=(), full=False, graphs=(), mtp=None, ep_overlap=False,
-          grad="bf16", offload=0.0, precision_aware=False, moments="fp32", variable_length=False):
+          grad="bf16", offload=0.0, precision_aware=False, moments="fp32", variable_length=False, op_fuser=False):
     from lcmoe_recipes.catalog import get_model
 
     spec = get_model(model)
@@ -116,7 +116,7 @@ def _plan(name, model, hardware, gpus, seq, precision, gbs, *, tp=1, pp=1, vpp=N
                 mtp_num_layers=spec.mtp_num_layers if mtp is None else mtp, moe_ep_overlap=ep_overlap,
                 grad_dtype=grad, optimizer_cpu_offload=offload > 0, optimizer_offload_fraction=offload,
                 use_precision_aware_optimizer=precision_aware or offload > 0, moment_dtype=moments,
-                variable_length=variable_length)
+                variable_length=variable_length, use_transformer_engine_op_fuser=op_fuser)
 
 
 # --- memory -----------------------------------------------------------------------------------------------------
@@ -257,6 +257,10 @@ _PERF = "megatron-bridge 0.6.2 perf recipe's recompute / dispatcher / graphs; ev
 _V060 = ("; EP overlap on: megatron-bridge v0.6.0 perf_recipes (the 26.08 release) set "
          "overlap_moe_expert_parallel_comm and delay_wgrad_compute for this model, GPU and precision (with full-iteration CUDA graphs, which the step "
          "model does not price)")
+# The routed experts through Transformer Engine's op fuser (biases and the clamped GLU inside the fused grouped MLP):
+_OP_FUSER = ("; op fuser on: megatron-bridge v0.6.0 perf_recipes/gpt_oss/common.py "
+             "_apply_gpt_oss_120b_full_iter_fp8mx_configs (called by gb200/ and gb300/gpt_oss.py) sets "
+             "use_transformer_engine_op_fuser")
 _V042 = "; EP overlap on: megatron-bridge v0.4.2 scripts/performance/configs/{} (moe_a2a_overlap=True)"
 _V020 = "; EP overlap on: megatron-bridge v0.2.0 scripts/performance/configs/qwen3/workload_base_configs.py {} " \
         "(moe_a2a_overlap=True)"
@@ -316,9 +320,9 @@ def _throughput_rows():
                          recompute=("mla_up_proj",), ep_overlap=True), 1276, _summary("26.08"), fit=True,
                    assumed=_PERF + _V060),
         "PS3": Row(_plan("gptoss_gb300_mx", "gpt_oss_120b", "gb300", 64, 4096, "mxfp8", 1280, ep=16, mbs=4,
-                         ep_overlap=True), 1077, _summary("26.08"), assumed=_PERF + _V060),
+                         ep_overlap=True, op_fuser=True), 1077, _summary("26.08"), assumed=_PERF + _V060 + _OP_FUSER),
         "PS4": Row(_plan("gptoss_gb200_mx", "gpt_oss_120b", "gb200", 64, 4096, "mxfp8", 1280, ep=64, mbs=4,
-                         ep_overlap=True), 934, _summary("26.08"), assumed=_PERF + _V060),
+                         ep_overlap=True, op_fuser=True), 934, _summary("26.08"), assumed=_PERF + _V060 + _OP_FUSER),
         "PS5": Row(_plan("q30_gb300_mx", "qwen3_30b", "gb300", 8, 4096, "mxfp8", 512, ep=8, mbs=8, ep_overlap=True),
                    1029, _summary("26.08"), assumed=_PERF + _V060),
         "PS6": Row(_plan("q30_gb200_mx", "qwen3_30b", "gb200", 8, 4096, "mxfp8", 512, ep=8, mbs=4, ep_overlap=True),

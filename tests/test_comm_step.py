@@ -209,3 +209,44 @@ def test_published_flops_conventions():
         assert ratio == pytest.approx(FLOPS_CONVENTION[key][1], abs=1e-4), key
     assert FLOPS_CONVENTION["PS10"] == ("v0.4.2", 0.8302) and FLOPS_CONVENTION["PS3"][1] == pytest.approx(1, abs=0.01)
     assert THROUGHPUT_ROWS["PS10"].comparable == pytest.approx(158 / 0.8302)
+
+
+def test_gpt_oss_elementwise_passes_by_hand():
+    """cost/elementwise.py: the bytes gpt-oss-120b's features move outside megatron-core 0.19.2's fused kernels, per
+    token of one MoE layer (top-4, expert width 2,880, hidden 2,880, 64 query + 8 key heads of 64), counted pass by
+    pass from experts.py, fused_bias_geglu.py, fused_bias_dropout.py and rope_utils.py."""
+    from lcmoe_recipes.cost.elementwise import layer_bytes
+
+    s = shapes(THROUGHPUT_ROWS["PS10"].plan.model_spec)
+    clamp = (4 * 2880 * 2 * 2 * 2 * 2, 4 * 2880 * 2 * 5 * 2)   # [4, 5760] BF16: 2R+2W forward, 3R+2W backward
+    fc2_bias = (4 * 2880 * 28, 4 * 2880 * 30)                    # FP32 routing weights
+    out_bias = (2880 * 2 * 2, 2880 * 2)                          # x + b; the bias gradient's read
+    rope = (72 * 64 * 10 * 2, 72 * 64 * 6 * 2)                   # unfused minus fused passes over q and k
+    everything = layer_bytes(s, 0, True, True, True, False, True, False)
+    assert everything == (sum(t[0] for t in (clamp, fc2_bias, out_bias, rope)),
+                          sum(t[1] for t in (clamp, fc2_bias, out_bias, rope))) == (610560, 637056)
+    # moe_act recompute runs the clamp's forward again in the backward
+    assert layer_bytes(s, 0, True, True, True, False, True, True)[1] == 637056 + clamp[0]
+    # through the op fuser only the bias gradient's extra read of the FC2 output gradient is left of the experts'
+    fused = layer_bytes(s, 0, True, True, True, True, True, False)
+    assert fused == (out_bias[0] + rope[0], 4 * 2880 * 2 + out_bias[1] + rope[1])
+
+
+def test_elementwise_part_of_the_step():
+    """The passes cost time only where the model has the features: gpt-oss's rows, not Qwen3-30B's or (MLA keeps
+    its fused RoPE) DeepSeek-V3's; PS10's part is its bytes at H100's 3,350 GB/s."""
+    from lcmoe_recipes.core.pipeline import stage_decoder_layers
+    from lcmoe_recipes.cost.elementwise import features, layer_bytes
+
+    for name in ("VC1", "LC5", "PS16"):
+        assert estimate_step(THROUGHPUT_ROWS[name].plan).parts["elementwise"] == 0.0
+    # gpt-oss-120b, 64 x H100, MBS1, layernorm+moe_act; PP4 splits its 36 layers 8/10/10/8 (the embedding and the
+    # loss count as a layer each), and the slowest rank is the last (the output layer), with 8
+    plan = THROUGHPUT_ROWS["PS10"].plan
+    assert features(plan) == (True, True, True, False, True, True)
+    per_token = sum(layer_bytes(shapes(plan.model_spec), 0, *features(plan)))
+    step = estimate_step(plan)
+    assert stage_decoder_layers(plan) == (8, 10, 10, 8)
+    assert step.parts["elementwise"] == pytest.approx(plan.num_microbatches * 8 * per_token * 4096 / 3350e9)
+    op_fuser = THROUGHPUT_ROWS["PS4"].plan
+    assert op_fuser.use_transformer_engine_op_fuser and features(op_fuser)[3]

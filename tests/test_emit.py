@@ -211,3 +211,17 @@ def test_build_is_offline(zygote):
     out = zygote.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "OK 512 16"
+
+
+def test_op_fuser_written_and_read_back():
+    """A plan that runs the routed experts through Transformer Engine's op fuser says so in the config, and the
+    config reads back to the same plan (off, megatron-core's default, everywhere else)."""
+    from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.emit import config_from_plan, plan_from_config
+
+    plan = recipe_plan("qwen3_235b_128k_gb200")
+    assert plan.use_transformer_engine_op_fuser is False
+    fused = plan.with_changes(use_transformer_engine_op_fuser=True)
+    cfg = config_from_plan(fused, quiet=True)
+    assert cfg.model.use_transformer_engine_op_fuser is True
+    assert plan_from_config(cfg, fused.hardware, fused.layout.world, fused.name) == fused

@@ -127,6 +127,10 @@ class Plan:
         moe_router_bias_update_rate: the update rate of the router's expert biases (auxiliary-loss-free balancing)
             for models that have them; None for models without (nothing written).
         moe_ep_overlap: ``overlap_moe_expert_parallel_comm`` (EP all-to-all hidden behind compute).
+        use_transformer_engine_op_fuser: megatron-core's field: the routed experts run through Transformer Engine's
+            op fuser (one fused grouped MLP, biases and clamped GLU inside it) instead of grouped GEMMs with the
+            activation and the FC2 bias between them. Off by default (megatron-core 0.19.2); megatron-bridge
+            v0.6.0's gpt-oss MXFP8 perf recipes turn it on for GB200 / GB300.
         base_recipe: the megatron-bridge recipe this run starts from ("module:function"; None: its generic
             pre-training template), see :mod:`lcmoe_recipes.catalog.upstream`.
         positions: RoPE setup (None: as the base model was trained, left as megatron-bridge builds it).
@@ -186,6 +190,7 @@ class Plan:
     moment_dtype: str = "fp32"
     moe_router_bias_update_rate: float | None = None
     moe_ep_overlap: bool = False
+    use_transformer_engine_op_fuser: bool = False
     base_recipe: str | None = field(default=None, compare=False)  # provenance: a config does not record it
     positions: Positions | None = None
     cp_comm_type: str = "p2p"

@@ -16,7 +16,9 @@ kernel calls megatron-core makes and the kernel's published throughput at their 
 attention`), times the GPU's fitted attention scale; gated DeltaNet by its sequential scan. The constants, one per
 GPU x precision (GEMM) and per GPU (attention, scan), and where each comes from -- fitted to published rows, or
 borrowed from a stated sibling -- are :mod:`lcmoe_recipes.cost.efficiency`. Recompute adds the forward work of the
-recomputed modules to the time.
+recomputed modules to the time. The memory-bound passes some model features run outside megatron-core's fused
+kernels (clamped GLU, linear biases, RoPE unfused under YaRN) are their bytes at the datasheet HBM bandwidth
+(:mod:`lcmoe_recipes.cost.elementwise`; ``parts["elementwise"]``).
 
 Overlap: every overlap megatron-core implements, each exposed = max(0, communication - the compute it hides behind),
 with the settings that enable or forbid it (:mod:`lcmoe_recipes.cost.overlap`, which says where each condition is
@@ -45,6 +47,7 @@ from ..core.plan import Plan
 from .attention import layer_attention_seconds
 from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
 from .efficiency import Constant, constant
+from .elementwise import features as elementwise_features, per_token_bytes as elementwise_bytes
 from .offload import offload_step_seconds
 from .attention import BACKWARD_FLOPS as ATTENTION_BACKWARD
 from .overlap import Overlap, bucket_share, contended, dispatcher_sm_share, dp_overlap, ep_overlap, exposed
@@ -147,6 +150,7 @@ class _RankWork:
     # GEMM FLOPs, its attention s at the published rate, layers); forward + backward, recompute included
     ep_layers: tuple[tuple[float, float, float, float, int], ...] = ()
     pp_transfer_seconds: float = 0.0                # the PP transfer, hidden or not
+    elementwise_seconds: float = 0.0                # memory-bound passes outside fused kernels (cost.elementwise)
 
 
 def rank_kinds(plan: Plan, pp_rank: int) -> tuple[tuple[tuple[bool, str], int, int], ...]:
@@ -179,13 +183,15 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
 @lru_cache(maxsize=4096)
 def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
     s, lay, hw = shapes(plan.model_spec), plan.layout, plan.hardware_spec.key
+    flags = elementwise_features(plan)
+    hbm = plan.hardware_spec.hbm_gbps * 1e9
     tokens = plan.micro_batch_size * plan.seq_length
     share = 1.0 / (lay.tp * lay.cp)
     pp_t = pipeline_transfer(plan)
     out = []
     per_kind: dict = {}
     for r in range(lay.pp):
-        gemm = tp = ep = exposed_cp = 0.0
+        gemm = tp = ep = exposed_cp = moved = 0.0
         attention: dict[tuple[float, float], int] = {}
         gdn = 0
         bytes_by: dict[str, float] = {"PP": pp_t.nvlink_bytes + pp_t.scaleout_bytes}
@@ -196,6 +202,7 @@ def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
                                   layer_transfers(plan, i))
             (linear, _), (recompute, recompute_attn), transfers = per_kind[kind]
             gemm += count * (linear + recompute) * tokens * share
+            moved += count * sum(elementwise_bytes(s, i, flags)) * tokens * share
             attn = layer_attention_seconds(s, i, hw, plan.seq_length, plan.micro_batch_size, lay.tp, lay.cp,
                                            plan.cp_comm_type, plan.hierarchical_cp_sizes, recompute_attn > 0,
                                            plan.variable_length)
@@ -232,7 +239,8 @@ def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
                                                               + 6 * (2 * s.h * s.h + s.embedding))) * tokens * share
         out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, exposed_cp, tp, ep,
                              0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items()),
-                             sum(n * f for (f, _), n in attention.items()), tuple(ep_layers), pp_t.seconds))
+                             sum(n * f for (f, _), n in attention.items()), tuple(ep_layers), pp_t.seconds,
+                             moved / hbm if moved else 0.0))
     return tuple(out)
 
 
@@ -299,7 +307,7 @@ class StepTerms:
             for a, c, n in w.attention:
                 cp += n * exposed(c, a / attn_scale)  # the ring behind the attention it feeds
             ep = self._ep_exposed(w, gemm_eff, attn_scale)
-            t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds
+            t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds + w.elementwise_seconds
             if worst is None or t_mb > worst[0]:
                 worst = (t_mb, w, gemm, attn, cp, ep)
         t_mb, w = worst[0], worst[1]
@@ -359,7 +367,8 @@ def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None 
                                                                               gdn_c.value)
     micro, bubble = terms.micro, terms.bubble
     tflops = terms.flops / step / lay.world / 1e12
-    parts = {"gemm": micro * gemm, "attention": micro * attn, "tp_exposed": micro * w.tp_seconds,
+    parts = {"gemm": micro * gemm, "attention": micro * attn, "elementwise": micro * w.elementwise_seconds,
+             "tp_exposed": micro * w.tp_seconds,
              "cp_exposed": micro * cp, "ep_exposed": micro * ep + unpaired, "pp_exposed": micro * w.pp_seconds,
              "bubble": bubble * t_mb, "dp_exposed": exposed_dp,
              "optimizer_offload": terms.offload}

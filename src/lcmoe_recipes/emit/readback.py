@@ -86,6 +86,7 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         pin_cpu_grads=bool(opt.pin_cpu_grads),
         moe_ep_overlap=bool(m.overlap_moe_expert_parallel_comm
                             or (cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm)),
+        use_transformer_engine_op_fuser=bool(getattr(m, "use_transformer_engine_op_fuser", False)),
     )
 
 
