@@ -370,8 +370,8 @@ DP_OVERLAP_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "align_param
 
 
 def _op_fuser(cfg, plan: Plan) -> None:
-    if bool(getattr(cfg.model, "use_transformer_engine_op_fuser", False)) != plan.use_transformer_engine_op_fuser:
-        cfg.model.use_transformer_engine_op_fuser = plan.use_transformer_engine_op_fuser
+    if plan.use_transformer_engine_op_fuser:  # on where the plan asks; a base recipe that sets it keeps it
+        cfg.model.use_transformer_engine_op_fuser = True
 
 
 def _answer(text: str, source: str) -> Callable[[Plan], Reason]:
@@ -483,10 +483,10 @@ SETTINGS: tuple[Setting, ...] = (
                                  "comm_overlap section, the DDP overlaps off, as CommOverlapConfig.setup sets them",
                                  f"{UPSTREAM} training/comm_overlap.py CommOverlapConfig.setup")),
     Setting("op_fuser", ("model.use_transformer_engine_op_fuser",), _op_fuser,
-            _answer("routed experts through Transformer Engine's op fuser only where the plan asks for it (off, "
-                    "megatron-core's default: it needs Transformer Engine >= 2.14, Blackwell and "
-                    "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1); the step model prices the passes either path runs outside "
-                    "its kernels", "megatron-core 0.19.2 transformer/moe/experts.py TEGroupedMLP "
+            _answer("routed experts through Transformer Engine's op fuser where the plan asks for it, and where the "
+                    "base recipe sets it (megatron-core's default is off: it needs Transformer Engine >= 2.14, "
+                    "Blackwell and NVTE_CUTEDSL_FUSED_GROUPED_MLP=1); the step model prices the passes either path "
+                    "runs outside its kernels", "megatron-core 0.19.2 transformer/moe/experts.py TEGroupedMLP "
                     "(_is_fused_impl_supported, _apply_bias)")),
     Setting("what_runs", ("model.apply_rope_fusion", "optimizer.weight_decay", "optimizer.exp_avg_dtype",
                           "optimizer.exp_avg_sq_dtype", "dataset.mock"), _what_runs, lambda plan: WHAT_RUNS_REASON),
