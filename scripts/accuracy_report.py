@@ -488,8 +488,9 @@ def _throughput_section(rows) -> list[str]:
               "node's all-to-all behind the other microbatch's compute; the card row VC2, PS6's layout without the "
               f"overlap, publishes the same throughput ({rows['VC2'].value:g} against {rows['PS6'].value:g}) and "
               f"reads {ratio('VC2'):.2f}. The SMs the dispatcher holds beside the compute are priced at "
-              "megatron-core's default (20, `cost/overlap.py`); megatron-bridge v0.6.0's MXFP8 perf recipes give "
-              "HybridEP 32, and what else the overlap costs a single node is not in the model;",
+              "what the run gives it (`cost/overlap.py`: HybridEP's 32 of every megatron-bridge release's "
+              "performance settings, `Plan.moe_flex_dispatcher_num_sms`); what else the overlap costs a single node "
+              "is not in the model;",
               f"* DeepSeek-V3 on B200 with MXFP8 (HC3 {ratio('HC3'):.2f}, PS14 {ratio('PS14'):.2f}): their GEMM "
               "constant is B200 MXFP8's, fitted on the two Qwen3 rows (PS15, PS16) that ask for a fraction of what "
               "these ask for: one constant per GPU x precision cannot hold both (the reach table below);",

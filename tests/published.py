@@ -100,7 +100,8 @@ class Row:
 
 def _plan(name, model, hardware, gpus, seq, precision, gbs, *, tp=1, pp=1, vpp=None, cp=1, ep=1, mbs=1,
           dispatcher="flex", backend="hybridep", recompute=(), full=False, graphs=(), mtp=None, ep_overlap=False,
-          grad="bf16", offload=0.0, precision_aware=False, moments="fp32", variable_length=False, op_fuser=False):
+          grad="bf16", offload=0.0, precision_aware=False, moments="fp32", variable_length=False, op_fuser=False,
+          sms=None):
     from lcmoe_recipes.catalog import get_model
 
     spec = get_model(model)
@@ -116,7 +117,15 @@ def _plan(name, model, hardware, gpus, seq, precision, gbs, *, tp=1, pp=1, vpp=N
                 mtp_num_layers=spec.mtp_num_layers if mtp is None else mtp, moe_ep_overlap=ep_overlap,
                 grad_dtype=grad, optimizer_cpu_offload=offload > 0, optimizer_offload_fraction=offload,
                 use_precision_aware_optimizer=precision_aware or offload > 0, moment_dtype=moments,
-                variable_length=variable_length, use_transformer_engine_op_fuser=op_fuser)
+                variable_length=variable_length, use_transformer_engine_op_fuser=op_fuser,
+                moe_flex_dispatcher_num_sms=sms if sms is not None else _hybridep_sms(dispatcher, backend))
+
+
+def _hybridep_sms(dispatcher: str, backend: str) -> int | None:
+    # every megatron-bridge release's performance settings give HybridEP 32 SMs (v0.2.0 scripts/performance/utils/
+    # helpers.py, v0.4.2 and v0.5.0 utils/overrides.py, v0.6.0 perf_recipes/_common.py _benchmark_common; re-read
+    # 2026-12-04); DeepEP keeps megatron-core's default (None: 20)
+    return 32 if dispatcher == "flex" and backend == "hybridep" else None
 
 
 # --- memory -----------------------------------------------------------------------------------------------------

@@ -225,3 +225,21 @@ def test_op_fuser_written_and_read_back():
     cfg = config_from_plan(fused, quiet=True)
     assert cfg.model.use_transformer_engine_op_fuser is True
     assert plan_from_config(cfg, fused.hardware, fused.layout.world, fused.name) == fused
+
+
+def test_dispatcher_sms_inherited_written_and_read_back():
+    """The flex dispatcher's SM count: a plan takes its base recipe's (megatron-bridge's performance settings give
+    HybridEP 32, through the deprecated moe_hybridep_num_sms that megatron-core routes into
+    moe_flex_dispatcher_num_sms); a plan that asks for another count gets it written, and it reads back."""
+    from lcmoe_recipes import recipe_plan
+    from lcmoe_recipes.emit import config_from_plan, plan_from_config
+    from lcmoe_recipes.emit.fields import dispatcher_num_sms
+
+    plan = recipe_plan("qwen3_235b_128k_gb200")
+    assert plan.moe_flex_dispatcher_backend == "hybridep" and plan.moe_flex_dispatcher_num_sms == 32
+    cfg = config_from_plan(plan, quiet=True)
+    assert dispatcher_num_sms(cfg.model) == 32 and cfg.model.moe_flex_dispatcher_num_sms is None  # the base's
+    other = plan.with_changes(moe_flex_dispatcher_num_sms=24)
+    cfg = config_from_plan(other, quiet=True)
+    assert cfg.model.moe_flex_dispatcher_num_sms == 24
+    assert plan_from_config(cfg, other.hardware, other.layout.world, other.name) == other

@@ -127,6 +127,10 @@ class Plan:
         moe_router_bias_update_rate: the update rate of the router's expert biases (auxiliary-loss-free balancing)
             for models that have them; None for models without (nothing written).
         moe_ep_overlap: ``overlap_moe_expert_parallel_comm`` (EP all-to-all hidden behind compute).
+        moe_flex_dispatcher_num_sms: SMs the flex dispatcher's kernels (DeepEP, HybridEP) hold while they run
+            (megatron-core 0.19.2 ``moe_flex_dispatcher_num_sms``, which the deprecated ``moe_hybridep_num_sms`` /
+            ``moe_deepep_num_sms`` route into); None: megatron-core's default, 20. Every megatron-bridge release's
+            performance settings give HybridEP 32.
         use_transformer_engine_op_fuser: megatron-core's field: the routed experts run through Transformer Engine's
             op fuser (one fused grouped MLP, biases and clamped GLU inside it) instead of grouped GEMMs with the
             activation and the FC2 bias between them. Off by default (megatron-core 0.19.2); megatron-bridge
@@ -191,6 +195,7 @@ class Plan:
     moe_router_bias_update_rate: float | None = None
     moe_ep_overlap: bool = False
     use_transformer_engine_op_fuser: bool = False
+    moe_flex_dispatcher_num_sms: int | None = None
     base_recipe: str | None = field(default=None, compare=False)  # provenance: a config does not record it
     positions: Positions | None = None
     cp_comm_type: str = "p2p"

@@ -124,12 +124,13 @@ FLEX_DISPATCHER_SMS = 20  # megatron-core 0.19.2 transformer_config.py: DeepEP's
 
 
 def dispatcher_sm_share(plan: Plan) -> float:
-    """Share of a GPU's SMs the EP all-to-all holds while it runs beside compute: FLEX_DISPATCHER_SMS over the GPU's
-    SMs (``Hardware.sm_count``) for the flex dispatcher (DeepEP, HybridEP), 0 for alltoall (NCCL's channels are not
-    a megatron setting)."""
+    """Share of a GPU's SMs the EP all-to-all holds while it runs beside compute: the plan's
+    ``moe_flex_dispatcher_num_sms`` (None: FLEX_DISPATCHER_SMS, megatron-core's default) over the GPU's SMs
+    (``Hardware.sm_count``) for the flex dispatcher (DeepEP, HybridEP), 0 for alltoall (NCCL's channels are not a
+    megatron setting)."""
     if plan.moe_token_dispatcher_type != "flex":
         return 0.0
-    return FLEX_DISPATCHER_SMS / plan.hardware_spec.sm_count
+    return (plan.moe_flex_dispatcher_num_sms or FLEX_DISPATCHER_SMS) / plan.hardware_spec.sm_count
 
 
 def contended(communication: float, hidden_behind: float, sm_share: float) -> float:

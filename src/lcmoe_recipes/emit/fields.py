@@ -44,3 +44,15 @@ def grad_reduce_in_fp32(cfg) -> bool:
         mixed = get_mixed_precision_config(mixed)
     value = getattr(mixed, "grad_reduce_in_fp32", None)
     return bool(cfg.ddp.grad_reduce_in_fp32 if value is None else value)
+
+
+def dispatcher_num_sms(m) -> int | None:
+    """The SMs the flex dispatcher runs with under model config ``m``: ``moe_flex_dispatcher_num_sms``, else the
+    deprecated ``moe_hybridep_num_sms`` / ``moe_deepep_num_sms`` that megatron-core 0.19.2
+    ``TransformerConfig.__post_init__`` routes into it (it refuses two different ones); None: its default (20)."""
+    explicit = getattr(m, "moe_flex_dispatcher_num_sms", None)
+    if explicit is not None:
+        return int(explicit)
+    deprecated = [v for v in (getattr(m, "moe_hybridep_num_sms", None), getattr(m, "moe_deepep_num_sms", None))
+                  if v is not None]
+    return int(deprecated[0]) if deprecated else None

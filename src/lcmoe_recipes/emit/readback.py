@@ -12,7 +12,7 @@ from ..catalog.registry import match_model
 from ..core.layout import ParallelLayout
 from ..core.plan import Plan, Positions, Schedule
 from ..errors import UnknownName
-from .fields import grad_reduce_in_fp32, layout_to_str, precision_of
+from .fields import dispatcher_num_sms, grad_reduce_in_fp32, layout_to_str, precision_of
 
 
 def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str = "config",
@@ -87,7 +87,9 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
         moe_ep_overlap=bool(m.overlap_moe_expert_parallel_comm
                             or (cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm)),
         use_transformer_engine_op_fuser=bool(getattr(m, "use_transformer_engine_op_fuser", False)),
+        moe_flex_dispatcher_num_sms=dispatcher_num_sms(m),
     )
+
 
 
 def _positions_of(m) -> Positions | None:

@@ -374,6 +374,13 @@ def _op_fuser(cfg, plan: Plan) -> None:
         cfg.model.use_transformer_engine_op_fuser = True
 
 
+def _dispatcher_sms(cfg, plan: Plan) -> None:
+    from .fields import dispatcher_num_sms
+
+    if plan.moe_flex_dispatcher_num_sms is not None and dispatcher_num_sms(cfg.model) != plan.moe_flex_dispatcher_num_sms:
+        cfg.model.moe_flex_dispatcher_num_sms = plan.moe_flex_dispatcher_num_sms
+
+
 def _answer(text: str, source: str) -> Callable[[Plan], Reason]:
     return lambda plan: Reason(text, source)
 
@@ -488,6 +495,12 @@ SETTINGS: tuple[Setting, ...] = (
                     "Blackwell and NVTE_CUTEDSL_FUSED_GROUPED_MLP=1); the step model prices the passes either path "
                     "runs outside its kernels", "megatron-core 0.19.2 transformer/moe/experts.py TEGroupedMLP "
                     "(_is_fused_impl_supported, _apply_bias)")),
+    Setting("dispatcher_num_sms", ("model.moe_flex_dispatcher_num_sms",), _dispatcher_sms,
+            _answer("the flex dispatcher's SMs as the base recipe gives them (megatron-bridge's performance settings "
+                    "give HybridEP 32), written only where the plan asks for another count; the step model prices the "
+                    "share of the SMs they hold beside overlapped compute", "megatron-core 0.19.2 "
+                    "transformer/transformer_config.py (moe_flex_dispatcher_num_sms; the deprecated "
+                    "moe_hybridep_num_sms routed into it)")),
     Setting("what_runs", ("model.apply_rope_fusion", "optimizer.weight_decay", "optimizer.exp_avg_dtype",
                           "optimizer.exp_avg_sq_dtype", "dataset.mock"), _what_runs, lambda plan: WHAT_RUNS_REASON),
 )

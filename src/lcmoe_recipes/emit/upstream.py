@@ -130,7 +130,7 @@ def summarize(path: str, hub_id: str, cfg) -> dict | None:
 
     import torch
 
-    from .fields import grad_reduce_in_fp32, layout_to_str
+    from .fields import dispatcher_num_sms, grad_reduce_in_fp32, layout_to_str
 
     name = path.partition(":")[2]
     match = re.fullmatch(r"(?P<stem>.+?)_pretrain_(?P<gpus>\d+)gpu_(?P<gpu>[a-z0-9]+)_(?P<dtype>[a-z0-9]+)"
@@ -162,4 +162,5 @@ def summarize(path: str, hub_id: str, cfg) -> dict | None:
         "num_workers": cfg.dataset.num_workers,
         "moe_ep_overlap": bool(cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm),
         "use_transformer_engine_op_fuser": bool(getattr(m, "use_transformer_engine_op_fuser", False)),
+        "moe_flex_dispatcher_num_sms": dispatcher_num_sms(m),
     }
