@@ -70,7 +70,7 @@ from ..rules.cp import (a2a_heads_fit, choose_cp_comm_type, cp_candidates, cp_fi
                         hierarchical_split)
 from ..rules.cuda_graphs import choose_cuda_graphs
 from ..rules.dispatcher import choose_dispatcher
-from ..rules.extension import extension_fields, with_cp_comm, with_ep_overlap
+from ..rules.extension import extension_fields, with_ep_overlap, with_priced_cp_comm
 from ..rules.offload import offload_fractions, offload_reason
 from ..rules.precision import choose_precision
 from ..rules.recompute import recompute_ladder, recompute_reason
@@ -279,7 +279,7 @@ def _base(ctx: _Request, layout: ParallelLayout, mbs: int, reject: dict) -> tupl
         return None
     (dispatcher, backend), why_dispatch = choose_dispatcher(hw, layout, request.dispatcher, model.is_moe)
     exchange, _ = choose_cp_comm_type(model, layout.tp, layout.cp)  # what the model's features require (ring or
-    # hierarchical is decided once the plan fits: with_cp_comm)
+    # hierarchical is decided once the plan fits: with_priced_cp_comm)
     base = Plan(
         name="planned", model=model.key, hardware=hw.key, seq_length=request.seq_length, layout=layout,
         precision=ctx.precision[0], moe_token_dispatcher_type=dispatcher, moe_flex_dispatcher_backend=backend,
@@ -370,9 +370,12 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) ->
         if not _exceeds(ctx, plan):
             if any(f.severity == "error" for f in check_plan(plan) + host_findings(plan)):  # + a node's RAM
                 continue
-            plan = with_cp_comm(with_ep_overlap(plan.with_changes(reasons=_reasons(ctx, plan, rules, level, fraction))))
-            plan = follow_recipe_choices(plan)  # an upstream recipe's setting that avoids an open hazard
-            return Candidate(plan, _peak(ctx, plan), estimate_step(plan, ctx.table))
+            chosen, step = with_priced_cp_comm(with_ep_overlap(plan.with_changes(
+                reasons=_reasons(ctx, plan, rules, level, fraction))))
+            plan = follow_recipe_choices(chosen)  # an upstream recipe's setting that avoids an open hazard
+            if step is None or plan is not chosen or ctx.table is not None:  # the CP choice priced another plan
+                step = estimate_step(plan, ctx.table)
+            return Candidate(plan, _peak(ctx, plan), step)
     _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
     return None
 

@@ -144,8 +144,14 @@ def with_ep_overlap(plan):
 
 def with_cp_comm(plan):
     """``plan`` with its context-parallel communication chosen (:func:`lcmoe_recipes.rules.cp.choose_cp_comm`)."""
-    from .cp import choose_cp_comm
+    return with_priced_cp_comm(plan)[0]
 
-    kind, sizes, why = choose_cp_comm(plan)
+
+def with_priced_cp_comm(plan):
+    """(:func:`with_cp_comm` of ``plan``, its ``StepEstimate`` at the fitted constants where the choice priced it,
+    else None)."""
+    from .cp import priced_cp_comm
+
+    kind, sizes, why, step = priced_cp_comm(plan)
     return plan.with_changes(cp_comm_type=kind, hierarchical_cp_sizes=sizes,
-                             reasons={**plan.reasons, "cp_comm_type": why})
+                             reasons={**plan.reasons, "cp_comm_type": why}), step
