@@ -483,14 +483,15 @@ def _throughput_section(rows) -> list[str]:
               "a cuDNN-frontend grouped-GEMM regression of the fused dGLU with bias gradients (cudnn-frontend issue "
               "256), shows how much the expert kernels with biases can cost on these GPUs; the rows' own kernel times "
               "are not published;",
-              f"* Qwen3-30B on one GB300 node (PS5 {ratio('PS5'):.2f}; the fit row PS6 on GB200 reads "
-              f"{ratio('PS6'):.2f}): with the EP overlap its release set, the step model hides most of the "
-              "node's all-to-all behind the other microbatch's compute; the card row VC2, PS6's layout without the "
-              f"overlap, publishes the same throughput ({rows['VC2'].value:g} against {rows['PS6'].value:g}) and "
-              f"reads {ratio('VC2'):.2f}. The SMs the dispatcher holds beside the compute are priced at "
-              "what the run gives it (`cost/overlap.py`: HybridEP's 32 of every megatron-bridge release's "
-              "performance settings, `Plan.moe_flex_dispatcher_num_sms`); what else the overlap costs a single node "
-              "is not in the model;",
+              f"* Qwen3-30B with MXFP8 on one node (PS5 {ratio('PS5'):.2f} on GB300; on GB200 the card row VC2 "
+              f"{ratio('VC2'):.2f} and the fit row PS6 {ratio('PS6'):.2f}, one recipe measured twice, "
+              f"{rows['VC2'].value:g} and {rows['PS6'].value:g}): the recipes these ran (megatron-bridge v0.6.0 "
+              "perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8) set the EP overlap, the op fuser, "
+              "full-iteration CUDA graphs and a HybridEP budget of 1.5x the balanced tokens per rank with paged "
+              "stashing (moe_expert_rank_capacity_factor, moe_paged_stash). The step model hides most of the node's "
+              "all-to-all behind the other microbatch's compute, with the 32 SMs the dispatcher holds priced "
+              "(`cost/overlap.py`), and prices neither the graphs nor the static 1.5x buffers; which of them costs "
+              "the rest is not in the record;",
               f"* DeepSeek-V3 on B200 with MXFP8 (HC3 {ratio('HC3'):.2f}, PS14 {ratio('PS14'):.2f}): their GEMM "
               "constant is B200 MXFP8's, fitted on the two Qwen3 rows (PS15, PS16) that ask for a fraction of what "
               "these ask for: one constant per GPU x precision cannot hold both (the reach table below);",

@@ -267,9 +267,13 @@ _V060 = ("; EP overlap on: megatron-bridge v0.6.0 perf_recipes (the 26.08 releas
          "overlap_moe_expert_parallel_comm and delay_wgrad_compute for this model, GPU and precision (with full-iteration CUDA graphs, which the step "
          "model does not price)")
 # The routed experts through Transformer Engine's op fuser (biases and the clamped GLU inside the fused grouped MLP):
-_OP_FUSER = ("; op fuser on: megatron-bridge v0.6.0 perf_recipes/gpt_oss/common.py "
-             "_apply_gpt_oss_120b_full_iter_fp8mx_configs (called by gb200/ and gb300/gpt_oss.py) sets "
-             "use_transformer_engine_op_fuser")
+_OP_FUSER = ("; op fuser on: megatron-bridge v0.6.0's MXFP8 perf recipes on GB200 / GB300 set "
+             "use_transformer_engine_op_fuser (perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8, "
+             "deepseek/common.py _enable_deepseek_full_iteration_mxfp8, gpt_oss/common.py "
+             "_apply_gpt_oss_120b_full_iter_fp8mx_configs)")
+_CARD_RECIPE = ("the card's command runs perf_recipes/qwen/{}/qwen3_moe.py {} at its bridge commit: EP overlap, "
+                "op fuser and full-iteration CUDA graphs (qwen/common.py _enable_hybridep_full_iteration_mxfp8; the "
+                "graphs are not priced)")
 _V042 = "; EP overlap on: megatron-bridge v0.4.2 scripts/performance/configs/{} (moe_a2a_overlap=True)"
 _V020 = "; EP overlap on: megatron-bridge v0.2.0 scripts/performance/configs/qwen3/workload_base_configs.py {} " \
         "(moe_a2a_overlap=True)"
@@ -323,23 +327,24 @@ def _throughput_rows():
                           graphs=("attn", "moe_router", "moe_preprocess")), 327, hc, assumed="no recompute"),
         # NVIDIA's performance summary (primary)
         "PS1": Row(_plan("dsv3_gb300", "dsv3", "gb300", 256, 4096, "mxfp8", 4096, pp=2, vpp=8, ep=32, mtp=1,
-                         recompute=("mla_up_proj",), ep_overlap=True), 1635, _summary("26.08"), fit=True,
-                   assumed=_PERF + _V060),
+                         recompute=("mla_up_proj",), ep_overlap=True, op_fuser=True), 1635, _summary("26.08"), fit=True,
+                   assumed=_PERF + _V060 + _OP_FUSER),
         "PS2": Row(_plan("dsv3_gb200", "dsv3", "gb200", 256, 4096, "mxfp8", 4096, pp=4, vpp=4, ep=64, mtp=1,
-                         recompute=("mla_up_proj",), ep_overlap=True), 1276, _summary("26.08"), fit=True,
-                   assumed=_PERF + _V060),
+                         recompute=("mla_up_proj",), ep_overlap=True, op_fuser=True), 1276, _summary("26.08"), fit=True,
+                   assumed=_PERF + _V060 + _OP_FUSER),
         "PS3": Row(_plan("gptoss_gb300_mx", "gpt_oss_120b", "gb300", 64, 4096, "mxfp8", 1280, ep=16, mbs=4,
                          ep_overlap=True, op_fuser=True), 1077, _summary("26.08"), assumed=_PERF + _V060 + _OP_FUSER),
         "PS4": Row(_plan("gptoss_gb200_mx", "gpt_oss_120b", "gb200", 64, 4096, "mxfp8", 1280, ep=64, mbs=4,
                          ep_overlap=True, op_fuser=True), 934, _summary("26.08"), assumed=_PERF + _V060 + _OP_FUSER),
-        "PS5": Row(_plan("q30_gb300_mx", "qwen3_30b", "gb300", 8, 4096, "mxfp8", 512, ep=8, mbs=8, ep_overlap=True),
-                   1029, _summary("26.08"), assumed=_PERF + _V060),
-        "PS6": Row(_plan("q30_gb200_mx", "qwen3_30b", "gb200", 8, 4096, "mxfp8", 512, ep=8, mbs=4, ep_overlap=True),
-                   923, _summary("26.08"), fit=True, assumed=_PERF + _V060),
+        "PS5": Row(_plan("q30_gb300_mx", "qwen3_30b", "gb300", 8, 4096, "mxfp8", 512, ep=8, mbs=8, ep_overlap=True,
+                         op_fuser=True), 1029, _summary("26.08"), assumed=_PERF + _V060 + _OP_FUSER),
+        "PS6": Row(_plan("q30_gb200_mx", "qwen3_30b", "gb200", 8, 4096, "mxfp8", 512, ep=8, mbs=4, ep_overlap=True,
+                         op_fuser=True), 923, _summary("26.08"), fit=True, assumed=_PERF + _V060 + _OP_FUSER),
         "PS7": Row(_plan("q235_gb300_mx", "qwen3_235b", "gb300", 256, 4096, "mxfp8", 8192, pp=4, vpp=12, ep=32, mbs=2,
-                         ep_overlap=True, **q235), 1306, _summary("26.08"), fit=True, assumed=_PERF + _V060),
+                         ep_overlap=True, op_fuser=True, **q235), 1306, _summary("26.08"), fit=True,
+                   assumed=_PERF + _V060 + _OP_FUSER),
         "PS8": Row(_plan("q235_gb200_mx", "qwen3_235b", "gb200", 256, 4096, "mxfp8", 8192, pp=8, vpp=3, ep=32,
-                         ep_overlap=True, **q235), 1077, _summary("26.08"), assumed=_PERF + _V060),
+                         ep_overlap=True, op_fuser=True, **q235), 1077, _summary("26.08"), assumed=_PERF + _V060 + _OP_FUSER),
         "PS9": Row(_plan("q30_h100_fp8", "qwen3_30b", "h100", 16, 4096, "fp8_cs", 1024, ep=16), 203,
                    _summary("26.06"), fit=True, assumed=_PERF),
         "PS10": Row(_plan("gptoss_h100", "gpt_oss_120b", "h100", 64, 4096, "bf16", 1280, pp=4, ep=8,
@@ -408,11 +413,18 @@ def _throughput_rows():
                          graphs=("moe_router", "moe_preprocess")), 299.352,
                    _card("qwen3-30b-a3b", "pretrain_performance.H100", "3a9559f01283190bf16a7a592c1e2c35d908c496"),
                    fit=True),
-        "VC2": Row(_plan("q30_gb200_card", "qwen3_30b", "gb200", 8, 4096, "mxfp8", 512, ep=8, mbs=4), 927.68,
+        # the cards' runs are their bridge commit's perf recipe (re-read 2026-12-04): perf_recipes/qwen/common.py
+        # _enable_hybridep_full_iteration_mxfp8 sets the EP overlap (with delay_wgrad_compute), the op fuser and
+        # full-iteration CUDA graphs; the GB300 235B recipe sets VPP 12, which the card's prose leaves out
+        "VC2": Row(_plan("q30_gb200_card", "qwen3_30b", "gb200", 8, 4096, "mxfp8", 512, ep=8, mbs=4, ep_overlap=True,
+                         op_fuser=True), 927.68,
                    _card("qwen3-30b-a3b", "pretrain_performance.GB200", "6e1b47893e3c174e74a97fb1730c9f58387ab882"),
-                   assumed=_PERF),
-        "VC3": Row(_plan("q235_gb300_card", "qwen3_235b", "gb300", 256, 4096, "mxfp8", 8192, pp=4, ep=32, mbs=2),
-                   1300.44, _card("qwen3-235b-a22b", "pretrain_performance.GB300", "fbb7570cf7eec94fd2e6064454d84f7fad07fbfa"), assumed=_PERF + "; VPP unset"),
+                   assumed=_CARD_RECIPE.format("gb200", "qwen3_30b_a3b_pretrain_8gpu_gb200_fp8mx_config")),
+        "VC3": Row(_plan("q235_gb300_card", "qwen3_235b", "gb300", 256, 4096, "mxfp8", 8192, pp=4, vpp=12, ep=32,
+                         mbs=2, ep_overlap=True, op_fuser=True, **q235), 1300.44,
+                   _card("qwen3-235b-a22b", "pretrain_performance.GB300", "fbb7570cf7eec94fd2e6064454d84f7fad07fbfa"),
+                   assumed=_CARD_RECIPE.format("gb300", "qwen3_235b_a22b_pretrain_256gpu_gb300_fp8mx_config")
+                   + "; VPP 12 from the recipe (the card's prose gives TP1/PP4/CP1/EP32)"),
         "VC4": Row(_plan("q30_h100_natural", "qwen3_30b", "h100", 16, 4096, "bf16", 1024, ep=16,
                          graphs=("moe_router", "moe_preprocess")), 199.12,
                    _card("qwen3-30b-a3b", "pretrain.H100 (natural routing)", "5b9d9cf501193277e1ca47a99b97c640b8f39f90"),
