@@ -488,10 +488,15 @@ def _throughput_section(rows) -> list[str]:
               f"{rows['VC2'].value:g} and {rows['PS6'].value:g}): the recipes these ran (megatron-bridge v0.6.0 "
               "perf_recipes/qwen/common.py _enable_hybridep_full_iteration_mxfp8) set the EP overlap, the op fuser, "
               "full-iteration CUDA graphs and a HybridEP budget of 1.5x the balanced tokens per rank with paged "
-              "stashing (moe_expert_rank_capacity_factor, moe_paged_stash). The step model hides most of the node's "
-              "all-to-all behind the other microbatch's compute, with the 32 SMs the dispatcher holds priced "
-              "(`cost/overlap.py`), and prices neither the graphs nor the static 1.5x buffers; which of them costs "
-              "the rest is not in the record;",
+              "stashing (moe_expert_rank_capacity_factor, moe_paged_stash), and MXFP8 attention "
+              "(fp8_dot_product_attention). In megatron-core 0.19.2 the budget makes the dispatched buffer a static "
+              "tokens x top-k x 1.5 rows (transformer/moe/token_dispatcher.py, HybridEP setup_metadata), and the "
+              "stash copies each routed expert's saved activations into a paged buffer on a side stream, and back "
+              "before its backward (transformer/moe/paged_stash.py): HBM traffic beside the compute. The step model "
+              "hides most of the node's all-to-all behind the other microbatch's compute, with the 32 SMs the "
+              "dispatcher holds priced (`cost/overlap.py`); it prices neither the graphs, the static buffers nor the "
+              "stash copies, and prices the attention as BF16 (FP8 attention would make its prediction faster "
+              "still); which of them costs the rest is not in the record;",
               f"* DeepSeek-V3 on B200 with MXFP8 (HC3 {ratio('HC3'):.2f}, PS14 {ratio('PS14'):.2f}): their GEMM "
               "constant is B200 MXFP8's, fitted on the two Qwen3 rows (PS15, PS16) that ask for a fraction of what "
               "these ask for: one constant per GPU x precision cannot hold both (the reach table below);",
