@@ -172,17 +172,17 @@ def estimate_host_memory(plan: Plan) -> HostMemoryBreakdown:
     by_stage = [optimizer_bytes_per_rank(plan, p) for p in range(pp)]
     saves = [rank_save_bytes(plan, p) for p in range(pp)]
     nodes = node_stages(world, pp, per_node)
+    detail = {"sample_bytes": float(sample_bytes(plan)), "loader_worker_bytes": loader["worker"],  # per rank: the
+              "loader_main_bytes": loader["main"], "loaders_per_rank": float(data_loaders(plan)),  # same on every node
+              "workers_per_rank": float(data_loaders(plan) * plan.num_workers),
+              "pinned_rounding": pinned_rounding(plan)}
     best = None
     for n, stages in nodes.items():
         ranks = len(stages)
         out = HostMemoryBreakdown(
             node=n, ranks=ranks, data_loader=ranks * loader["total"],
             optimizer=sum(by_stage[p][0] for p in stages), pinned=sum(by_stage[p][1] for p in stages),
-            processes=ranks * RANK_PROCESS_BYTES, checkpoint=sum(saves[p] for p in stages),
-            detail={"sample_bytes": float(sample_bytes(plan)), "loader_worker_bytes": loader["worker"],
-                    "loader_main_bytes": loader["main"], "loaders_per_rank": float(data_loaders(plan)),
-                    "workers_per_rank": float(data_loaders(plan) * plan.num_workers),
-                    "pinned_rounding": pinned_rounding(plan)})
+            processes=ranks * RANK_PROCESS_BYTES, checkpoint=sum(saves[p] for p in stages), detail=detail)
         if best is None or out.total > best.total:
             best = out
     return best
