@@ -406,9 +406,14 @@ def _order_section(throughput, memory) -> list[str]:
               "with length, attention and the CP ring, is priced at H100's one fitted "
               "attention scale, which the fit sets from every H100 row at once (no term of ours makes the long "
               "ring costlier per step than its kernels and bytes);",
-              "* the Moonlight recompute study (RC rows; a 0.46 s step, outside the step model's scope): recomputing "
-              "an activation or a norm costs time there (RC5, RC6) that the model does not price -- it prices "
-              "recompute by the GEMM and attention FLOPs recomputed, so moe_act and layernorm come out flat;",
+              "* the Moonlight recompute study (RC rows; a 0.46 s step, outside the step model's scope): the model "
+              "prices recomputing the activation and the norms (RC5, RC6) as one more read of their inputs and write "
+              "of their outputs at the HBM bandwidth (`cost/elementwise.py`, `recompute_bytes`), under 1% of the "
+              "predicted step, where the record loses 2% (RC5) and 10% (RC6) against no recompute: it orders RC5 "
+              "and RC6 after RC1 and RC6 after RC5, but puts RC6 ahead of the GEMM recomputes (RC2-RC4), which the "
+              "record runs faster -- what else the re-run module costs in so short a step (its kernel launches, the "
+              "saved-tensor bookkeeping) is not in the model; core_attn and mla_up_proj (RC2 / RC3) come out within "
+              "0.1% of each other;",
               "* Qwen3-30B with offload 0 against 0.25 (Q1 / Q2): the baseline is the one memory row below the trend "
               "of the offloaded ones (the master-weight note above).", ""]
     return lines

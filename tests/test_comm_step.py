@@ -233,20 +233,53 @@ def test_gpt_oss_elementwise_passes_by_hand():
 
 
 def test_elementwise_part_of_the_step():
-    """The passes cost time only where the model has the features: gpt-oss's rows, not Qwen3-30B's or (MLA keeps
-    its fused RoPE) DeepSeek-V3's; PS10's part is its bytes at H100's 3,350 GB/s."""
+    """The passes cost time only where the model has the features (gpt-oss's rows, not Qwen3-30B's or -- MLA keeps
+    its fused RoPE -- DeepSeek-V3's) or the plan recomputes a norm or an activation; PS10's part is its bytes at
+    H100's 3,350 GB/s."""
     from lcmoe_recipes.core.pipeline import stage_decoder_layers
     from lcmoe_recipes.cost.elementwise import features, layer_bytes
 
-    for name in ("VC1", "LC5", "PS16"):
+    for name in ("VC1", "PS16"):
         assert estimate_step(THROUGHPUT_ROWS[name].plan).parts["elementwise"] == 0.0
+    # DeepSeek-V3 at 128K (LC5) has none of the features, but recomputes its norms (mla_up_proj+layernorm+moe+mlp):
+    # only that pass is left, and it is small beside the step
+    lc5 = estimate_step(THROUGHPUT_ROWS["LC5"].plan)
+    assert 0 < lc5.parts["elementwise"] < 1e-3 * lc5.step_seconds
     # gpt-oss-120b, 64 x H100, MBS1, layernorm+moe_act; PP4 splits its 36 layers 8/10/10/8 (the embedding and the
     # loss count as a layer each), and the slowest rank is the last (the output layer), with 8
     plan = THROUGHPUT_ROWS["PS10"].plan
     assert features(plan) == (True, True, True, False, True, True)
     per_token = sum(layer_bytes(shapes(plan.model_spec), 0, *features(plan)))
+    # and its layernorm+moe_act recompute re-runs the pre-MLP norm and the experts' activation
+    # (test_recomputed_norm_and_activation_by_hand)
+    recompute = 4096 * (2880 * 4 + 4) + 4 * 4096 * (2880 * 2 * 2 + 2880 * 2 + 4)
     step = estimate_step(plan)
     assert stage_decoder_layers(plan) == (8, 10, 10, 8)
-    assert step.parts["elementwise"] == pytest.approx(plan.num_microbatches * 8 * per_token * 4096 / 3350e9)
+    assert step.parts["elementwise"] == pytest.approx(plan.num_microbatches * 8 * (per_token * 4096 + recompute)
+                                                      / 3350e9)
     op_fuser = THROUGHPUT_ROWS["PS4"].plan
     assert op_fuser.use_transformer_engine_op_fuser and features(op_fuser)[3]
+
+
+def test_recomputed_norm_and_activation_by_hand():
+    """cost/elementwise.py recompute_bytes: the layernorm and moe_act recomputes re-run a module without FLOPs, one
+    more read of its input and write of its output (megatron-core 0.19.2 CheckpointWithoutOutput). gpt-oss-120b, one
+    MoE layer, 4,096 tokens on one GPU (TP1 CP1): the pre-MLP norm reads and writes 2,880 BF16 values per token and
+    keeps an FP32 1/rms; the activation reads the FC1 output (2 x 2,880) and the FP32 routing weight and writes 2,880
+    per routed token, 4 per token. DeepSeek-V3 (MLA) has a separate input norm too."""
+    from lcmoe_recipes.cost.elementwise import recompute_bytes
+
+    s = shapes(THROUGHPUT_ROWS["PS10"].plan.model_spec)
+    norm, act = 4096 * (2880 * 2 * 2 + 4), 4 * 4096 * (2880 * 2 * 2 + 4 + 2880 * 2)
+    assert norm == 47202304 and act == 283181056
+    both = ("layernorm", "moe_act")
+    assert recompute_bytes(s, 0, 4096.0, 1, 1, False, both, True, False) == norm + act
+    assert recompute_bytes(s, 0, 4096.0, 1, 1, False, both, False, False) == act  # the norm's output is a graph's
+    assert recompute_bytes(s, 0, 4096.0, 1, 1, False, both, True, True) == norm  # the op fuser keeps its own
+    assert recompute_bytes(s, 0, 4096.0, 1, 1, False, ("mla_up_proj", "mlp"), True, False) == 0.0
+    # TP2 with sequence parallelism: the norm runs on half the tokens, the routed tokens halve with them
+    assert recompute_bytes(s, 0, 4096.0, 2, 1, True, both, True, False) == (norm + act) / 2
+    dsv3 = shapes(THROUGHPUT_ROWS["PS1"].plan.model_spec)  # hidden 7,168, top-8 experts of width 2,048
+    assert recompute_bytes(dsv3, 5, 4096.0, 1, 1, False, ("layernorm",), True, False) == 2 * 4096 * (7168 * 4 + 4)
+    assert recompute_bytes(dsv3, 5, 4096.0, 1, 1, False, ("moe_act",), True, False) == \
+        8 * 4096 * (2048 * 2 * 2 + 4 + 2048 * 2)

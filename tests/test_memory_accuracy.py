@@ -231,8 +231,14 @@ def test_one_knob_pairs_keep_the_published_order():
     assert ("PS6", "VC2") not in knob
     for pair in (("VC1", "VC4"), ("LC1", "LC3"), ("PS17", "PS22"), ("PS10", "PS23")):
         assert checks[pair] == "match", pair
-    assert checks[("LC3", "LC5")] == "flip" and checks[("RC1", "RC5")] == "flat"
-    assert sum(v == "match" for v in checks.values()) == 16 and sum(v != "tie" for v in checks.values()) == 28
+    assert checks[("LC3", "LC5")] == "flip" and checks[("RC2", "RC3")] == "flat"
+    # recomputing the activation and the norms is priced (cost/elementwise.py recompute_bytes): RC5 (moe_act) and RC6
+    # (layernorm+moe_act) run slower than RC1 (none), RC6 slower than RC5, as published; RC6 against the GEMM
+    # recomputes (RC2-RC4) still flips
+    for pair in (("RC1", "RC5"), ("RC1", "RC6"), ("RC5", "RC6")):
+        assert checks[pair] == "match", pair
+    assert checks[("RC2", "RC6")] == "flip"
+    assert sum(v == "match" for v in checks.values()) == 19 and sum(v != "tie" for v in checks.values()) == 28
     memory = {c["rows"]: c["verdict"] for c in report.order_checks(MEMORY_ROWS,
                                                                    lambda p: estimate_memory(p).total / 1e9)}
     assert memory[("Q2", "Q5")] == "match" and memory[("M1", "M6")] == "match" and memory[("Q1", "Q2")] == "flat"

@@ -25,7 +25,7 @@ def test_timeouts_are_sized_from_the_predicted_step_and_save(dsv3):
     k = TIMEOUT_SAFETY
     assert res.enabled and res.launcher["initial_rank_heartbeat_timeout"] == round(k * (RESTART_SECONDS + write + first))
     assert res.launcher["rank_heartbeat_timeout"] == round(k * max(step, eval_seconds(dsv3), write))
-    assert res.section_timeouts["step"] == pytest.approx(k * step)  # 3 x 824 s, not upstream's 180
+    assert res.section_timeouts["step"] == pytest.approx(k * step)  # 3 x 823 s, not upstream's 180
     assert res.section_timeouts["checkpointing"] == pytest.approx(k * write)
     # a report every 5 steps of ~15 min, not upstream's fixed 300 s
     assert res.nvrx_straggler["report_time_interval"] == pytest.approx(round(5 * step))

@@ -33,12 +33,26 @@ time; no fitted constant). Counted from the code, pass by pass, BF16 (2 bytes) u
 Per GPU, a layer's token tensors are split over TP·CP (sequence parallel) and its routed tensors hold ``topk`` rows
 per token. Not priced: the host-to-device copy of the GLU's linear offset on every call, and the per-expert kernel
 launches of ``_apply_bias`` (both launch-bound, not bandwidth-bound).
+
+**Recomputed memory-bound modules** (:func:`recompute_bytes`). Selective recompute of a module with GEMMs adds its
+FLOPs to the step (:mod:`lcmoe_recipes.cost.step`); two recompute modules have no FLOPs to add, and without this term
+they would cost nothing. Each re-runs its forward in the backward, reading its input and writing its output once
+more (``CheckpointWithoutOutput`` in megatron-core 0.19.2, the tensors :func:`lcmoe_recipes.cost.memory.
+layer_tensors` lists):
+
+* ``layernorm`` -- a separate norm (MLA's input norm; a MoE layer's pre-MLP norm where megatron-core recomputes it,
+  :func:`lcmoe_recipes.cost.memory.pre_mlp_norm_recomputed`; ``transformer/transformer_layer.py``): its input, its
+  output and its fp32 1/rms per token;
+* ``moe_act`` -- the routed experts' activation (``transformer/moe/experts.py``, ``activation_recompute``; the op
+  fuser's fused grouped MLP does not take this path): the FC1 output (``2·f`` wide), the routing weights (fp32) and
+  the activation output (``f`` wide), per routed token.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
+from .memory import layer_tensors
 from .shapes import LayerShapes
 
 BF16, FP32 = 2, 4
@@ -93,3 +107,30 @@ def features(plan) -> tuple[bool, bool, bool, bool, bool, bool]:
 def per_token_bytes(s: LayerShapes, layer: int, flags: tuple[bool, ...]) -> tuple[float, float]:
     """:func:`layer_bytes` for ``flags`` = :func:`features` (cached: layers of one kind cost the same)."""
     return layer_bytes(s, layer, *flags)
+
+
+# recompute module -> (output tensor, the tensors its forward reads and writes besides the output), as
+# cost.memory.layer_tensors names them; a pass counts where the module drops the output
+RECOMPUTED_PASSES = {
+    "layernorm": (("input_norm_out", ("layer_input", "input_norm_stats")),
+                  ("pre_mlp_norm_out", ("pre_mlp_input", "pre_mlp_norm_stats"))),
+    "moe_act": (("expert_act_out", ("expert_fc1_out", "expert_probs")),),
+}
+
+
+@lru_cache(maxsize=4096)
+def recompute_bytes(s: LayerShapes, layer: int, tokens: float, tp: int, etp: int, sequence_parallel: bool,
+                    modules: tuple[str, ...], pre_mlp_norm_recompute: bool, op_fuser: bool) -> float:
+    """Bytes one GPU moves in the backward of one microbatch of layer ``layer`` re-running its recomputed
+    memory-bound modules (module doc: ``layernorm``, ``moe_act``) under selective recompute of ``modules``;
+    ``tokens``: MBS·seq_length/CP, the rest as :func:`lcmoe_recipes.cost.memory.layer_tensors` takes them. 0 where
+    none of them runs."""
+    tensors = layer_tensors(s, layer, tokens, tp, etp, sequence_parallel, pre_mlp_norm_recompute)
+    moved = 0.0
+    for module in RECOMPUTED_PASSES:
+        if module not in modules or (module == "moe_act" and op_fuser):
+            continue
+        for output, others in RECOMPUTED_PASSES[module]:
+            if output in tensors and module in tensors[output][1]:
+                moved += tensors[output][0] + sum(tensors[t][0] for t in others)
+    return moved

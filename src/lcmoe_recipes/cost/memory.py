@@ -275,7 +275,7 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
     output), the permuted probabilities, shared experts -- or the dense MLP.
     """
     lay = plan.layout
-    return _layer_tensors(s, layer, plan.micro_batch_size * plan.seq_length / lay.cp, lay.tp, lay.etp,
+    return layer_tensors(s, layer, plan.micro_batch_size * plan.seq_length / lay.cp, lay.tp, lay.etp,
                           plan.sequence_parallel, pre_mlp_norm_recomputed(plan))
 
 
@@ -302,11 +302,11 @@ def layer_activations_kept(s: LayerShapes, layer: int, tokens: float, tp: int, e
     megatron-core's local spec (``get_gpt_layer_local_submodules``), where that norm is a module of its own, as
     ``lcmoe_recipes.emit.probe.activations`` builds and measures it. The input norm is priced as TE's in both (the
     probe's tests account for the local spec's separate one)."""
-    return _kept_bytes(_layer_tensors(s, layer, tokens, tp, etp, sequence_parallel, pre_mlp_norm_recompute, te_spec),
+    return _kept_bytes(layer_tensors(s, layer, tokens, tp, etp, sequence_parallel, pre_mlp_norm_recompute, te_spec),
                        granularity, modules)
 
 
-def _layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequence_parallel: bool,
+def layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequence_parallel: bool,
                    pre_mlp_norm_recompute: bool = True, te_spec: bool = True
                    ) -> dict[str, tuple[float, tuple[str, ...]]]:
     """:func:`layer_activations` for ``n`` tokens on this rank (MBS·seq_length/CP); a MoE layer's pre-MLP norm is
@@ -451,7 +451,7 @@ def _layer_bytes(model_key: str, layer: int, n: float, tp: int, etp: int, sequen
     one kind repeat across the search's candidates, so this is priced once per kind and shape."""
     from ..catalog import get_model
 
-    tensors = _layer_tensors(shapes(get_model(model_key)), layer, n, tp, etp, sequence_parallel, pre_mlp_norm_recompute)
+    tensors = layer_tensors(shapes(get_model(model_key)), layer, n, tp, etp, sequence_parallel, pre_mlp_norm_recompute)
     return _kept_bytes(tensors, granularity, modules), sum(b for b, _ in tensors.values())
 
 

@@ -17,8 +17,9 @@ attention`), times the GPU's fitted attention scale; gated DeltaNet by its seque
 GPU x precision (GEMM) and per GPU (attention, scan), and where each comes from -- fitted to published rows, or
 borrowed from a stated sibling -- are :mod:`lcmoe_recipes.cost.efficiency`. Recompute adds the forward work of the
 recomputed modules to the time. The memory-bound passes some model features run outside megatron-core's fused
-kernels (clamped GLU, linear biases, RoPE unfused under YaRN) are their bytes at the datasheet HBM bandwidth
-(:mod:`lcmoe_recipes.cost.elementwise`; ``parts["elementwise"]``).
+kernels (clamped GLU, linear biases, RoPE unfused under YaRN), and the recomputed modules without FLOPs (``layernorm``,
+``moe_act``), are their bytes at the datasheet HBM bandwidth (:mod:`lcmoe_recipes.cost.elementwise`;
+``parts["elementwise"]``).
 
 Overlap: every overlap megatron-core implements, each exposed = max(0, communication - the compute it hides behind),
 with the settings that enable or forbid it (:mod:`lcmoe_recipes.cost.overlap`, which says where each condition is
@@ -47,7 +48,8 @@ from ..core.plan import Plan
 from .attention import layer_attention_seconds
 from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
 from .efficiency import Constant, constant
-from .elementwise import features as elementwise_features, per_token_bytes as elementwise_bytes
+from .elementwise import features as elementwise_features, per_token_bytes as elementwise_bytes, recompute_bytes
+from .memory import pre_mlp_norm_recomputed
 from .offload import offload_step_seconds
 from .attention import BACKWARD_FLOPS as ATTENTION_BACKWARD
 from .overlap import Overlap, bucket_share, contended, dispatcher_sm_share, dp_overlap, ep_overlap, exposed
@@ -174,16 +176,20 @@ def _rank_kinds(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, pp_r
 
 def _work(plan: Plan) -> tuple[_RankWork, ...]:
     """Per PP rank, what one microbatch costs (independent of the calibrated constants). It reads neither the
-    CUDA-graph nor the offload fields nor the batch size, so it is cached without them: the search prices many
-    plans that differ only there."""
+    offload fields nor the batch size, and of the CUDA-graph fields only whether a layernorm recompute reaches the
+    pre-MLP norm (:func:`~lcmoe_recipes.cost.memory.pre_mlp_norm_recomputed`), so it is cached without them: the
+    search prices many plans that differ only there."""
+    norm = plan.recompute_granularity != "selective" or "layernorm" not in plan.recompute_modules or \
+        pre_mlp_norm_recomputed(plan)
     return _cached_work(plan.with_changes(cuda_graph_impl="none", cuda_graph_modules=(), optimizer_cpu_offload=False,
-                                          optimizer_offload_fraction=0.0, global_batch_size=0, name=""))
+                                          optimizer_offload_fraction=0.0, global_batch_size=0, name=""), norm)
 
 
 @lru_cache(maxsize=4096)
-def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
+def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
     s, lay, hw = shapes(plan.model_spec), plan.layout, plan.hardware_spec.key
     flags = elementwise_features(plan)
+    selective = tuple(plan.recompute_modules) if plan.recompute_granularity == "selective" else ()
     hbm = plan.hardware_spec.hbm_gbps * 1e9
     tokens = plan.micro_batch_size * plan.seq_length
     share = 1.0 / (lay.tp * lay.cp)
@@ -203,6 +209,9 @@ def _cached_work(plan: Plan) -> tuple[_RankWork, ...]:
             (linear, _), (recompute, recompute_attn), transfers = per_kind[kind]
             gemm += count * (linear + recompute) * tokens * share
             moved += count * sum(elementwise_bytes(s, i, flags)) * tokens * share
+            if selective:
+                moved += count * recompute_bytes(s, i, tokens / lay.cp, lay.tp, lay.etp, plan.sequence_parallel,
+                                                 selective, pre_mlp_norm, plan.use_transformer_engine_op_fuser)
             attn = layer_attention_seconds(s, i, hw, plan.seq_length, plan.micro_batch_size, lay.tp, lay.cp,
                                            plan.cp_comm_type, plan.hierarchical_cp_sizes, recompute_attn > 0,
                                            plan.variable_length)
