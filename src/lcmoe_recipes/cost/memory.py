@@ -276,7 +276,7 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
     """
     lay = plan.layout
     return layer_tensors(s, layer, plan.micro_batch_size * plan.seq_length / lay.cp, lay.tp, lay.etp,
-                          plan.sequence_parallel, pre_mlp_norm_recomputed(plan))
+                         plan.sequence_parallel, pre_mlp_norm_recomputed(plan))
 
 
 def pre_mlp_norm_recomputed(plan: Plan) -> bool:
@@ -307,8 +307,8 @@ def layer_activations_kept(s: LayerShapes, layer: int, tokens: float, tp: int, e
 
 
 def layer_tensors(s: LayerShapes, layer: int, n: float, tp: int, etp: int, sequence_parallel: bool,
-                   pre_mlp_norm_recompute: bool = True, te_spec: bool = True
-                   ) -> dict[str, tuple[float, tuple[str, ...]]]:
+                  pre_mlp_norm_recompute: bool = True, te_spec: bool = True
+                  ) -> dict[str, tuple[float, tuple[str, ...]]]:
     """:func:`layer_activations` for ``n`` tokens on this rank (MBS·seq_length/CP); a MoE layer's pre-MLP norm is
     dropped by ``layernorm`` only where ``pre_mlp_norm_recompute`` (:func:`pre_mlp_norm_recomputed`), a dense
     layer's only in the local spec (``te_spec`` False: :func:`layer_activations_kept`)."""
