@@ -273,13 +273,43 @@ def test_recomputed_norm_and_activation_by_hand():
     norm, act = 4096 * (2880 * 2 * 2 + 4), 4 * 4096 * (2880 * 2 * 2 + 4 + 2880 * 2)
     assert norm == 47202304 and act == 283181056
     both = ("layernorm", "moe_act")
-    assert recompute_bytes(s, 0, 4096.0, 1, 1, False, both, True, False) == norm + act
-    assert recompute_bytes(s, 0, 4096.0, 1, 1, False, both, False, False) == act  # the norm's output is a graph's
-    assert recompute_bytes(s, 0, 4096.0, 1, 1, False, both, True, True) == norm  # the op fuser keeps its own
-    assert recompute_bytes(s, 0, 4096.0, 1, 1, False, ("mla_up_proj", "mlp"), True, False) == 0.0
+    assert recompute_bytes(s, 0, 4096.0, 1, 1, False, both, True) == norm + act
+    assert recompute_bytes(s, 0, 4096.0, 1, 1, False, both, False) == act  # the norm's output is a graph's
+    assert recompute_bytes(s, 0, 4096.0, 1, 1, False, ("mla_up_proj", "mlp"), True) == 0.0
     # TP2 with sequence parallelism: the norm runs on half the tokens, the routed tokens halve with them
-    assert recompute_bytes(s, 0, 4096.0, 2, 1, True, both, True, False) == (norm + act) / 2
+    assert recompute_bytes(s, 0, 4096.0, 2, 1, True, both, True) == (norm + act) / 2
     dsv3 = shapes(THROUGHPUT_ROWS["PS1"].plan.model_spec)  # hidden 7,168, top-8 experts of width 2,048
-    assert recompute_bytes(dsv3, 5, 4096.0, 1, 1, False, ("layernorm",), True, False) == 2 * 4096 * (7168 * 4 + 4)
-    assert recompute_bytes(dsv3, 5, 4096.0, 1, 1, False, ("moe_act",), True, False) == \
+    assert recompute_bytes(dsv3, 5, 4096.0, 1, 1, False, ("layernorm",), True) == 2 * 4096 * (7168 * 4 + 4)
+    assert recompute_bytes(dsv3, 5, 4096.0, 1, 1, False, ("moe_act",), True) == \
         8 * 4096 * (2048 * 2 * 2 + 4 + 2048 * 2)
+
+
+def test_moe_act_under_the_op_fuser_is_not_applied():
+    """megatron-core 0.19.2 runs the routed experts through the op fuser's fused grouped MLP when
+    use_transformer_engine_op_fuser is on, and only the unfused path recomputes the activation
+    (transformer/moe/experts.py): moe_act then frees no memory and costs no time, the check says so, and the search
+    leaves it out of its rungs. PS4: gpt-oss-120b on 64 GB200, MXFP8 through the op fuser."""
+    from lcmoe_recipes.checks import check_plan
+    from lcmoe_recipes.core.request import TrainingRequest
+    from lcmoe_recipes.cost.memory import CALIBRATED, applied_recompute_modules, estimate_memory
+    from lcmoe_recipes.planner.search import _with_knobs
+
+    fused = THROUGHPUT_ROWS["PS4"].plan.with_changes(recompute_granularity="selective",
+                                                      recompute_modules=("layernorm", "moe_act"))
+    norm_only = fused.with_changes(recompute_modules=("layernorm",))
+    unfused = fused.with_changes(use_transformer_engine_op_fuser=False)
+    assert applied_recompute_modules(fused) == ("layernorm",)
+    assert applied_recompute_modules(unfused) == ("layernorm", "moe_act")
+    assert estimate_memory(fused).activations == estimate_memory(norm_only).activations
+    assert estimate_step(fused).step_seconds == estimate_step(norm_only).step_seconds
+    # unfused, each of the 36 layers drops its activation output: top-4 x 2,880 BF16 per token of the rank's MBS 4 x
+    # 4,096 (PP1: one microbatch in flight), at the memory model's activation scale
+    dropped = estimate_memory(unfused.with_changes(recompute_modules=("layernorm",))).activations \
+        - estimate_memory(unfused).activations
+    assert dropped == pytest.approx(CALIBRATED.activation_scale * 36 * 4 * 4096 * 4 * 2880 * 2)
+    rules = {f.rule: f.severity for f in check_plan(fused)}
+    assert rules.get("recompute/moe-act-op-fuser") == "warning" and "recompute/moe-act-op-fuser" not in {
+        f.rule for f in check_plan(unfused)}
+    rung = _with_knobs(fused, ("selective", ("layernorm", "moe_act")), 0.0, fused.hardware_spec,
+                       TrainingRequest(model="gpt_oss_120b", seq_length=4096, hardware="gb200", num_gpus=64))
+    assert rung.recompute_modules == ("layernorm",)

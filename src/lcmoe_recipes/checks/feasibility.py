@@ -324,6 +324,12 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         if "mlp" in modules and model.num_dense_layers == 0:
             add("warning", "recompute/mlp-noop", f"mlp recompute on {model.display}: every layer is MoE, so it recomputes nothing",
                 "drop mlp, or use moe / moe_act for MoE layers")
+        if "moe_act" in modules and plan.use_transformer_engine_op_fuser:
+            add("warning", "recompute/moe-act-op-fuser", "moe_act recompute with use_transformer_engine_op_fuser: "
+                "megatron-core 0.19.2 runs the routed experts through the op fuser's fused grouped MLP, and only its "
+                "unfused path recomputes the activation (transformer/moe/experts.py), so the activation stays saved",
+                "drop moe_act (recompute moe for the whole MoE layer), or set "
+                "model.use_transformer_engine_op_fuser=false")
         if "core_attn" in modules and plan.seq_length >= LONG_CONTEXT_NO_ATTN_RECOMPUTE:
             add("warning", "recompute/core-attn-long-context",
                 f"core_attn recompute at seq_length {plan.seq_length}: re-runs the quadratic attention for little memory",

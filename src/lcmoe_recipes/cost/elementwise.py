@@ -44,8 +44,9 @@ layer_tensors` lists):
   :func:`lcmoe_recipes.cost.memory.pre_mlp_norm_recomputed`; ``transformer/transformer_layer.py``): its input, its
   output and its fp32 1/rms per token;
 * ``moe_act`` -- the routed experts' activation (``transformer/moe/experts.py``, ``activation_recompute``; the op
-  fuser's fused grouped MLP does not take this path): the FC1 output (``2·f`` wide), the routing weights (fp32) and
-  the activation output (``f`` wide), per routed token.
+  fuser's fused grouped MLP does not take this path, :func:`lcmoe_recipes.cost.memory.applied_recompute_modules`):
+  the FC1 output (``2·f`` wide), the routing weights (fp32) and the activation output (``f`` wide), per routed
+  token.
 """
 
 from __future__ import annotations
@@ -120,15 +121,16 @@ RECOMPUTED_PASSES = {
 
 @lru_cache(maxsize=4096)
 def recompute_bytes(s: LayerShapes, layer: int, tokens: float, tp: int, etp: int, sequence_parallel: bool,
-                    modules: tuple[str, ...], pre_mlp_norm_recompute: bool, op_fuser: bool) -> float:
+                    modules: tuple[str, ...], pre_mlp_norm_recompute: bool) -> float:
     """Bytes one GPU moves in the backward of one microbatch of layer ``layer`` re-running its recomputed
-    memory-bound modules (module doc: ``layernorm``, ``moe_act``) under selective recompute of ``modules``;
-    ``tokens``: MBS·seq_length/CP, the rest as :func:`lcmoe_recipes.cost.memory.layer_tensors` takes them. 0 where
-    none of them runs."""
+    memory-bound modules (module doc: ``layernorm``, ``moe_act``) under selective recompute of ``modules`` (the
+    ones megatron-core applies: :func:`lcmoe_recipes.cost.memory.applied_recompute_modules`); ``tokens``:
+    MBS·seq_length/CP, the rest as :func:`lcmoe_recipes.cost.memory.layer_tensors` takes them. 0 where none of them
+    runs."""
     tensors = layer_tensors(s, layer, tokens, tp, etp, sequence_parallel, pre_mlp_norm_recompute)
     moved = 0.0
     for module in RECOMPUTED_PASSES:
-        if module not in modules or (module == "moe_act" and op_fuser):
+        if module not in modules:
             continue
         for output, others in RECOMPUTED_PASSES[module]:
             if output in tensors and module in tensors[output][1]:

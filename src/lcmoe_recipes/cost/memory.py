@@ -279,6 +279,17 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
                          plan.sequence_parallel, pre_mlp_norm_recomputed(plan))
 
 
+def applied_recompute_modules(plan: Plan) -> tuple[str, ...]:
+    """The selective recompute modules megatron-core 0.19.2 applies for ``plan``: ``recompute_modules`` less
+    ``moe_act`` under Transformer Engine's op fuser -- ``TEGroupedMLP.forward`` then runs ``_fused_forward``, and only
+    the unfused path checkpoints the activation (``activation_recompute``, ``transformer/moe/experts.py``), so the
+    activation output stays saved."""
+    modules = tuple(plan.recompute_modules)
+    if plan.use_transformer_engine_op_fuser and "moe_act" in modules:
+        return tuple(m for m in modules if m != "moe_act")
+    return modules
+
+
 def pre_mlp_norm_recomputed(plan: Plan) -> bool:
     """Whether megatron-core recomputes a MoE layer's pre-MLP norm under the ``layernorm`` recompute module: not when
     the router is TE-graphed (``moe_router`` in ``cuda_graph_modules``, impl not "local") unless ``moe_preprocess`` is
@@ -627,7 +638,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     in_flight = _in_flight(lay.pp, lay.vpp or 1, max(1, plan.num_microbatches), pp_rank)
     listed, largest_layer, graphed = _activation_terms(
         spec.key, static, n, lay.tp, lay.etp, plan.sequence_parallel, plan.recompute_granularity,
-        tuple(plan.recompute_modules), plan.mtp_num_layers if last else 0, logits, in_flight,
+        applied_recompute_modules(plan), plan.mtp_num_layers if last else 0, logits, in_flight,
         tuple(plan.cuda_graph_modules), pre_mlp_norm_recomputed(plan))
     scale = constants.activation_scale
     activations = scale * listed + logits

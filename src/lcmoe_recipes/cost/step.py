@@ -49,7 +49,7 @@ from .attention import layer_attention_seconds
 from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
 from .efficiency import Constant, constant
 from .elementwise import features as elementwise_features, per_token_bytes as elementwise_bytes, recompute_bytes
-from .memory import pre_mlp_norm_recomputed
+from .memory import applied_recompute_modules, pre_mlp_norm_recomputed
 from .offload import offload_step_seconds
 from .attention import BACKWARD_FLOPS as ATTENTION_BACKWARD
 from .overlap import Overlap, bucket_share, contended, dispatcher_sm_share, dp_overlap, ep_overlap, exposed
@@ -189,7 +189,7 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
 def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
     s, lay, hw = shapes(plan.model_spec), plan.layout, plan.hardware_spec.key
     flags = elementwise_features(plan)
-    selective = tuple(plan.recompute_modules) if plan.recompute_granularity == "selective" else ()
+    selective = applied_recompute_modules(plan) if plan.recompute_granularity == "selective" else ()
     hbm = plan.hardware_spec.hbm_gbps * 1e9
     tokens = plan.micro_batch_size * plan.seq_length
     share = 1.0 / (lay.tp * lay.cp)
@@ -211,7 +211,7 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
             moved += count * sum(elementwise_bytes(s, i, flags)) * tokens * share
             if selective:
                 moved += count * recompute_bytes(s, i, tokens / lay.cp, lay.tp, lay.etp, plan.sequence_parallel,
-                                                 selective, pre_mlp_norm, plan.use_transformer_engine_op_fuser)
+                                                 selective, pre_mlp_norm)
             attn = layer_attention_seconds(s, i, hw, plan.seq_length, plan.micro_batch_size, lay.tp, lay.cp,
                                            plan.cp_comm_type, plan.hierarchical_cp_sizes, recompute_attn > 0,
                                            plan.variable_length)

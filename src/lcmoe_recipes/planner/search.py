@@ -290,7 +290,8 @@ def _base(ctx: _Request, layout: ParallelLayout, mbs: int, reject: dict) -> tupl
 
 def _reasons(ctx: _Request, plan: Plan, rules: tuple[Reason, Reason], level: int, fraction: float) -> dict[str, Reason]:
     """Every knob's reason for a fitting plan (built only for the layouts that fit)."""
-    (guess, why_cp), layout, (granularity, modules) = ctx.cp_guess, plan.layout, ctx.ladder[level]
+    (guess, why_cp), layout = ctx.cp_guess, plan.layout
+    granularity, modules = plan.recompute_granularity, tuple(plan.recompute_modules)  # the rung, as the plan runs it
     why_dispatch, why_common = rules
     return {
         **why_common,
@@ -428,17 +429,21 @@ def _fitting_knobs(ctx: _Request, base: Plan):
 
 
 def _with_knobs(base: Plan, recompute: tuple, fraction: float, hw, request: TrainingRequest) -> Plan:
-    """``base`` on one rung of the ladder: recompute, offload, and the CUDA graphs the rule allows with them."""
+    """``base`` on one rung of the ladder: recompute, offload, and the CUDA graphs the rule allows with them. Under
+    the op fuser the rung leaves out moe_act, which megatron-core would not apply
+    (:func:`~lcmoe_recipes.cost.memory.applied_recompute_modules`): the plan lists what runs."""
     return base.with_changes(**dict(_rung((recompute[0], tuple(recompute[1])), fraction, hw.key,
                                           request.variable_length, base.moe_flex_dispatcher_backend,
                                           base.model_spec.is_moe, base.use_precision_aware_optimizer,
-                                          base.moment_dtype)))
+                                          base.moment_dtype, base.use_transformer_engine_op_fuser)))
 
 
 @lru_cache(maxsize=1024)
 def _rung(recompute: tuple, fraction: float, hw_key: str, variable_length: bool, backend: str | None, is_moe: bool,
-          precision_aware: bool, moment_dtype: str) -> tuple[tuple[str, object], ...]:
+          precision_aware: bool, moment_dtype: str, op_fuser: bool = False) -> tuple[tuple[str, object], ...]:
     granularity, modules = recompute
+    if op_fuser:
+        modules = tuple(m for m in modules if m != "moe_act")
     (impl, graphs), _ = choose_cuda_graphs(get_hardware(hw_key), variable_length, granularity, modules, backend, is_moe)
     return (("recompute_granularity", granularity), ("recompute_modules", modules),
             ("recompute_method", "uniform" if granularity == "full" else None),
