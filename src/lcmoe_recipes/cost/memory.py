@@ -280,12 +280,15 @@ def layer_activations(s: LayerShapes, layer: int, plan: Plan) -> dict[str, tuple
 
 
 def applied_recompute_modules(plan: Plan) -> tuple[str, ...]:
-    """The selective recompute modules megatron-core 0.19.2 applies for ``plan``: ``recompute_modules`` less
-    ``moe_act`` under Transformer Engine's op fuser -- ``TEGroupedMLP.forward`` then runs ``_fused_forward``, and only
-    the unfused path checkpoints the activation (``activation_recompute``, ``transformer/moe/experts.py``), so the
-    activation output stays saved."""
-    modules = tuple(plan.recompute_modules)
-    if plan.use_transformer_engine_op_fuser and "moe_act" in modules:
+    """The selective recompute modules megatron-core 0.19.2 applies for ``plan`` (:func:`applied_modules`)."""
+    return applied_modules(tuple(plan.recompute_modules), plan.use_transformer_engine_op_fuser)
+
+
+def applied_modules(modules: tuple[str, ...], op_fuser: bool) -> tuple[str, ...]:
+    """``modules`` less ``moe_act`` under Transformer Engine's op fuser (``op_fuser``): ``TEGroupedMLP.forward`` then
+    runs ``_fused_forward``, and only the unfused path checkpoints the activation (``activation_recompute``,
+    megatron-core 0.19.2 ``transformer/moe/experts.py``), so the activation output stays saved."""
+    if op_fuser and "moe_act" in modules:
         return tuple(m for m in modules if m != "moe_act")
     return modules
 

@@ -61,7 +61,7 @@ from ..core.request import DEFAULT_MEMORY_MARGIN, TrainingRequest
 from ..cost import estimate_step
 from ..cost.bands import MEMORY_ERROR_BAND, band_for
 from ..cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
-from ..cost.memory import GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants, rank_memory
+from ..cost.memory import GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants, applied_modules, rank_memory
 from ..cost.shapes import shapes
 from ..cost.step import StepEstimate
 from ..errors import InfeasibleConfig
@@ -431,7 +431,7 @@ def _fitting_knobs(ctx: _Request, base: Plan):
 def _with_knobs(base: Plan, recompute: tuple, fraction: float, hw, request: TrainingRequest) -> Plan:
     """``base`` on one rung of the ladder: recompute, offload, and the CUDA graphs the rule allows with them. Under
     the op fuser the rung leaves out moe_act, which megatron-core would not apply
-    (:func:`~lcmoe_recipes.cost.memory.applied_recompute_modules`): the plan lists what runs."""
+    (:func:`~lcmoe_recipes.cost.memory.applied_modules`): the plan lists what runs."""
     return base.with_changes(**dict(_rung((recompute[0], tuple(recompute[1])), fraction, hw.key,
                                           request.variable_length, base.moe_flex_dispatcher_backend,
                                           base.model_spec.is_moe, base.use_precision_aware_optimizer,
@@ -441,9 +441,7 @@ def _with_knobs(base: Plan, recompute: tuple, fraction: float, hw, request: Trai
 @lru_cache(maxsize=1024)
 def _rung(recompute: tuple, fraction: float, hw_key: str, variable_length: bool, backend: str | None, is_moe: bool,
           precision_aware: bool, moment_dtype: str, op_fuser: bool = False) -> tuple[tuple[str, object], ...]:
-    granularity, modules = recompute
-    if op_fuser:
-        modules = tuple(m for m in modules if m != "moe_act")
+    granularity, modules = recompute[0], applied_modules(recompute[1], op_fuser)
     (impl, graphs), _ = choose_cuda_graphs(get_hardware(hw_key), variable_length, granularity, modules, backend, is_moe)
     return (("recompute_granularity", granularity), ("recompute_modules", modules),
             ("recompute_method", "uniform" if granularity == "full" else None),
