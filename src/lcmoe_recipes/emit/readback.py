@@ -91,7 +91,6 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
     )
 
 
-
 def _positions_of(m) -> Positions | None:
     """The RoPE setup a model provider describes (MLA: megatron-core's MLA fields; GPT: megatron-bridge's yarn_*);
     None for an MLA ``rope_type`` other than rope / yarn, which megatron-core refuses (rule mla/rope-type)."""

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ..core.plan import Plan, Reason, mixed_precision_name
 from ..cost.wallclock import phase_time, save_intervals
 from ..rules.batch import choose_eval_batch
-from .fields import precision_of
+from .fields import dispatcher_num_sms, precision_of
 
 # Process environment by NVLink domain (megatron-bridge 0.6.2 perf recipes: CUDA_DEVICE_MAX_CONNECTIONS 1 on HGX
 # with DeepEP-class dispatch, 32 on NVL72; HybridEP's NVLINK_DOMAIN_SIZE / USE_MNNVL for the system).
@@ -375,8 +375,6 @@ def _op_fuser(cfg, plan: Plan) -> None:
 
 
 def _dispatcher_sms(cfg, plan: Plan) -> None:
-    from .fields import dispatcher_num_sms
-
     if plan.moe_flex_dispatcher_num_sms is not None and dispatcher_num_sms(cfg.model) != plan.moe_flex_dispatcher_num_sms:
         cfg.model.moe_flex_dispatcher_num_sms = plan.moe_flex_dispatcher_num_sms
 

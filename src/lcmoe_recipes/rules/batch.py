@@ -59,9 +59,15 @@ def batch_size(seq_length: int, layout: ParallelLayout, mbs: int, tokens: int, w
         raise LcmoeError(f"`tokens_per_step` {tokens:,} is less than one sequence of seq_length {seq_length:,}",
                          f"use at least {seq_length} (one sequence per step); extension phases use millions, e.g. "
                          "tokens_per_step=8388608", fields=("tokens_per_step",))
-    step = mbs * layout.dp * (layout.pp if layout.vpp else 1)
-    wanted = max(1, round(tokens / seq_length))
-    return max(mbs * layout.dp * layout.pp, -(-wanted // step) * step)
+    wanted, step, floor = _rounding(seq_length, layout, mbs, tokens)
+    return max(floor, -(-wanted // step) * step)
+
+
+def _rounding(seq_length: int, layout: ParallelLayout, mbs: int, tokens: int) -> tuple[int, int, int]:
+    """(sequences the token budget asks for, the multiple the GBS rounds up to -- MBS·DP, times PP with
+    interleaving --, the least GBS that keeps every pipeline stage busy, MBS·DP·PP)."""
+    return max(1, round(tokens / seq_length)), mbs * layout.dp * (layout.pp if layout.vpp else 1), \
+        mbs * layout.dp * layout.pp
 
 
 def choose_batch(seq_length: int, layout: ParallelLayout, mbs: int, tokens: int,
@@ -75,9 +81,7 @@ def choose_batch(seq_length: int, layout: ParallelLayout, mbs: int, tokens: int,
     if wish:
         return wish, Reason(f"GBS {wish}, as requested", "your request")
     gbs = batch_size(seq_length, layout, mbs, tokens)
-    step = mbs * layout.dp * (layout.pp if layout.vpp else 1)
-    floor = mbs * layout.dp * layout.pp
-    wanted = max(1, round(tokens / seq_length))
+    wanted, step, floor = _rounding(seq_length, layout, mbs, tokens)
     micro = gbs // (mbs * layout.dp)
     note = ""
     if gbs > wanted:
