@@ -598,8 +598,33 @@ def _segment_kinds(graph_modules: tuple[str, ...], kind: tuple[bool, str]) -> se
 
 
 def estimate_memory(plan: Plan, constants: MemoryConstants = CALIBRATED) -> MemoryBreakdown:
-    """Memory breakdown of the most loaded pipeline rank of ``plan`` (see the module doc)."""
-    return max((rank_memory(plan, r, constants) for r in range(plan.layout.pp)), key=lambda m: m.total)
+    """Memory breakdown of the most loaded pipeline rank of ``plan`` (see the module doc; the lowest rank on a tie)."""
+    return max((rank_memory(plan, r, constants) for r in peak_ranks(plan)), key=lambda m: m.total)
+
+
+def peak_ranks(plan: Plan) -> tuple[int, ...]:
+    """The pipeline ranks of ``plan`` whose memory can be the most loaded rank's, ascending. A rank is left out when
+    a lower rank holds the same parameters and the same layers per model chunk and keeps at least as many
+    microbatches of each chunk in flight: every term of :func:`rank_memory` but the activations depends only on what
+    a rank holds, and the activations grow with the microbatches in flight, so the left-out rank never uses more
+    (on a tie the lower rank is the one reported). In 1F1B the first ranks keep the most in flight, so a long
+    pipeline of identical middle stages is priced at one or two of them."""
+    lay = plan.layout
+    return _peak_ranks(plan.model_spec.key, stage_decoder_layers(plan), lay.pp, lay.vpp or 1, plan.mtp_num_layers,
+                       max(1, plan.num_microbatches))
+
+
+@lru_cache(maxsize=4096)
+def _peak_ranks(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp: int, micro: int) -> tuple[int, ...]:
+    kept: list[tuple[int, tuple, tuple[int, ...]]] = []
+    for r in range(pp):
+        static = _rank_static(model_key, stages, pp, vpp, mtp, r)
+        holds = (static.dense, static.replicated, static.experts, static.embed, static.chunk_kinds, static.first,
+                 static.last)  # not the representative layer indices: layers of one kind keep the same tensors
+        flight = _in_flight(pp, vpp, micro, r)
+        if not any(h == holds and all(a >= b for a, b in zip(f, flight)) for _, h, f in kept):
+            kept.append((r, holds, flight))
+    return tuple(r for r, _, _ in kept)
 
 
 def _rank_params(plan: Plan, pp_rank: int):

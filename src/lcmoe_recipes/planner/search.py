@@ -61,7 +61,8 @@ from ..core.request import DEFAULT_MEMORY_MARGIN, TrainingRequest
 from ..cost import estimate_step
 from ..cost.bands import MEMORY_ERROR_BAND, band_for
 from ..cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
-from ..cost.memory import GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants, applied_modules, rank_memory
+from ..cost.memory import (GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants, applied_modules, peak_ranks,
+                           rank_memory)
 from ..cost.shapes import shapes
 from ..cost.step import StepEstimate
 from ..errors import InfeasibleConfig
@@ -347,9 +348,10 @@ def _rank_peak(ctx: _Request, plan: Plan, pp_rank: int) -> MemoryBreakdown:
 
 
 def _rank_peaks(ctx: _Request, plan: Plan):
-    """Each PP rank's memory: the first rank (most microbatches in flight) and the last (logits) first."""
-    pp = plan.layout.pp
-    return (_rank_peak(ctx, plan, r) for r in dict.fromkeys((0, pp - 1, *range(1, pp - 1))))
+    """The memory of each PP rank that can be the most loaded (:func:`~lcmoe_recipes.cost.memory.peak_ranks`): the
+    first rank (most microbatches in flight) and the last (logits) first."""
+    ranks = peak_ranks(plan)
+    return (_rank_peak(ctx, plan, r) for r in dict.fromkeys((ranks[0], ranks[-1], *ranks[1:-1])))
 
 
 def _exceeds(ctx: _Request, plan: Plan) -> bool:
