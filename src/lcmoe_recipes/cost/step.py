@@ -366,11 +366,24 @@ def microbatch_seconds(plan: Plan, table: dict[tuple[str, str], float] | None = 
     return step_terms(plan).evaluate(gemm.value, attn.value, gdn.value)[1]
 
 
-def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None = None) -> StepEstimate:
-    """Predicted step of ``plan`` (see the module doc for every assumption); ``efficiencies`` replaces the fitted
-    constants (:data:`lcmoe_recipes.cost.efficiency.FITTED`: the fit and a user's calibration profile)."""
-    lay, hw = plan.layout, plan.hardware_spec
+def step_and_cp_exposed(plan: Plan) -> tuple[float, float, StepTerms]:
+    """(predicted step s, its exposed CP s, the :class:`StepTerms` that priced them) of ``plan`` at the fitted
+    constants: what :func:`estimate_step` reports as ``step_seconds`` and ``parts["cp_exposed"]``, without the rest of
+    its breakdown (a choice between CP exchanges compares only these; pass the terms of the one it keeps to
+    :func:`estimate_step`)."""
     terms = step_terms(plan)
+    gemm, attn, gdn = step_constants(plan)
+    out = terms.evaluate(gemm.value, attn.value, gdn.value)
+    return out[0], terms.micro * out[5], terms
+
+
+def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None = None,
+                  terms: StepTerms | None = None) -> StepEstimate:
+    """Predicted step of ``plan`` (see the module doc for every assumption); ``efficiencies`` replaces the fitted
+    constants (:data:`lcmoe_recipes.cost.efficiency.FITTED`: the fit and a user's calibration profile); ``terms``:
+    ``step_terms(plan)`` where the caller already has them."""
+    lay, hw = plan.layout, plan.hardware_spec
+    terms = terms or step_terms(plan)
     gemm_c, attn_c, gdn_c = step_constants(plan, efficiencies)
     step, t_mb, w, gemm, attn, cp, ep, exposed_dp, unpaired = terms.evaluate(gemm_c.value, attn_c.value,
                                                                               gdn_c.value)

@@ -97,22 +97,24 @@ def choose_cp_comm(plan):
 def priced_cp_comm(plan):
     """:func:`choose_cp_comm`'s answer and the ``StepEstimate`` (fitted constants) of ``plan`` with the exchange it
     chose, where choosing priced it (None where a feature of the model decided): the search reuses it."""
-    from ..cost.step import estimate_step
+    from ..cost.step import estimate_step, step_and_cp_exposed
 
     lay = plan.layout
     required, why = choose_cp_comm_type(plan.model_spec, lay.tp, lay.cp)
     if lay.cp == 1 or required != "p2p":  # CP=1, or a feature of the model decides the exchange
         return required, None, why, None
     split = hierarchical_split(plan)
-    ring = estimate_step(plan.with_changes(cp_comm_type="p2p", hierarchical_cp_sizes=None))
+    ring_plan = plan.with_changes(cp_comm_type="p2p", hierarchical_cp_sizes=None)
     if split is None:
         return "p2p", None, Reason(f"p2p ring over CP={plan.layout.cp} (hierarchical a2a+p2p needs a CP group that "
                                    "leaves the NVLink block in parts whose heads split evenly: not this layout)",
-                                   HIERARCHICAL_SOURCE), ring
-    hier = estimate_step(plan.with_changes(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=split))
+                                   HIERARCHICAL_SOURCE), estimate_step(ring_plan)
+    hier_plan = plan.with_changes(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=split)
+    (ring, ring_cp, ring_terms), (hier, hier_cp, hier_terms) = map(step_and_cp_exposed, (ring_plan, hier_plan))
     a, p = split
-    numbers = (f"exposed CP {ring.parts['cp_exposed']:.1f} s per step with the ring vs "
-               f"{hier.parts['cp_exposed']:.1f} s with a2a over {a} NVLink-local ranks + a ring of {p}")
-    if hier.step_seconds < ring.step_seconds:
-        return "a2a+p2p", split, Reason(f"hierarchical a2a+p2p, sizes {a} x {p}: {numbers}", HIERARCHICAL_SOURCE), hier
-    return "p2p", None, Reason(f"p2p ring: {numbers}", HIERARCHICAL_SOURCE), ring
+    numbers = (f"exposed CP {ring_cp:.1f} s per step with the ring vs "
+               f"{hier_cp:.1f} s with a2a over {a} NVLink-local ranks + a ring of {p}")
+    if hier < ring:
+        return "a2a+p2p", split, Reason(f"hierarchical a2a+p2p, sizes {a} x {p}: {numbers}", HIERARCHICAL_SOURCE), \
+            estimate_step(hier_plan, terms=hier_terms)
+    return "p2p", None, Reason(f"p2p ring: {numbers}", HIERARCHICAL_SOURCE), estimate_step(ring_plan, terms=ring_terms)
