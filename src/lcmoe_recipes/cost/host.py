@@ -177,14 +177,16 @@ def estimate_host_memory(plan: Plan) -> HostMemoryBreakdown:
               "workers_per_rank": float(data_loaders(plan) * plan.num_workers),
               "pinned_rounding": pinned_rounding(plan)}
     best = None
-    for n, stages in nodes.items():
+    for n, stages in nodes.items():  # the terms of each kind of node; the breakdown of the first most loaded one
         ranks = len(stages)
-        out = HostMemoryBreakdown(
-            node=n, ranks=ranks, data_loader=ranks * loader["total"],
-            optimizer=sum(by_stage[p][0] for p in stages), pinned=sum(by_stage[p][1] for p in stages),
-            processes=ranks * RANK_PROCESS_BYTES, checkpoint=sum(saves[p] for p in stages), detail=detail)
-        if best is None or out.total > best.total:
-            best = out
-    return best
+        terms = (ranks * loader["total"], sum(by_stage[p][0] for p in stages), sum(by_stage[p][1] for p in stages),
+                 ranks * RANK_PROCESS_BYTES, sum(saves[p] for p in stages))
+        data_loader, optimizer, pinned, processes, checkpoint = terms
+        total = data_loader + optimizer + pinned + checkpoint + processes  # HostMemoryBreakdown.total
+        if best is None or total > best[0]:
+            best = (total, n, ranks, terms)
+    _, n, ranks, (data_loader, optimizer, pinned, processes, checkpoint) = best
+    return HostMemoryBreakdown(node=n, ranks=ranks, data_loader=data_loader, optimizer=optimizer, pinned=pinned,
+                               processes=processes, checkpoint=checkpoint, detail=detail)
 
 

@@ -308,6 +308,15 @@ class StepTerms:
     def evaluate(self, gemm_eff: float, attn_scale: float, gdn_step: float):
         """(step s, slowest rank's work, its microbatch s, GEMM s, attention s, exposed CP s, exposed EP s, exposed
         DP s, EP s exposed once per step for the unpaired microbatch) for the given constants."""
+        worst = self.slowest(gemm_eff, attn_scale, gdn_step)
+        t_mb, w = worst[0], worst[1]
+        exposed_dp = self.dp_exposed(w.rank, t_mb)[2]
+        unpaired = w.ep_seconds - worst[5]  # the first forward's and the last backward's all-to-all: no partner
+        return ((self.micro + self.bubble) * t_mb + exposed_dp + unpaired + self.offload, *worst, exposed_dp, unpaired)
+
+    def slowest(self, gemm_eff: float, attn_scale: float, gdn_step: float):
+        """(microbatch s, work, GEMM s, attention s, exposed CP s, exposed EP s) of the slowest PP rank, the first
+        on a tie, for the given constants: :meth:`evaluate` without the once-per-step terms."""
         worst = None
         for w, unit in zip(self.ranks, self.gemm_unit):
             gemm = unit / gemm_eff
@@ -319,10 +328,7 @@ class StepTerms:
             t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds + w.elementwise_seconds
             if worst is None or t_mb > worst[0]:
                 worst = (t_mb, w, gemm, attn, cp, ep)
-        t_mb, w = worst[0], worst[1]
-        exposed_dp = self.dp_exposed(w.rank, t_mb)[2]
-        unpaired = w.ep_seconds - worst[5]  # the first forward's and the last backward's all-to-all: no partner
-        return ((self.micro + self.bubble) * t_mb + exposed_dp + unpaired + self.offload, *worst, exposed_dp, unpaired)
+        return worst
 
 
 @lru_cache(maxsize=8192)
@@ -363,7 +369,7 @@ def microbatch_seconds(plan: Plan, table: dict[tuple[str, str], float] | None = 
     communication; what :func:`estimate_step` multiplies by microbatches plus the bubble); ``table``: constants in
     place of the fitted ones (a calibration profile's)."""
     gemm, attn, gdn = step_constants(plan, table)
-    return step_terms(plan).evaluate(gemm.value, attn.value, gdn.value)[1]
+    return step_terms(plan).slowest(gemm.value, attn.value, gdn.value)[0]
 
 
 def step_and_cp_exposed(plan: Plan) -> tuple[float, float, StepTerms]:
@@ -462,7 +468,7 @@ def longest_waits(plan: Plan) -> Waits:
     """The :class:`Waits` of ``plan`` (same model and constants as :func:`estimate_step`)."""
     lay = plan.layout
     gemm, attn, gdn = step_constants(plan)
-    t_mb, w = step_terms(plan).evaluate(gemm.value, attn.value, gdn.value)[1:3]  # the slowest rank's microbatch
+    t_mb, w = step_terms(plan).slowest(gemm.value, attn.value, gdn.value)[:2]  # the slowest rank's microbatch
     transfers = [t for r in range(lay.pp) for _, i, _ in rank_kinds(plan, r) for t in layer_transfers(plan, i)]
     transfers.append(pipeline_transfer(plan))
     transfers += _dp_transfers(plan, w.rank)
