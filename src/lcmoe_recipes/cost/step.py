@@ -40,7 +40,7 @@ VPP (``overlap_p2p_comm``), exposed without. :attr:`StepEstimate.overlaps` lists
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..core.pipeline import stage_decoder_layers
@@ -175,10 +175,11 @@ def _rank_kinds(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, pp_r
 
 
 def _work(plan: Plan) -> tuple[_RankWork, ...]:
-    """Per PP rank, what one microbatch costs (independent of the calibrated constants). It reads neither the
-    offload fields nor the batch size, and of the CUDA-graph fields only whether a layernorm recompute reaches the
-    pre-MLP norm (:func:`~lcmoe_recipes.cost.memory.pre_mlp_norm_recomputed`), so it is cached without them: the
-    search prices many plans that differ only there."""
+    """Per PP rank, what one microbatch costs (independent of the calibrated constants), each rank whose work equals
+    a lower rank's left out (its microbatch takes as long, and the slowest rank is the first on a tie). It reads
+    neither the offload fields nor the batch size, and of the CUDA-graph fields only whether a layernorm recompute
+    reaches the pre-MLP norm (:func:`~lcmoe_recipes.cost.memory.pre_mlp_norm_recomputed`), so it is cached without
+    them: the search prices many plans that differ only there."""
     norm = plan.recompute_granularity != "selective" or "layernorm" not in plan.recompute_modules or \
         pre_mlp_norm_recomputed(plan)
     return _cached_work(plan.with_changes(cuda_graph_impl="none", cuda_graph_modules=(), optimizer_cpu_offload=False,
@@ -250,7 +251,10 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
                              0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items()),
                              sum(n * f for (f, _), n in attention.items()), tuple(ep_layers), pp_t.seconds,
                              moved / hbm if moved else 0.0))
-    return tuple(out)
+    distinct: dict[_RankWork, _RankWork] = {}
+    for w in out:  # the first rank of each kind of work
+        distinct.setdefault(replace(w, rank=0), w)
+    return tuple(distinct.values())
 
 
 @dataclass(frozen=True)
@@ -261,7 +265,7 @@ class StepTerms:
     microseconds (the fit evaluates every published row many times)."""
 
     plan: Plan
-    ranks: tuple[_RankWork, ...]
+    ranks: tuple[_RankWork, ...]  # the PP ranks of distinct work (_work)
     gemm_unit: tuple[float, ...]  # per rank: GEMM FLOPs / the dense peak at the plan's precision (s)
     gdn_unit: float               # seconds per gated-DeltaNet layer per microbatch at 1 s per chunk step
     peak: float                   # the dense peak at the plan's precision, FLOP/s
