@@ -220,6 +220,15 @@ class Plan:
             object.__setattr__(self, "_hash", cached)
         return cached
 
+    def __eq__(self, other: object) -> bool:
+        """What dataclasses would compare (every compared field), read straight from the two plans' fields: the
+        search's memos compare plans on every hit."""
+        if self is other:
+            return True
+        if other.__class__ is not Plan:
+            return NotImplemented
+        return _compared(self.__dict__) == _compared(other.__dict__)
+
     def __getstate__(self) -> dict:
         """Pickle and copy without the cached hash: string hashes differ from process to process."""
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}

@@ -35,18 +35,22 @@ No torch / megatron import.
    buffers outside it (``MemoryBreakdown.hbm_total``: flex dispatcher, CUDA context, NCCL) against HBM less the
    request's ``memory_margin`` (the fragmentation margin).
 
-Bounds, not shortcuts: every layout the rules allow is enumerated, then visited in order of a compute-time lower
-bound of its step (:func:`lcmoe_recipes.cost.bounds.compute_lower_bound`). A layout is skipped only when a lower
-bound of its step time -- that one, or the exact no-recompute bound (:func:`~lcmoe_recipes.cost.bounds.step_lower_bound`)
--- is slower than the *cut*: the slower of the fastest fitting step found so far times (1 + the band) and the
+Bounds, not shortcuts: every layout the rules allow is enumerated, then visited best-first on a lower bound of its
+step: first keyed by a compute-time bound (:func:`lcmoe_recipes.cost.bounds.compute_lower_bound`, no plan needed);
+when one comes out first its plan is built and checked and it goes back in keyed by the exact no-recompute bound
+(:func:`~lcmoe_recipes.cost.bounds.step_lower_bound`, communication included), and it is fitted when it comes out
+first again -- so the likely fastest are fitted first and the cut falls fast. A layout is skipped only when its
+bound is slower than the *cut*: the slower of the fastest fitting step found so far times (1 + the band) and the
 ``top``-th fastest found. Such a layout can be neither the winner, nor a tie, nor one of the ``top`` shown; the
-memory ladder starts with its lower bound (full recompute and full offload). ``plan(request, exhaustive=True)``
+memory ladder starts with its lower bound (full recompute and full offload). A larger MBS of a layout is visited
+only after its half: where the half did not fit (or was skipped), neither does it. ``plan(request, exhaustive=True)``
 evaluates every layout; ``tests/test_search.py`` checks that both give the same winner and ranking.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import NamedTuple
@@ -538,18 +542,30 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
     nothing fits."""
     request = ctx.request
     units = [(lay, mbs) for lay in layouts for mbs in mbs_choices(request)]
-    order = list(range(len(units)))
-    if not exhaustive:  # cheapest bound first: the fast candidates are found early and the cut falls quickly
-        bounds = [_compute_bound(ctx, *unit) for unit in units]
-        order.sort(key=lambda i: (bounds[i], i))
+    index = {unit: i for i, unit in enumerate(units)}
     rejected: dict[str, tuple[int, str]] = {}
     fits: list[tuple[float, int, Candidate]] = []
     steps: list[float] = []  # sorted step times of the fits
-    pruned = 0
     band = ctx.band[0]
-    outcome: dict[tuple[ParallelLayout, int], str] = {}  # per unit: "fit", "pruned" or "rejected"
+    outcome: dict[tuple[ParallelLayout, int], str] = {}  # per unit: "fit", "pruned", "rejected" or "pending"
     cause: dict[tuple[ParallelLayout, int], tuple[str, str]] = {}  # per rejected unit: the (rule, fix) that did it
     last: list = []  # the unit evaluated last and the rejection counts before it
+    # The queue, lowest key first: (key, unit index, stage, its base plan and rules at stage 1). Exhaustive: every
+    # unit in order at stage 0, evaluated whole. Else best-first on lower bounds of the step: stage 0 is keyed by the
+    # compute bound; there the unit's plan is built, checked and given its exact no-recompute bound
+    # (:func:`_step_bound`), with which it goes back in as stage 1, to be fitted when it comes out first. The fits
+    # thus come in order of that tighter bound, so the cut falls fast; once the lowest key left is above the cut,
+    # so is every other, and the rest are skipped.
+    queue: list[tuple] = []
+
+    def enqueue(i: int) -> None:
+        heapq.heappush(queue, (i if exhaustive else _compute_bound(ctx, *units[i]), i, 0, None))
+
+    def resolve(unit, state: str) -> None:  # a unit's outcome; its twice-larger MBS may now be evaluated
+        outcome[unit] = state
+        bigger = index.get((unit[0], 2 * unit[1]))
+        if bigger is not None:
+            enqueue(bigger)
 
     def settle() -> None:  # the rule that rejected the unit evaluated last, for its larger MBS to inherit
         if last and outcome.get(last[0]) == "rejected":
@@ -558,43 +574,53 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
                 cause[last[0]] = (grown[0], rejected[grown[0]][1])
         last.clear()
 
-    for n, i in enumerate(order):
+    for i, (lay, mbs) in enumerate(units):  # a larger MBS waits for its half (inherits its outcome unless it fit)
+        if (lay, mbs // 2) not in index:
+            enqueue(i)
+    while queue:
         settle()
-        if not exhaustive:
-            cut = _cut(steps, top, band)
-            if bounds[i] > cut:  # sorted by this bound: every later candidate is out too
-                pruned += len(order) - n
-                break
-        lay, mbs = units[i]
-        smaller = outcome.get((lay, mbs // 2), "fit") if mbs > 1 else "fit"
-        if smaller != "fit":  # twice the activations of a unit that did not fit (or was slower than the cut)
-            outcome[units[i]] = smaller
-            if smaller == "pruned":
-                pruned += 1
-            else:  # refused by the rule that refused the smaller MBS (the layout's own rule, or memory)
-                cause[units[i]] = cause.get((lay, mbs // 2), ("memory/exceeds-hbm", MEMORY_FIX))
-                _reject(rejected, *cause[units[i]])
-            continue
-        outcome[units[i]] = "rejected"
-        last[:] = [units[i], {rule: count for rule, (count, _) in rejected.items()}]
-        made = _base(ctx, *units[i], rejected)
-        if made is None or not _checked(made[0], rejected):
-            continue
-        if not exhaustive:
-            if _parameters_exceed(ctx, made[0]):
-                _reject(rejected, "memory/exceeds-hbm", MEMORY_FIX)
+        key, i, stage, made = heapq.heappop(queue)
+        unit = units[i]
+        if not exhaustive and key > _cut(steps, top, band):  # every key left is at least this one: all out
+            break
+        last[:] = [unit, {rule: count for rule, (count, _) in rejected.items()}]
+        if stage == 0:
+            lay, mbs = unit
+            smaller = outcome.get((lay, mbs // 2), "fit") if mbs > 1 else "fit"
+            if smaller != "fit":  # twice the activations of a unit that did not fit (or was slower than the cut)
+                if smaller == "rejected":  # refused by the rule that refused the smaller MBS (its own, or memory)
+                    cause[unit] = cause.get((lay, mbs // 2), ("memory/exceeds-hbm", MEMORY_FIX))
+                    _reject(rejected, *cause[unit])
+                resolve(unit, smaller)
                 continue
-            if _step_bound(made[0], ctx.table) > cut:
-                outcome[units[i]] = "pruned"
-                pruned += 1
+            outcome[unit] = "rejected"
+            made = _base(ctx, *unit, rejected)
+            if made is None or not _checked(made[0], rejected):
+                resolve(unit, "rejected")
                 continue
+            if not exhaustive:
+                if _parameters_exceed(ctx, made[0]):
+                    _reject(rejected, "memory/exceeds-hbm", MEMORY_FIX)
+                    resolve(unit, "rejected")
+                    continue
+                bound = _step_bound(made[0], ctx.table)
+                if bound > _cut(steps, top, band):
+                    resolve(unit, "pruned")
+                    continue
+                outcome[unit] = "pending"
+                heapq.heappush(queue, (max(key, bound), i, 1, made))
+                continue
+        outcome[unit] = "rejected"
         if not _fits_at_all(ctx, made[0], rejected):
+            resolve(unit, "rejected")
             continue
         candidate = _fit(ctx, *made, rejected)
         if candidate is not None:
-            outcome[units[i]] = "fit"
             fits.append((candidate.step.step_seconds, i, candidate))
             bisect.insort(steps, candidate.step.step_seconds)
+        resolve(unit, "fit" if candidate is not None else "rejected")
+    settle()
+    pruned = sum(outcome.get(unit) in (None, "pending", "pruned") for unit in units)
     if not fits:
         return len(units), rejected
     fits.sort(key=lambda f: f[:2])
