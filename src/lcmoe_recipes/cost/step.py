@@ -376,12 +376,20 @@ def microbatch_seconds(plan: Plan, table: dict[tuple[str, str], float] | None = 
     return step_terms(plan).slowest(gemm.value, attn.value, gdn.value)[0]
 
 
-def step_and_cp_exposed(plan: Plan) -> tuple[float, float, StepTerms]:
+def with_cp_exchange(terms: StepTerms, plan: Plan) -> StepTerms:
+    """``step_terms(plan)`` for a ``plan`` that differs from ``terms.plan`` only in its CP exchange (``cp_comm_type``,
+    ``hierarchical_cp_sizes``): the once-per-step terms (overlaps, offload, model FLOPs, bubble) read neither, so only
+    the ranks' work is priced again."""
+    work = _work(plan)
+    return replace(terms, plan=plan, ranks=work, gemm_unit=tuple(w.gemm_flops / terms.peak for w in work))
+
+
+def step_and_cp_exposed(plan: Plan, terms: StepTerms | None = None) -> tuple[float, float, StepTerms]:
     """(predicted step s, its exposed CP s, the :class:`StepTerms` that priced them) of ``plan`` at the fitted
     constants: what :func:`estimate_step` reports as ``step_seconds`` and ``parts["cp_exposed"]``, without the rest of
     its breakdown (a choice between CP exchanges compares only these; pass the terms of the one it keeps to
-    :func:`estimate_step`)."""
-    terms = step_terms(plan)
+    :func:`estimate_step`). ``terms``: ``step_terms(plan)`` where the caller has them."""
+    terms = terms or step_terms(plan)
     gemm, attn, gdn = step_constants(plan)
     out = terms.evaluate(gemm.value, attn.value, gdn.value)
     return out[0], terms.micro * out[5], terms

@@ -97,7 +97,7 @@ def choose_cp_comm(plan):
 def priced_cp_comm(plan):
     """:func:`choose_cp_comm`'s answer and the ``StepEstimate`` (fitted constants) of ``plan`` with the exchange it
     chose, where choosing priced it (None where a feature of the model decided): the search reuses it."""
-    from ..cost.step import estimate_step, step_and_cp_exposed
+    from ..cost.step import estimate_step, step_and_cp_exposed, with_cp_exchange
 
     lay = plan.layout
     required, why = choose_cp_comm_type(plan.model_spec, lay.tp, lay.cp)
@@ -110,7 +110,8 @@ def priced_cp_comm(plan):
                                    "leaves the NVLink block in parts whose heads split evenly: not this layout)",
                                    HIERARCHICAL_SOURCE), estimate_step(ring_plan)
     hier_plan = plan.with_changes(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=split)
-    (ring, ring_cp, ring_terms), (hier, hier_cp, hier_terms) = map(step_and_cp_exposed, (ring_plan, hier_plan))
+    ring, ring_cp, ring_terms = step_and_cp_exposed(ring_plan)
+    hier, hier_cp, hier_terms = step_and_cp_exposed(hier_plan, with_cp_exchange(ring_terms, hier_plan))
     a, p = split
     numbers = (f"exposed CP {ring_cp:.1f} s per step with the ring vs "
                f"{hier_cp:.1f} s with a2a over {a} NVLink-local ranks + a ring of {p}")
