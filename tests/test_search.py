@@ -342,3 +342,25 @@ def test_plan_says_which_rule_decided(capsys):
     assert "decided by: data parallel, after headroom (within ±10.9% of the fastest" in out
     assert "DP1 EDP1 on 64 GPUs, MBS 1: 55.57 s, 15.2 GiB free, band free  (passed over: data parallel)" in out
     assert "TP4 CP8 EP32 ETP1 PP1 -> DP2 EDP2 on 64 GPUs, MBS 1: 55.85 s, 29.1 GiB free, band free  <- winner" in out
+
+
+@pytest.mark.parametrize("fields", [dict(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64),
+                                    REQUESTS[-2], dict(model="gpt_oss_120b", seq_length=32768, hardware="gb200",
+                                                       num_gpus=64)], ids=lambda f: f["model"])
+def test_a_rung_changes_only_the_knob_checks(fields):
+    """The search checks a rung's plan with checks.knob_findings alone (its base passed check_plan): every other
+    check reads none of the fields a rung sets, so on every rung -- recompute level x offload fraction, with the CUDA
+    graphs the rule allows -- the findings outside knob_findings are the base's."""
+    from lcmoe_recipes.checks import check_plan, knob_findings
+
+    request = TrainingRequest(**fields)
+    ctx = _context(request)
+    base = search_layouts(request).best.plan
+    rest = [f for f in check_plan(base) if f not in knob_findings(base)]
+    for rung in ctx.ladder:
+        for fraction in ctx.fractions:
+            plan = _with_knobs(base, rung, fraction, ctx.hw, request)
+            assert [f for f in check_plan(plan) if f not in knob_findings(plan)] == rest, (rung, fraction)
+    # a rung whose knobs Megatron refuses is caught by knob_findings alone
+    refused = base.with_changes(recompute_granularity="full", recompute_method=None, recompute_num_layers=None)
+    assert "recompute/full-args" in [f.rule for f in knob_findings(refused) if f.severity == "error"]

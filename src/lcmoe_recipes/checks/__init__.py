@@ -5,7 +5,7 @@
 against the cost model's waits (:mod:`.timeouts`), a phase's wall clock against its budget (:mod:`.wallclock`), and
 the weights a run starts from (:mod:`.weights`). Nothing here imports torch or megatron."""
 
-from .feasibility import Finding, check_plan, raise_for_errors
+from .feasibility import Finding, check_plan, knob_findings, raise_for_errors
 from .known_issues import config_view, known_issue_findings, stack_versions
 
-__all__ = ["Finding", "check_plan", "raise_for_errors", "config_view", "known_issue_findings", "stack_versions"]
+__all__ = ["Finding", "check_plan", "knob_findings", "raise_for_errors", "config_view", "known_issue_findings", "stack_versions"]

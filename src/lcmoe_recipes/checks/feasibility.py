@@ -309,6 +309,26 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
                 f"({hw.job_block} GPUs): TP's per-layer all-gathers would cross the scale-out network",
                 f"use TP <= {hw.job_block}")
 
+    findings.extend(knob_findings(plan))
+    if plan.precision not in PRECISIONS:
+        add("error", "precision/name", f"unknown precision {plan.precision!r}", f"valid: {', '.join(PRECISIONS)}")
+    elif plan.precision == "mxfp8" and hw.compute_capability[0] < 10:
+        add("error", "precision/hardware", f"MXFP8 needs Blackwell tensor cores (SM 10.x); {hw.display} is SM "
+            f"{hw.compute_capability[0]}.{hw.compute_capability[1]}", "use fp8_blockwise or fp8_cs on Hopper, or bf16")
+    elif plan.precision.startswith("fp8") and hw.compute_capability < (8, 9):
+        add("error", "precision/hardware", f"FP8 needs SM 8.9 or newer; {hw.display} is older", "use bf16")
+
+    findings.sort(key=lambda f: f.severity != "error")
+    return findings
+
+
+def knob_findings(plan: Plan) -> list[Finding]:
+    """The findings of :func:`check_plan` on ``plan``'s recompute, optimizer CPU offload and CUDA-graph fields, in
+    its order (unsorted). Every other check reads none of those fields, so a plan that differs from a checked one
+    only there (the search's rungs) needs only these."""
+    findings: list[Finding] = []
+    add = lambda sev, rule, msg, fix: findings.append(Finding(sev, rule, msg, fix))  # noqa: E731
+    model = plan.model_spec
     # --- recompute ----------------------------------------------------------------------------------
     modules = plan.recompute_modules
     if plan.recompute_granularity == "selective":
@@ -378,16 +398,6 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         if plan.recompute_granularity == "selective" and "moe" in modules and "moe_router" in graphs:
             add("error", "cuda-graphs/moe-recompute", "moe recompute with the moe_router module graphed (TE graphs)",
                 "recompute moe_act instead of moe, or drop moe_router from cuda_graph_modules")
-
-    if plan.precision not in PRECISIONS:
-        add("error", "precision/name", f"unknown precision {plan.precision!r}", f"valid: {', '.join(PRECISIONS)}")
-    elif plan.precision == "mxfp8" and hw.compute_capability[0] < 10:
-        add("error", "precision/hardware", f"MXFP8 needs Blackwell tensor cores (SM 10.x); {hw.display} is SM "
-            f"{hw.compute_capability[0]}.{hw.compute_capability[1]}", "use fp8_blockwise or fp8_cs on Hopper, or bf16")
-    elif plan.precision.startswith("fp8") and hw.compute_capability < (8, 9):
-        add("error", "precision/hardware", f"FP8 needs SM 8.9 or newer; {hw.display} is older", "use bf16")
-
-    findings.sort(key=lambda f: f.severity != "error")
     return findings
 
 

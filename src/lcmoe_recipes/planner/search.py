@@ -57,7 +57,7 @@ from typing import NamedTuple
 
 from ..catalog import Hardware, ModelSpec, get_hardware, get_model
 from ..catalog.upstream import base_recipe
-from ..checks import check_plan
+from ..checks import check_plan, knob_findings
 from ..checks.memory import host_findings
 from ..core.layout import ParallelLayout
 from ..core.plan import Plan, Reason
@@ -375,7 +375,8 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) ->
     for level, fraction in _fitting_knobs(ctx, base):
         plan = _with_knobs(base, ctx.ladder[level], fraction, ctx.hw, ctx.request)
         if not _exceeds(ctx, plan):
-            if any(f.severity == "error" for f in check_plan(plan) + host_findings(plan)):  # + a node's RAM
+            # the checks of the knobs the rung changed (the rest passed on ``base``: checks.knob_findings), + a node's RAM
+            if any(f.severity == "error" for f in knob_findings(plan) + host_findings(plan)):
                 continue
             chosen, step = with_priced_cp_comm(with_ep_overlap(plan.with_changes(
                 reasons=_reasons(ctx, plan, rules, level, fraction))))
