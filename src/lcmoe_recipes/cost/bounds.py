@@ -37,7 +37,7 @@ from .attention import BACKWARD_FLOPS
 from .efficiency import constant
 from .memory import rank_memory
 from .shapes import shapes
-from .step import _gdn_seconds, _layer_flops, _rank_kinds, microbatch_seconds
+from .step import _gdn_seconds, _layer_flops, _rank_kinds, microbatch_seconds, step_terms, with_cp_exchange
 
 
 @lru_cache(maxsize=1024)
@@ -96,14 +96,22 @@ def _slowest_compute(model_key: str, hw_key: str, precision: str, seq_length: in
                for gemm, attention, gdn in _rank_flops(model.key, seq_length, pp, vpp, mtp_num_layers))
 
 
-def step_lower_bound(plan: Plan, table: dict[tuple[str, str], float] | None = None) -> float:
+def step_lower_bound(plan: Plan, table: dict[tuple[str, str], float] | None = None,
+                     exchange: tuple[str, tuple[int, ...]] | None = None) -> float:
     """Seconds per step, at most ``estimate_step`` of ``plan`` with any recompute, offload and CUDA graphs: the
     microbatch time of ``plan`` without recompute (compute and exposed TP / CP / EP / PP communication of its
-    slowest rank), times microbatches plus the pipeline bubble."""
+    slowest rank), times microbatches plus the pipeline bubble. ``exchange``: another CP exchange
+    (``cp_comm_type``, ``hierarchical_cp_sizes``) the plan may run instead; the bound is then the smaller of the two
+    (the second priced from the first's once-per-step terms: :func:`~lcmoe_recipes.cost.step.with_cp_exchange`)."""
     bare = plan if plan.recompute_granularity is None else plan.with_changes(
         recompute_granularity=None, recompute_modules=(), recompute_method=None, recompute_num_layers=None)
     lay = plan.layout
-    return (plan.num_microbatches + (lay.pp - 1) / (lay.vpp or 1)) * microbatch_seconds(bare, table)
+    terms = step_terms(bare)
+    micro = microbatch_seconds(bare, table, terms)
+    if exchange is not None:
+        other = bare.with_changes(cp_comm_type=exchange[0], hierarchical_cp_sizes=exchange[1])
+        micro = min(micro, microbatch_seconds(other, table, with_cp_exchange(terms, other)))
+    return (plan.num_microbatches + (lay.pp - 1) / (lay.vpp or 1)) * micro
 
 
 def memory_lower_bound(plan: Plan) -> float:

@@ -368,12 +368,13 @@ def step_terms(plan: Plan) -> StepTerms:
                      model_flops_per_token(plan) * plan.global_batch_size * plan.seq_length)
 
 
-def microbatch_seconds(plan: Plan, table: dict[tuple[str, str], float] | None = None) -> float:
+def microbatch_seconds(plan: Plan, table: dict[tuple[str, str], float] | None = None,
+                       terms: StepTerms | None = None) -> float:
     """Predicted seconds of one microbatch on the slowest pipeline rank (compute and exposed TP / CP / EP / PP
     communication; what :func:`estimate_step` multiplies by microbatches plus the bubble); ``table``: constants in
-    place of the fitted ones (a calibration profile's)."""
+    place of the fitted ones (a calibration profile's); ``terms``: ``step_terms(plan)`` where the caller has them."""
     gemm, attn, gdn = step_constants(plan, table)
-    return step_terms(plan).slowest(gemm.value, attn.value, gdn.value)[0]
+    return (terms or step_terms(plan)).slowest(gemm.value, attn.value, gdn.value)[0]
 
 
 def with_cp_exchange(terms: StepTerms, plan: Plan) -> StepTerms:

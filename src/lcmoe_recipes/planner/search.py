@@ -496,13 +496,8 @@ def _why_no_layout(request: TrainingRequest):
 def _step_bound(base: Plan, table: dict | None = None) -> float:
     """:func:`~lcmoe_recipes.cost.bounds.step_lower_bound` of ``base`` under either CP exchange :func:`_fit` may
     choose (the ring, or hierarchical a2a+p2p where the layout allows it): the smaller of the two."""
-    bound = step_lower_bound(base, table)
-    if base.layout.cp > 1 and base.cp_comm_type == "p2p":
-        split = hierarchical_split(base)
-        if split is not None:
-            bound = min(bound, step_lower_bound(base.with_changes(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=split),
-                                                table))
-    return bound
+    split = hierarchical_split(base) if base.layout.cp > 1 and base.cp_comm_type == "p2p" else None
+    return step_lower_bound(base, table, None if split is None else ("a2a+p2p", split))
 
 
 def search_layouts(request: TrainingRequest, top: int = 5, exhaustive: bool = False, step_table: dict | None = None,
