@@ -13,7 +13,7 @@ Each measurement runs in a fresh process, so no case warms another's caches:
 * ``CLI``: ``python -m lcmoe_recipes.plan ... --top 5`` as a user runs it: Python start-up, imports, the search
   and the printing, old and new.
 
-In-process times: the first call (cold caches) and the best of three, wall-clock seconds with the process's CPU
+In-process times: the first call (cold caches) and the best of :data:`RUNS`, wall-clock seconds with the process's CPU
 seconds in brackets (this machine is shared: wall exceeds CPU when other processes compete for its cores).
 
 **The speed goal** (warm ``search_layouts``, the MBS search included: under 0.1 s at 1,024 GPUs and under 0.2 s at
@@ -42,6 +42,9 @@ OLD_COMMIT = "2d0ae9f591afbc26ec5bf9c52e989af38b75dc3d"  # main before issue 12 
 HEADLINE = [("dsv3", 131072, "h100", 1024), ("dsv3", 131072, "h100", 16384)]
 GOAL = {1024: 0.1, 16384: 0.2}  # seconds of warm search on the reference machine (issue 26, item 7)
 REFERENCE_SECONDS = 0.20  # _reference_cpu() there (2026-12-03, idle: 0.19-0.23 s in six runs)
+# In-process runs of the search and of the reference, the best kept: the shared 2-core VM's speed wanders by 10-30%
+# from one run to the next (2026-12-04), and the first of the search's runs is cold.
+RUNS = 5
 CASES = HEADLINE + [("qwen3_235b", 131072, "gb200", 16384), ("dsv3", 32768, "h100", 1024),
                     ("qwen3_235b", 65536, "gb200", 1024), ("qwen3_next", 131072, "h200", 1024),
                     ("qwen3_235b", 131072, "gb200", 128), ("course_moe", 32768, "h200", 64)]
@@ -67,7 +70,7 @@ def reference() -> float:
     return total + len(seen)
 
 
-def _best_cpu(fn, repeat: int = 3) -> float:
+def _best_cpu(fn, repeat: int = RUNS) -> float:
     best = float("inf")
     for _ in range(repeat):
         cpu = time.process_time()
@@ -77,7 +80,7 @@ def _best_cpu(fn, repeat: int = 3) -> float:
 
 
 def worker(mode: str, model: str, seq: int, hardware: str, gpus: int) -> None:
-    """In a fresh process: time the imports and plan() (first call, best of 3) and :func:`reference` (best of 3);
+    """In a fresh process: time the imports and plan() (first call, best of RUNS) and :func:`reference` (best of RUNS);
     print one JSON line."""
     t0 = time.perf_counter()
     if mode == "old":  # the modules' names before the search was split out and the house moved
@@ -90,7 +93,7 @@ def worker(mode: str, model: str, seq: int, hardware: str, gpus: int) -> None:
     imports = time.perf_counter() - t0
     request = TrainingRequest(model=model, seq_length=seq, hardware=hardware, num_gpus=gpus)
     runs = []
-    for _ in range(3):
+    for _ in range(RUNS):
         wall, cpu = time.perf_counter(), time.process_time()
         result = plan(request, exhaustive=True) if mode == "exhaustive" else plan(request)
         runs.append((time.perf_counter() - wall, time.process_time() - cpu))
@@ -100,7 +103,7 @@ def worker(mode: str, model: str, seq: int, hardware: str, gpus: int) -> None:
 
 
 def _reference_cpu() -> float:
-    """Best of three CPU seconds of :func:`reference`, with the process's existing objects out of the garbage
+    """Best of RUNS CPU seconds of :func:`reference`, with the process's existing objects out of the garbage
     collector's sight (``gc.freeze``): its 100,000 records would otherwise make each collection walk the imported
     heap too, and the reference would measure the imports instead of the machine."""
     import gc
@@ -183,7 +186,7 @@ def main(argv=None) -> int:
         old_src = _old_source(Path(tmp))
         print(f"old = commit {OLD_COMMIT[:10]}" + ("" if old_src else " (not in this git checkout: skipped)")
               + f"; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-        print("seconds: wall (CPU); in-process plan(): first call / best of 3; CLI: best of 3, start-up and "
+        print(f"seconds: wall (CPU); in-process plan(): first call / best of {RUNS}; CLI: best of 3, start-up and "
               "imports included")
         header = (f"{'case':<32} {'layouts':>7}  {'old first':>12} {'old best':>12}  {'exhaustive':>12}  "
                   f"{'new first':>12} {'new best':>12}  {'CLI old':>12} {'CLI new':>12}  winner (new; = old?)")
