@@ -8,4 +8,5 @@ the weights a run starts from (:mod:`.weights`). Nothing here imports torch or m
 from .feasibility import Finding, check_plan, knob_findings, raise_for_errors
 from .known_issues import config_view, known_issue_findings, stack_versions
 
-__all__ = ["Finding", "check_plan", "knob_findings", "raise_for_errors", "config_view", "known_issue_findings", "stack_versions"]
+__all__ = ["Finding", "check_plan", "knob_findings", "raise_for_errors", "config_view", "known_issue_findings",
+           "stack_versions"]

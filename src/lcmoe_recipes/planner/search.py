@@ -375,7 +375,7 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) ->
     for level, fraction in _fitting_knobs(ctx, base):
         plan = _with_knobs(base, ctx.ladder[level], fraction, ctx.hw, ctx.request)
         if not _exceeds(ctx, plan):
-            # the checks of the knobs the rung changed (the rest passed on ``base``: checks.knob_findings), + a node's RAM
+            # the checks of the knobs the rung set (the rest passed on ``base``: checks.knob_findings), + a node's RAM
             if any(f.severity == "error" for f in knob_findings(plan) + host_findings(plan)):
                 continue
             chosen, step = with_priced_cp_comm(with_ep_overlap(plan.with_changes(
