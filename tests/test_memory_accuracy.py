@@ -262,3 +262,26 @@ def test_expert_gemm_quantization_bound():
     u = report.expert_gemm_utilisation(plan, (128, 128))
     assert u == pytest.approx(0.974, abs=0.001)  # docs/accuracy.md, PS13, 128x128
     assert report.expert_gemm_utilisation(plan, (256, 128)) < u  # coarser tiles waste more
+
+
+def test_memory_key_and_peak_ranks_leave_out_nothing_memory_reads():
+    """cost.memory.memory_key drops only fields rank_memory does not read (plans with equal keys price every rank
+    alike), and peak_ranks keeps the most loaded rank: the search prices memory through both."""
+    from published import THROUGHPUT_ROWS
+
+    from lcmoe_recipes.cost.memory import memory_key, peak_ranks, rank_memory
+
+    plan = THROUGHPUT_ROWS["HC1"].plan  # DeepSeek-V3, TP2 CP1 PP8 VPP4 EP64 on 1,024 H100, EP overlap on
+    plan = plan.with_changes(layout=replace(plan.layout, cp=2, world=2 * plan.layout.world))
+    ranks = range(plan.layout.pp)
+    base = [rank_memory(plan, r) for r in ranks]
+    same = [plan.with_changes(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=(2, 1)), plan.with_changes(
+        moe_ep_overlap=not plan.moe_ep_overlap)]
+    for other in same:
+        assert memory_key(other) == memory_key(plan)
+        assert [rank_memory(other, r) for r in ranks] == base
+    a2a = plan.with_changes(cp_comm_type="a2a")  # CP - 1 NCCL peers: the key and the memory differ
+    assert memory_key(a2a) != memory_key(plan)
+    assert [rank_memory(a2a, r).nccl for r in ranks] != [m.nccl for m in base]
+    kept = peak_ranks(plan)
+    assert len(kept) < plan.layout.pp and max(base, key=lambda m: m.total).pp_rank in kept

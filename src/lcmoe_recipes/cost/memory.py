@@ -602,6 +602,15 @@ def estimate_memory(plan: Plan, constants: MemoryConstants = CALIBRATED) -> Memo
     return max((rank_memory(plan, r, constants) for r in peak_ranks(plan)), key=lambda m: m.total)
 
 
+def memory_key(plan: Plan) -> Plan:
+    """``plan`` with the fields :func:`rank_memory` does not read set to fixed values: the CP exchange reduced to
+    what the NCCL buffers see (an all-to-all or all-gather reaches CP - 1 peers, the ring and hierarchical exchanges
+    two: :func:`nccl_buffer_bytes`), no hierarchical sizes, no EP overlap. Plans with equal keys have equal memory on
+    every rank; a new dependency of the memory model on one of these fields must be taken out of here."""
+    return plan.with_changes(cp_comm_type="a2a" if plan.cp_comm_type in ("a2a", "all_gather") else "p2p",
+                             hierarchical_cp_sizes=None, moe_ep_overlap=False)
+
+
 def peak_ranks(plan: Plan) -> tuple[int, ...]:
     """The pipeline ranks of ``plan`` whose memory can be the most loaded rank's, ascending. A rank is left out when
     a lower rank holds the same parameters and the same layers per model chunk and keeps at least as many

@@ -65,8 +65,8 @@ from ..core.request import DEFAULT_MEMORY_MARGIN, TrainingRequest
 from ..cost import estimate_step
 from ..cost.bands import MEMORY_ERROR_BAND, band_for
 from ..cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
-from ..cost.memory import (GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants, applied_modules, peak_ranks,
-                           rank_memory)
+from ..cost.memory import (GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants, applied_modules, memory_key,
+                           peak_ranks, rank_memory)
 from ..cost.shapes import shapes
 from ..cost.step import StepEstimate
 from ..errors import InfeasibleConfig
@@ -380,10 +380,12 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) ->
                 continue
             chosen, step = with_priced_cp_comm(with_ep_overlap(plan.with_changes(
                 reasons=_reasons(ctx, plan, rules, level, fraction))))
-            plan = follow_recipe_choices(chosen)  # an upstream recipe's setting that avoids an open hazard
+            fitted, plan = plan, follow_recipe_choices(chosen)  # the recipe's setting that avoids an open hazard
             if step is None or plan is not chosen or ctx.table is not None:  # the CP choice priced another plan
                 step = estimate_step(plan, ctx.table)
-            return Candidate(plan, _peak(ctx, plan), step)
+            # the rung's memory, priced already, unless the CP exchange or the EP overlap changed what memory reads
+            same = memory_key(plan) == memory_key(fitted)
+            return Candidate(plan, _peak(ctx, fitted if same else plan), step)
     _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
     return None
 
