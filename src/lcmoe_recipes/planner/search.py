@@ -799,11 +799,17 @@ def _smallest_count_that_fits(ctx: _Request) -> tuple[int | None, int, int]:
 
 
 def _compute_bound(ctx: _Request, layout: ParallelLayout, mbs: int) -> float:
-    """:func:`~lcmoe_recipes.cost.bounds.compute_lower_bound` of ``layout`` at MBS ``mbs`` for the request."""
-    request = ctx.request
-    gbs = batch_size(request.seq_length, layout, mbs, ctx.tokens, request.global_batch_size)
-    return compute_lower_bound(ctx.model.key, ctx.hw.key, ctx.precision[0], request.seq_length,
-                               ctx.model.mtp_num_layers, mbs, layout, max(1, gbs // (mbs * layout.dp)), ctx.table_key)
+    """:func:`~lcmoe_recipes.cost.bounds.compute_lower_bound` of ``layout`` at MBS ``mbs`` for the request. It reads
+    TP·CP, PP and VPP and, through the GBS, DP: layouts that differ only in EP share it (priced once per request)."""
+    key = ("compute bound", layout.tp, layout.cp, layout.pp, layout.vpp, mbs)
+    bound = ctx.memo.get(key)
+    if bound is None:
+        request = ctx.request
+        gbs = batch_size(request.seq_length, layout, mbs, ctx.tokens, request.global_batch_size)
+        bound = ctx.memo[key] = compute_lower_bound(ctx.model.key, ctx.hw.key, ctx.precision[0], request.seq_length,
+                                                    ctx.model.mtp_num_layers, mbs, layout,
+                                                    max(1, gbs // (mbs * layout.dp)), ctx.table_key)
+    return bound
 
 
 def _cut(steps: list[float], top: int, band: float) -> float:
