@@ -285,3 +285,27 @@ def test_memory_key_and_peak_ranks_leave_out_nothing_memory_reads():
     assert [rank_memory(a2a, r).nccl for r in ranks] != [m.nccl for m in base]
     kept = peak_ranks(plan)
     assert len(kept) < plan.layout.pp and max(base, key=lambda m: m.total).pp_rank in kept
+
+
+def test_offload_changes_only_the_optimizer_state_on_the_gpu():
+    """The search skips pricing a recompute level at full offload when a rank is over the limit by more than its
+    optimizer state (planner.search._fitting_knobs): that holds only while offload moves nothing else of a rank's
+    memory -- every other term equal, the optimizer term 0 at fraction 1."""
+    from dataclasses import fields
+
+    from published import THROUGHPUT_ROWS
+
+    from lcmoe_recipes.core.request import TrainingRequest
+    from lcmoe_recipes.cost.memory import MemoryBreakdown, rank_memory
+    from lcmoe_recipes.planner.search import _context, _with_knobs
+
+    base = THROUGHPUT_ROWS["HC1"].plan
+    ctx = _context(TrainingRequest(model="dsv3", seq_length=4096, hardware="h100", num_gpus=base.layout.world))
+    for rung in ctx.ladder:
+        kept, offloaded = (_with_knobs(base, rung, f, ctx.hw, ctx.request) for f in (0.0, 1.0))
+        assert offloaded.optimizer_cpu_offload and offloaded.use_precision_aware_optimizer  # what offload runs with
+        for r in range(base.layout.pp):
+            a, b = rank_memory(kept, r), rank_memory(offloaded, r)
+            assert a.optimizer > 0 and b.optimizer == 0
+            assert [getattr(a, f.name) for f in fields(MemoryBreakdown) if f.name not in ("optimizer", "detail")] == \
+                [getattr(b, f.name) for f in fields(MemoryBreakdown) if f.name not in ("optimizer", "detail")]

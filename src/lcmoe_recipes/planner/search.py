@@ -361,7 +361,12 @@ def _rank_peaks(ctx: _Request, plan: Plan):
 def _exceeds(ctx: _Request, plan: Plan) -> bool:
     """Whether the HBM use of the most loaded rank (``hbm_total``: the allocator's peak and what lives outside it)
     exceeds the limit; the first rank over it answers, without pricing the others."""
-    return any(m.hbm_total > ctx.limit for m in _rank_peaks(ctx, plan))
+    return _over(ctx, plan) is not None
+
+
+def _over(ctx: _Request, plan: Plan) -> MemoryBreakdown | None:
+    """The first rank :func:`_exceeds` finds over the limit, None when every rank fits."""
+    return next((m for m in _rank_peaks(ctx, plan) if m.hbm_total > ctx.limit), None)
 
 
 def _peak(ctx: _Request, plan: Plan) -> MemoryBreakdown:
@@ -372,9 +377,13 @@ def _peak(ctx: _Request, plan: Plan) -> MemoryBreakdown:
 def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) -> Candidate | None:
     """The least recompute, then the smallest offload, that fits ``base`` in the memory limit, with its predicted
     step; None (rejected) when the checks refuse every fitting choice."""
-    for level, fraction in _fitting_knobs(ctx, base):
+    over: dict[int, MemoryBreakdown] = {}  # per recompute level: a rank over the limit without offload
+    for level, fraction in _fitting_knobs(ctx, base, over):
         plan = _with_knobs(base, ctx.ladder[level], fraction, ctx.hw, ctx.request)
-        if not _exceeds(ctx, plan):
+        high = _over(ctx, plan)
+        if high is not None and not fraction:
+            over[level] = high
+        if high is None:
             # the checks of the knobs the rung set (the rest passed on ``base``: checks.knob_findings), + a node's RAM
             if any(f.severity == "error" for f in knob_findings(plan) + host_findings(plan)):
                 continue
@@ -411,10 +420,13 @@ def _reject(reject: dict, rule: str, fix: str) -> None:
     reject[rule] = (count + 1, first_fix)
 
 
-def _fitting_knobs(ctx: _Request, base: Plan):
+def _fitting_knobs(ctx: _Request, base: Plan, over: dict[int, MemoryBreakdown]):
     """(recompute level, offload fraction) pairs to try, cheapest first: every selective level without offload;
     then, level by level, the smallest offload fraction that fits (the optimizer state on the GPU falls linearly
-    with the fraction, so one estimate at fraction 1 gives it); then full recompute the same way."""
+    with the fraction, so one estimate at fraction 1 gives it); then full recompute the same way. ``over``: per
+    level, a rank the caller found over the limit without offload (filled as the pairs are tried); offload changes
+    nothing of a rank's memory but its optimizer state, so a level whose rank stays over the limit with all of that
+    state offloaded is not priced at fraction 1."""
     ladder, fractions, limit, hw, request = ctx.ladder, ctx.fractions, ctx.limit, ctx.hw, ctx.request
     selective = [i for i, (g, _) in enumerate(ladder) if g != "full"]
     full = [i for i, (g, _) in enumerate(ladder) if g == "full"]
@@ -424,6 +436,9 @@ def _fitting_knobs(ctx: _Request, base: Plan):
         yield from ((level, 0.0) for level in full)
         return
     for level in selective + full:
+        high = over.get(level)
+        if high is not None and high.hbm_total - high.optimizer > limit * (1 + 1e-9):  # (rounding kept out)
+            continue
         at_one_plan = _with_knobs(base, ladder[level], 1.0, hw, request)
         if _exceeds(ctx, at_one_plan):
             continue
