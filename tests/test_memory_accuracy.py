@@ -275,16 +275,28 @@ def test_memory_key_and_peak_ranks_leave_out_nothing_memory_reads():
     plan = plan.with_changes(layout=replace(plan.layout, cp=2, world=2 * plan.layout.world))
     ranks = range(plan.layout.pp)
     base = [rank_memory(plan, r) for r in ranks]
-    same = [plan.with_changes(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=(2, 1)), plan.with_changes(
-        moe_ep_overlap=not plan.moe_ep_overlap)]
-    for other in same:
-        assert memory_key(other) == memory_key(plan)
-        assert [rank_memory(other, r) for r in ranks] == base
+    hierarchical = plan.with_changes(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=(2, 1))
+    assert memory_key(hierarchical) == memory_key(plan)
+    assert [rank_memory(hierarchical, r) for r in ranks] == base
     a2a = plan.with_changes(cp_comm_type="a2a")  # CP - 1 NCCL peers: the key and the memory differ
     assert memory_key(a2a) != memory_key(plan)
     assert [rank_memory(a2a, r).nccl for r in ranks] != [m.nccl for m in base]
     kept = peak_ranks(plan)
     assert len(kept) < plan.layout.pp and max(base, key=lambda m: m.total).pp_rank in kept
+    # the EP overlap with VPP: one more model chunk in flight on every rank (megatron-core's extra warm-up forward),
+    # nothing else; without VPP (VC1: PP1 EP16, overlap on) it changes neither the key nor the memory
+    off = plan.with_changes(moe_ep_overlap=False)
+    assert memory_key(off) != memory_key(plan)
+    for r, on in zip(ranks, base):
+        without = rank_memory(off, r)
+        assert on.detail["chunks_in_flight"] == without.detail["chunks_in_flight"] + 1
+        assert on.activations > without.activations
+        assert (on.parameters, on.gradients, on.optimizer, on.nccl) == (without.parameters, without.gradients,
+                                                                        without.optimizer, without.nccl)
+    flat = THROUGHPUT_ROWS["VC1"].plan
+    assert flat.moe_ep_overlap and flat.layout.vpp is None
+    flat_off = flat.with_changes(moe_ep_overlap=False)
+    assert memory_key(flat_off) == memory_key(flat) and rank_memory(flat_off, 0) == rank_memory(flat, 0)
 
 
 def test_offload_changes_only_the_optimizer_state_on_the_gpu():
@@ -309,3 +321,28 @@ def test_offload_changes_only_the_optimizer_state_on_the_gpu():
             assert a.optimizer > 0 and b.optimizer == 0
             assert [getattr(a, f.name) for f in fields(MemoryBreakdown) if f.name not in ("optimizer", "detail")] == \
                 [getattr(b, f.name) for f in fields(MemoryBreakdown) if f.name not in ("optimizer", "detail")]
+
+
+def test_in_flight_follows_megatron_warmup_with_and_without_ep_overlap():
+    """cost.memory._in_flight keeps megatron-core 0.19.2's warm-up forwards plus the one in its steady step, per
+    pipeline rank, with the EP all-to-all overlap's extra warm-up microbatch (get_pp_rank_microbatches, called with
+    a stand-in for its P2P communicator's group)."""
+    from types import SimpleNamespace
+
+    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches
+
+    from lcmoe_recipes.cost.memory import _in_flight
+
+    checked = 0
+    for pp, vpp in ((4, 2), (8, 4), (4, 12)):
+        for micro in (pp, 2 * pp, 8 * pp):  # interleaving needs whole groups of PP microbatches (the checks')
+            for rank in range(pp):
+                for overlap in (False, True):
+                    group = SimpleNamespace(size=lambda pp=pp: pp, rank=lambda rank=rank: rank)
+                    comm = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=vpp)
+                    _, _, warmup, _ = get_pp_rank_microbatches(micro, vpp, pp, overlap_moe_expert_parallel_comm=overlap,
+                                                               p2p_communicator=comm)
+                    ours = _in_flight(pp, vpp, micro, rank, int(overlap))
+                    assert sum(ours) == min(warmup + 1, micro * vpp), (pp, vpp, micro, rank, overlap)
+                    checked += 1
+    assert checked == 2 * 3 * (4 + 8 + 4)

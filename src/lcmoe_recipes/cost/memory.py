@@ -24,7 +24,7 @@ function named per component); what is left is one fitted constant, :data:`CALIB
 * **activations** -- the tensors each layer keeps for its backward pass, listed by name and by attention kind in
   :func:`layer_activations` (bytes per layer per microbatch) with the recompute module that drops each one; times
   the microbatch-chunks in flight on that rank (1F1B: PP - rank; interleaved: megatron-core's warm-up count,
-  ``pipeline_parallel/schedules.py``); plus the loss logits on the last stage. Tokens per rank: MBS·seq_length/CP;
+  ``pipeline_parallel/schedules.py``, one more with the EP all-to-all overlap: :func:`ep_overlap_warmup`); plus the loss logits on the last stage. Tokens per rank: MBS·seq_length/CP;
   tensors in the sequence-sharded regions are also divided by TP (sequence parallel), the rest by TP through the
   heads / hidden split. Scaled by the fitted ``activation_scale`` (the list over-counts slightly: some tensors are
   views or freed early).
@@ -470,12 +470,13 @@ def _layer_bytes(model_key: str, layer: int, n: float, tp: int, etp: int, sequen
 
 
 @lru_cache(maxsize=4096)
-def _in_flight(pp: int, vpp: int, micro: int, pp_rank: int) -> tuple[int, ...]:
+def _in_flight(pp: int, vpp: int, micro: int, pp_rank: int, extra: int = 0) -> tuple[int, ...]:
     """How many of ``micro`` microbatches of each of pipeline rank ``pp_rank``'s model chunks are alive at the peak
-    (megatron-core's 1F1B and interleaved schedules)."""
+    (megatron-core's 1F1B and interleaved schedules); ``extra``: warm-up forwards the schedule runs beyond the
+    interleaved default (:func:`ep_overlap_warmup`)."""
     if vpp == 1:
         return (min(pp - pp_rank, micro),)
-    warmup = min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp, micro * vpp)
+    warmup = min((pp - pp_rank - 1) * 2 + (vpp - 1) * pp + extra, micro * vpp)
     alive = warmup + 1
     counts = [0] * vpp
     chunk = 0
@@ -485,6 +486,18 @@ def _in_flight(pp: int, vpp: int, micro: int, pp_rank: int) -> tuple[int, ...]:
         alive -= take
         chunk += 1
     return tuple(min(c, micro) for c in counts)
+
+
+def ep_overlap_warmup(plan: Plan) -> int:
+    """Model-chunk forwards the interleaved schedule runs before its first backward beyond the default: 1 when the
+    EP all-to-all overlap runs (``overlap_moe_expert_parallel_comm``, EP > 1) with VPP, else 0. megatron-core 0.19.2
+    ``pipeline_parallel/schedules.py`` ``get_pp_rank_microbatches`` adds one warm-up microbatch then ("needed to ensure
+    the forward and backward computations are independent in all 1f1b steps"), and each steady step of
+    ``combined_1f1b.py`` runs a forward beside a backward, layer by layer (what the forward keeps grows as the
+    backward frees): every rank keeps one more model chunk's activations in flight. Without VPP the overlap's
+    schedule (PP = 1, ``combined_1f1b_schedule_for_no_pipelining``) pairs each forward with a backward the same way
+    and keeps what 1F1B keeps."""
+    return int(plan.moe_ep_overlap and plan.layout.ep > 1 and (plan.layout.vpp or 1) > 1)
 
 
 @dataclass(frozen=True)
@@ -605,10 +618,11 @@ def estimate_memory(plan: Plan, constants: MemoryConstants = CALIBRATED) -> Memo
 def memory_key(plan: Plan) -> Plan:
     """``plan`` with the fields :func:`rank_memory` does not read set to fixed values: the CP exchange reduced to
     what the NCCL buffers see (an all-to-all or all-gather reaches CP - 1 peers, the ring and hierarchical exchanges
-    two: :func:`nccl_buffer_bytes`), no hierarchical sizes, no EP overlap. Plans with equal keys have equal memory on
+    two: :func:`nccl_buffer_bytes`), no hierarchical sizes, the EP overlap only where it adds a warm-up microbatch
+    (:func:`ep_overlap_warmup`). Plans with equal keys have equal memory on
     every rank; a new dependency of the memory model on one of these fields must be taken out of here."""
     return plan.with_changes(cp_comm_type="a2a" if plan.cp_comm_type in ("a2a", "all_gather") else "p2p",
-                             hierarchical_cp_sizes=None, moe_ep_overlap=False)
+                             hierarchical_cp_sizes=None, moe_ep_overlap=bool(ep_overlap_warmup(plan)))
 
 
 def peak_ranks(plan: Plan) -> tuple[int, ...]:
@@ -620,17 +634,18 @@ def peak_ranks(plan: Plan) -> tuple[int, ...]:
     pipeline of identical middle stages is priced at one or two of them."""
     lay = plan.layout
     return _peak_ranks(plan.model_spec.key, stage_decoder_layers(plan), lay.pp, lay.vpp or 1, plan.mtp_num_layers,
-                       max(1, plan.num_microbatches))
+                       max(1, plan.num_microbatches), ep_overlap_warmup(plan))
 
 
 @lru_cache(maxsize=4096)
-def _peak_ranks(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp: int, micro: int) -> tuple[int, ...]:
+def _peak_ranks(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, mtp: int, micro: int,
+                extra: int = 0) -> tuple[int, ...]:
     kept: list[tuple[int, tuple, tuple[int, ...]]] = []
     for r in range(pp):
         static = _rank_static(model_key, stages, pp, vpp, mtp, r)
         holds = (static.dense, static.replicated, static.experts, static.embed, static.chunk_kinds, static.first,
                  static.last)  # not the representative layer indices: layers of one kind keep the same tensors
-        flight = _in_flight(pp, vpp, micro, r)
+        flight = _in_flight(pp, vpp, micro, r, extra)
         if not any(h == holds and all(a >= b for a, b in zip(f, flight)) for _, h, f in kept):
             kept.append((r, holds, flight))
     return tuple(r for r, _, _ in kept)
@@ -672,7 +687,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
 
     n = plan.micro_batch_size * plan.seq_length / lay.cp
     logits = n * s.vocab * FP32 / lay.tp if last else 0.0
-    in_flight = _in_flight(lay.pp, lay.vpp or 1, max(1, plan.num_microbatches), pp_rank)
+    in_flight = _in_flight(lay.pp, lay.vpp or 1, max(1, plan.num_microbatches), pp_rank, ep_overlap_warmup(plan))
     listed, largest_layer, graphed = _activation_terms(
         spec.key, static, n, lay.tp, lay.etp, plan.sequence_parallel, plan.recompute_granularity,
         applied_recompute_modules(plan), plan.mtp_num_layers if last else 0, logits, in_flight,

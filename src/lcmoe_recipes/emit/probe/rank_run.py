@@ -147,13 +147,13 @@ def prepare(cfg, meta: dict, rank: int, steps: int) -> RankRun:
 def microbatches_for_peak(plan: Plan) -> int:
     """The fewest microbatches per step that still put as many in flight on every pipeline rank as the job does
     (megatron-core's 1F1B / interleaved warm-up, :func:`lcmoe_recipes.cost.memory._in_flight`), a multiple of PP."""
-    from ...cost.memory import _in_flight
+    from ...cost.memory import _in_flight, ep_overlap_warmup
 
     lay = plan.layout
-    vpp = lay.vpp or 1
-    job = [_in_flight(lay.pp, vpp, max(1, plan.num_microbatches), r) for r in range(lay.pp)]
+    vpp, extra = lay.vpp or 1, ep_overlap_warmup(plan)
+    job = [_in_flight(lay.pp, vpp, max(1, plan.num_microbatches), r, extra) for r in range(lay.pp)]
     for micro in range(lay.pp, plan.num_microbatches + lay.pp, lay.pp):
-        if all(_in_flight(lay.pp, vpp, micro, r) == job[r] for r in range(lay.pp)):
+        if all(_in_flight(lay.pp, vpp, micro, r, extra) == job[r] for r in range(lay.pp)):
             return min(micro, plan.num_microbatches)
     return plan.num_microbatches
 
