@@ -340,8 +340,8 @@ def test_plan_says_which_rule_decided(capsys):
     assert main(args + ["--explain"]) == 0
     out = capsys.readouterr().out
     assert "decided by: data parallel, after headroom (within ±10.9% of the fastest" in out
-    assert "DP1 EDP1 on 64 GPUs, MBS 1: 55.57 s, 15.2 GiB free, band free  (passed over: data parallel)" in out
-    assert "TP4 CP8 EP32 ETP1 PP1 -> DP2 EDP2 on 64 GPUs, MBS 1: 55.85 s, 29.1 GiB free, band free  <- winner" in out
+    assert "DP1 EDP1 on 64 GPUs, MBS 1: 53.00 s, 13.7 GiB free, band free  (passed over: data parallel)" in out
+    assert "TP4 CP8 EP32 ETP1 PP1 -> DP2 EDP2 on 64 GPUs, MBS 1: 53.17 s, 29.1 GiB free, band free  <- winner" in out
 
 
 @pytest.mark.parametrize("fields", [dict(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64),
@@ -364,3 +364,76 @@ def test_a_rung_changes_only_the_knob_checks(fields):
     # a rung whose knobs Megatron refuses is caught by knob_findings alone
     refused = base.with_changes(recompute_granularity="full", recompute_method=None, recompute_num_layers=None)
     assert "recompute/full-args" in [f.rule for f in knob_findings(refused) if f.severity == "error"]
+
+
+def test_planner_turns_the_ep_overlap_on_where_megatron_allows_it_and_it_pays():
+    """Issue 26, item 3: the README's plan (Qwen3-235B, 64K, 64 GB200) starts from megatron-bridge's 64-GPU GB200
+    BF16 recipe, which leaves overlap_moe_expert_parallel_comm off; megatron-core allows it on the winner (EP32, PP1,
+    no 'moe' recompute), so the planner turns it on, with delayed weight gradients, and the reason gives the step
+    with and without it; the config says so (and keeps the shared-expert overlap off, which megatron-core forbids
+    beside it)."""
+    from lcmoe_recipes.catalog import get_model
+    from lcmoe_recipes.cost.step import ep_overlap_steps
+    from lcmoe_recipes.emit import config_from_plan
+    from lcmoe_recipes.rules.base import choose_base
+    from lcmoe_recipes.rules.extension import ep_overlap_blockers
+
+    fields, _ = choose_base(get_model("qwen3_235b"), get_hardware("gb200"), "bf16", 64)
+    assert fields["base_recipe"].endswith("qwen3_235b_a22b_pretrain_64gpu_gb200_bf16_config")
+    assert fields["moe_ep_overlap"] is False
+    best = search_layouts(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64)).best
+    plan = best.plan
+    assert plan.moe_ep_overlap and ep_overlap_blockers(plan) == []
+    on, off = ep_overlap_steps(plan)
+    assert on == pytest.approx(best.step.step_seconds, rel=1e-12) and on < 0.97 * off  # at least 3% faster
+    why = plan.reasons["moe_ep_overlap"].why
+    assert "which the base recipe leaves off" in why and f"({off:.2f} s -> {on:.2f} s)" in why
+    (ep,) = [o for o in best.step.overlaps if o.name.startswith("EP")]
+    assert ep.on and ep.exposed < ep.communication
+    cfg = config_from_plan(plan, quiet=True)
+    assert cfg.comm_overlap.overlap_moe_expert_parallel_comm is True
+    assert cfg.comm_overlap.delay_wgrad_compute is True
+    assert cfg.model.moe_shared_expert_overlap is False
+
+
+def test_a_rung_or_graphs_megatron_forbids_turn_the_ep_overlap_off_and_say_why():
+    """A rung with 'moe' in its recompute modules (DeepSeek-V3 at 128K on 256 H100: the winner recomputes
+    layernorm, mla_up_proj, mlp and moe) runs without the overlap, priced and stated so; Transformer Engine CUDA
+    graphs over the moe / mlp scope forbid it too (megatron-core 0.19.2 TransformerConfig)."""
+    from lcmoe_recipes.cost.memory import ep_overlap_warmup
+    from lcmoe_recipes.rules.extension import ep_overlap_blockers
+
+    best = search_layouts(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=256)).best
+    plan = best.plan
+    assert "moe" in plan.recompute_modules and not plan.moe_ep_overlap and ep_overlap_warmup(plan) == 0
+    assert plan.reasons["moe_ep_overlap"].why.startswith(
+        "EP all-to-all overlap off: the planner would overlap it with compute, but megatron-core forbids that with "
+        "'moe' in recompute_modules")
+    (ep,) = [o for o in best.step.overlaps if o.name.startswith("EP")]
+    assert not ep.on and ep.exposed == ep.communication > 0
+    graphed = plan.with_changes(recompute_modules=("layernorm",), cuda_graph_impl="transformer_engine",
+                                cuda_graph_modules=("moe",))
+    assert ep_overlap_blockers(graphed) == ["Transformer Engine CUDA graphs over the moe / mlp scope"]
+    assert ep_overlap_blockers(graphed.with_changes(cuda_graph_modules=("attn",))) == []
+
+
+def test_a_vpp_rung_that_fits_only_without_the_ep_overlap_runs_without_it():
+    """With VPP the overlap keeps one more model chunk of activations in flight (megatron-core's extra warm-up
+    microbatch). DeepSeek-V3 128K on 1,024 H100, TP4 CP16 EP64 PP4 VPP8: the first rung that fits with the overlap
+    off does not fit with it on, and every later rung that fits recomputes 'moe', which forbids it: the layout runs
+    that first rung without the overlap, and says so."""
+    from lcmoe_recipes.planner.search import _base, _fit
+
+    request = TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=1024)
+    ctx = _context(request)
+    (layout,) = [lay for lay in enumerate_layouts(request) if lay.describe().startswith("TP4 CP16 EP64 ETP1 PP4 VPP8")]
+    base, rules = _base(ctx, layout, 1, {})
+    assert base.moe_ep_overlap and rules[2] is False  # the planner's, not the base recipe's
+    fitted = _fit(ctx, base, rules, {})
+    plan = fitted.plan
+    assert not plan.moe_ep_overlap and "moe" not in plan.recompute_modules
+    assert plan.reasons["moe_ep_overlap"].why.endswith(
+        "this layout fits only with recompute that megatron-core forbids beside it, or not at all")
+    with_it = plan.with_changes(moe_ep_overlap=True)
+    assert estimate_memory(with_it).hbm_total > ctx.limit >= fitted.memory.hbm_total
+    assert estimate_memory(with_it).activations > fitted.memory.activations

@@ -9,7 +9,9 @@ Why they are bounds, term by term of ``estimate_step`` (cost/step.py)::
 
 * recompute only adds FLOPs to GEMM and attention, and attention + max(0, CP - attention) = max(attention, CP)
   never falls when attention grows: every rank's t_mb is smallest without recompute; exposed DP and offload are
-  never negative. So (microbatches + bubble) · t_mb of the plan *without recompute* is a bound
+  never negative. The EP all-to-all overlap only hides EP time (each quarter exposed at most in full:
+  :func:`~lcmoe_recipes.cost.overlap.contended`), so a plan with it on where megatron-core allows it (the search's
+  base) has the smaller t_mb of the two. So (microbatches + bubble) · t_mb of the plan *without recompute* is a bound
   (:func:`step_lower_bound`; it prices the communication exactly).
 * cheaper, for ordering and skipping layouts before their knobs and checks are worked out: the same without any
   communication (never negative either), from per-rank FLOPs cached per (model, seq_length, PP, VPP), with the

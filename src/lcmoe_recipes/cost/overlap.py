@@ -14,7 +14,8 @@ and the asserts of ``setup``) and megatron-core 0.19.2 (``transformer/transforme
   combine all-to-all beside the forward's attention side, the backward's dispatch all-to-all beside the forward's
   routed-expert GEMMs. Each is a quarter of the layer's EP traffic and exposed = max(0, it - its block). Needs EP > 1, the alltoall or flex dispatcher, BF16,
   no full recompute (nor method / layer count), no 'moe' in the recompute modules, VPP when PP > 1, at most one
-  MTP layer (the planner keeps it only then: :func:`lcmoe_recipes.rules.extension.with_ep_overlap`). With
+  MTP layer, no Transformer Engine CUDA graphs over the moe / mlp scope (the planner runs it wherever these hold
+  and it pays: :func:`lcmoe_recipes.rules.extension.ep_overlap_blockers`, :mod:`lcmoe_recipes.planner.search`). With
   ``delay_wgrad_compute`` (megatron-bridge sets it with the overlap; it needs the overlap, and graphed attention
   forbids it when the model has attention or linear biases) the experts' weight-gradient GEMMs are held back to run
   beside the backward's dispatch all-to-all; without it they run with the backward's expert dgrad. The first

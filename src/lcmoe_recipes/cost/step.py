@@ -52,7 +52,7 @@ from .elementwise import features as elementwise_features, per_token_bytes as el
 from .memory import applied_recompute_modules, pre_mlp_norm_recomputed
 from .offload import offload_step_seconds
 from .attention import BACKWARD_FLOPS as ATTENTION_BACKWARD
-from .overlap import Overlap, bucket_share, contended, dispatcher_sm_share, dp_overlap, ep_overlap, exposed
+from .overlap import Overlap, bucket_share, dispatcher_sm_share, dp_overlap, ep_overlap, exposed
 from .shapes import GDN, LayerShapes, shapes
 
 GDN_CHUNK = 64
@@ -285,14 +285,19 @@ class StepTerms:
         if not self.ep_on:
             return w.ep_seconds
         out = 0.0
+        rate, share, delay = self.peak * gemm_eff, self.ep_sm_share, self.delay_wgrad
         for ep, dense, experts, attn, n in w.ep_layers:
-            rate = self.peak * gemm_eff
             f_attn = dense / 3 / rate + attn / attn_scale / (1 + ATTENTION_BACKWARD)  # forward, attention side
             b_attn = 2 * dense / 3 / rate + attn / attn_scale * ATTENTION_BACKWARD / (1 + ATTENTION_BACKWARD)
-            f_mlp, dgrad = experts / 3 / rate, experts / 3 / rate  # routed experts: forward, dgrad, wgrad
-            b_mlp, late = (dgrad, dgrad) if self.delay_wgrad else (2 * dgrad, 0.0)
+            f_mlp = dgrad = experts / 3 / rate  # routed experts: forward, dgrad, wgrad
+            b_mlp, late = (dgrad, dgrad) if delay else (2 * dgrad, 0.0)
             c = ep / 4  # dispatch and combine, forward and backward
-            out += n * sum(contended(c, block, self.ep_sm_share) for block in (b_mlp, b_attn, f_attn, f_mlp + late))
+            floor = c * share  # contended(c, block, share) for each block, inlined (the search's hot path)
+            total = 0.0
+            for block in (b_mlp, b_attn, f_attn, f_mlp + late):
+                x = c - block
+                total += x if x > floor else floor
+            out += n * total
         return out
 
     def dp_exposed(self, rank: int, t_mb: float) -> tuple[float, float, float]:
@@ -394,6 +399,19 @@ def step_and_cp_exposed(plan: Plan, terms: StepTerms | None = None) -> tuple[flo
     gemm, attn, gdn = step_constants(plan)
     out = terms.evaluate(gemm.value, attn.value, gdn.value)
     return out[0], terms.micro * out[5], terms
+
+
+def ep_overlap_steps(plan: Plan, terms: StepTerms | None = None, step: float | None = None) -> tuple[float, float]:
+    """(predicted step s of ``plan``, the same with the EP all-to-all overlap off) at the fitted constants: what the
+    overlap gains, priced from one set of terms (the overlap changes only how each layer's all-to-all is exposed:
+    :meth:`StepTerms._ep_exposed`). Equal when ``plan`` does not overlap it. ``terms``: ``step_terms(plan)`` where
+    the caller has them; ``step``: the first of the two, where the caller has it."""
+    terms = terms or step_terms(plan)
+    gemm, attn, gdn = step_constants(plan)
+    on = terms.evaluate(gemm.value, attn.value, gdn.value)[0] if step is None else step
+    if not terms.ep_on:
+        return on, on
+    return on, replace(terms, ep_on=False, delay_wgrad=False).evaluate(gemm.value, attn.value, gdn.value)[0]
 
 
 def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None = None,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..core.plan import Plan, Reason, mixed_precision_name
+from ..cost.overlap import ep_overlap
 from ..cost.wallclock import phase_time, save_intervals
 from ..rules.batch import choose_eval_batch
 from .fields import dispatcher_num_sms, precision_of
@@ -349,7 +350,11 @@ def _ep_overlap(cfg, plan: Plan) -> None:
             from megatron.bridge.training.comm_overlap import CommOverlapConfig
 
             cfg.comm_overlap = overlap = CommOverlapConfig(tp_comm_overlap=False)
+        if not overlap.overlap_moe_expert_parallel_comm:  # the planner's, not the base recipe's: delayed weight
+            # gradients with it, as megatron-bridge's recipes set them together and the step model prices it
+            overlap.delay_wgrad_compute = ep_overlap(plan)[1]
         overlap.overlap_moe_expert_parallel_comm = True
+        cfg.model.moe_shared_expert_overlap = False  # megatron-core asserts it off with the EP overlap
         graphed_attention = "attn" in plan.cuda_graph_modules and plan.cuda_graph_impl != "none"
         if overlap.delay_wgrad_compute and graphed_attention and (cfg.model.add_bias_linear or cfg.model.add_qkv_bias):
             overlap.delay_wgrad_compute = False  # megatron-bridge: no attention bias in graphs with delayed wgrad
@@ -481,9 +486,10 @@ SETTINGS: tuple[Setting, ...] = (
                     "Megatron-LM issue #7452 / PR #7513; megatron-core 0.19.2 distributed/distributed_data_parallel.py; "
                     "docs/known_issues.md cp-masked-loss-normalization")),
     Setting("moe_ep_overlap", ("comm_overlap.overlap_moe_expert_parallel_comm", "comm_overlap.delay_wgrad_compute",
-                               *(f"ddp.{n}" for n in DP_OVERLAP_FIELDS)),
-            _ep_overlap, _answer("EP all-to-all overlap as the base recipe sets it, off where megatron-core forbids it "
-                                 "(see moe_ep_overlap); delayed weight gradients only with it, and not with graphed "
+                               "model.moe_shared_expert_overlap", *(f"ddp.{n}" for n in DP_OVERLAP_FIELDS)),
+            _ep_overlap, _answer("EP all-to-all overlap wherever megatron-core allows it and the step model prices it "
+                                 "faster (see moe_ep_overlap); delayed weight gradients with it (as the base recipe "
+                                 "sets them where it sets the overlap), and not with graphed "
                                  "attention that has biases (megatron-bridge asserts both); at DP=1 with a "
                                  "comm_overlap section, the DDP overlaps off, as CommOverlapConfig.setup sets them",
                                  f"{UPSTREAM} training/comm_overlap.py CommOverlapConfig.setup")),

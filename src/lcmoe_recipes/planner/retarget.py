@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..core.plan import Plan, Reason
 from ..core.request import TrainingRequest
+from ..cost.memory import ep_overlap_warmup
 from ..rules.extension import with_ep_overlap
 from .hazards import follow_recipe_choices
 
@@ -42,9 +43,13 @@ def retarget_plan(before: Plan, best: Plan, name: str, keep_precision: bool = Tr
                                      "changed is kept as it was", "your config")}
     if keep_precision:
         reasons["precision"] = Reason(f"{best.precision}: the config's own (--precision changes it)", "your config")
-    # the config's own EP-overlap choice, kept where the new recompute and layout allow it, and where no upstream
-    # recipe turned it off on the new hardware (planner.hazards.RECIPE_CHOICES)
-    best = follow_recipe_choices(with_ep_overlap(best.with_changes(moe_ep_overlap=before.moe_ep_overlap,
-                                                                   reasons=reasons)))
+    # the config's own EP-overlap choice, kept where the new recompute and layout allow it, where no upstream
+    # recipe turned it off on the new hardware (planner.hazards.RECIPE_CHOICES), and where it keeps no more
+    # activations in flight than the search's plan was fitted with (with VPP the overlap adds a model chunk:
+    # cost.memory.ep_overlap_warmup)
+    own = best.with_changes(moe_ep_overlap=before.moe_ep_overlap, reasons=reasons)
+    if ep_overlap_warmup(own) > ep_overlap_warmup(best):
+        own = best.with_changes(reasons=reasons)
+    best = follow_recipe_choices(with_ep_overlap(own))
     return best.with_changes(name=name, schedule=before.schedule, num_workers=before.num_workers,
                              eval_iters=before.eval_iters, pin_cpu_grads=before.pin_cpu_grads, reasons=best.reasons)

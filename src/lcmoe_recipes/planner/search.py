@@ -65,17 +65,18 @@ from ..core.request import DEFAULT_MEMORY_MARGIN, TrainingRequest
 from ..cost import estimate_step
 from ..cost.bands import MEMORY_ERROR_BAND, band_for
 from ..cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
-from ..cost.memory import (GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants, applied_modules, memory_key,
-                           peak_ranks, rank_memory)
+from ..cost.memory import (GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants, applied_modules,
+                           ep_overlap_warmup, memory_key, peak_ranks, rank_memory)
 from ..cost.shapes import shapes
-from ..cost.step import StepEstimate
+from ..cost.step import StepEstimate, ep_overlap_steps, step_terms
 from ..errors import InfeasibleConfig
 from ..rules.batch import batch_size, tokens_per_step
 from ..rules.cp import (a2a_heads_fit, choose_cp_comm_type, cp_candidates, cp_first_guess, cp_split_limit,
                         hierarchical_split)
 from ..rules.cuda_graphs import choose_cuda_graphs
 from ..rules.dispatcher import choose_dispatcher
-from ..rules.extension import extension_fields, with_ep_overlap, with_priced_cp_comm
+from ..rules.extension import (extension_fields, layout_blocks_ep_overlap, recompute_or_graphs_block_ep_overlap,
+                               with_ep_overlap, with_priced_cp_comm)
 from ..rules.offload import offload_fractions, offload_reason
 from ..rules.precision import choose_precision
 from ..rules.recompute import recompute_ladder, recompute_reason
@@ -285,19 +286,24 @@ def _base(ctx: _Request, layout: ParallelLayout, mbs: int, reject: dict) -> tupl
     (dispatcher, backend), why_dispatch = choose_dispatcher(hw, layout, request.dispatcher, model.is_moe)
     exchange, _ = choose_cp_comm_type(model, layout.tp, layout.cp)  # what the model's features require (ring or
     # hierarchical is decided once the plan fits: with_priced_cp_comm)
+    # the EP all-to-all overlap wherever megatron-core allows it with this layout (a rung that forbids it turns it
+    # off: _rung; an upstream recipe that turned it off on this hardware is followed before the ladder: _fit)
+    recipe_on = common["moe_ep_overlap"]
+    overlap = model.is_moe and not layout_blocks_ep_overlap(layout.ep, dispatcher, layout.pp, layout.vpp,
+                                                            model.mtp_num_layers)
     base = Plan(
         name="planned", model=model.key, hardware=hw.key, seq_length=request.seq_length, layout=layout,
         precision=ctx.precision[0], moe_token_dispatcher_type=dispatcher, moe_flex_dispatcher_backend=backend,
         sequence_parallel=layout.tp > 1, mtp_num_layers=model.mtp_num_layers, variable_length=request.variable_length,
-        cp_comm_type=exchange, **common)
-    return base, (why_dispatch, why_common)
+        cp_comm_type=exchange, **{**common, "moe_ep_overlap": overlap})
+    return base, (why_dispatch, why_common, recipe_on)
 
 
 def _reasons(ctx: _Request, plan: Plan, rules: tuple[Reason, Reason], level: int, fraction: float) -> dict[str, Reason]:
     """Every knob's reason for a fitting plan (built only for the layouts that fit)."""
     (guess, why_cp), layout = ctx.cp_guess, plan.layout
     granularity, modules = plan.recompute_granularity, tuple(plan.recompute_modules)  # the rung, as the plan runs it
-    why_dispatch, why_common = rules
+    why_dispatch, why_common, _ = rules
     return {
         **why_common,
         "layout": Reason(f"the fastest fitting layout the model predicts (first CP guess {guess})", why_cp.source),
@@ -311,6 +317,8 @@ def _reasons(ctx: _Request, plan: Plan, rules: tuple[Reason, Reason], level: int
         "optimizer_cpu_offload": offload_reason(fraction, ctx.optimizer),
         "cuda_graphs": choose_cuda_graphs(ctx.hw, ctx.request.variable_length, granularity, modules,
                                           plan.moe_flex_dispatcher_backend, ctx.model.is_moe)[1],
+        # an upstream recipe's hazard choice made on the base (the EP overlap off on B200: _base)
+        **{k: v for k, v in plan.reasons.items() if k == "moe_ep_overlap"},
     }
 
 
@@ -374,29 +382,111 @@ def _peak(ctx: _Request, plan: Plan) -> MemoryBreakdown:
     return max(sorted(_rank_peaks(ctx, plan), key=lambda m: m.pp_rank), key=lambda m: m.total)
 
 
-def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict], reject: dict) -> Candidate | None:
+def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict, bool], reject: dict) -> Candidate | None:
     """The least recompute, then the smallest offload, that fits ``base`` in the memory limit, with its predicted
-    step; None (rejected) when the checks refuse every fitting choice."""
+    step; None (rejected) when the checks refuse every fitting choice. With VPP the EP all-to-all overlap keeps one
+    more model chunk in flight (:func:`~lcmoe_recipes.cost.memory.ep_overlap_warmup`): the first rung that fits only
+    with it off is kept aside and priced against the first that fits with it on; the faster wins."""
     over: dict[int, MemoryBreakdown] = {}  # per recompute level: a rank over the limit without offload
+    fallback = None  # (plan, level, fraction): the first rung that fits with the EP overlap off but not on
+    if base.moe_ep_overlap:  # an upstream recipe's choice against an open hazard (the overlap off on B200), before
+        # memory is priced (the bounds the unit passed hold either way: the overlap only hides EP time)
+        base = follow_recipe_choices(base)
     for level, fraction in _fitting_knobs(ctx, base, over):
         plan = _with_knobs(base, ctx.ladder[level], fraction, ctx.hw, ctx.request)
         high = _over(ctx, plan)
         if high is not None and not fraction:
             over[level] = high
-        if high is None:
-            # the checks of the knobs the rung set (the rest passed on ``base``: checks.knob_findings), + a node's RAM
-            if any(f.severity == "error" for f in knob_findings(plan) + host_findings(plan)):
-                continue
-            chosen, step = with_priced_cp_comm(with_ep_overlap(plan.with_changes(
-                reasons=_reasons(ctx, plan, rules, level, fraction))))
-            fitted, plan = plan, follow_recipe_choices(chosen)  # the recipe's setting that avoids an open hazard
-            if step is None or plan is not chosen or ctx.table is not None:  # the CP choice priced another plan
-                step = estimate_step(plan, ctx.table)
-            # the rung's memory, priced already, unless the CP exchange or the EP overlap changed what memory reads
-            same = memory_key(plan) == memory_key(fitted)
-            return Candidate(plan, _peak(ctx, fitted if same else plan), step)
+        if high is not None:
+            if fallback is None and ep_overlap_warmup(plan):
+                off = plan.with_changes(moe_ep_overlap=False)  # the rank over the limit first: it answers most
+                if _rank_peak(ctx, off, high.pp_rank).hbm_total <= ctx.limit and _over(ctx, off) is None and \
+                        not _refused(off):
+                    fallback = (off, level, fraction)
+            continue
+        if _refused(plan):
+            continue
+        found = _finish(ctx, plan, rules, level, fraction, base.moe_ep_overlap)
+        if fallback is None:
+            return found
+        off, off_level, off_fraction = fallback
+        on = found.plan.moe_ep_overlap  # False: this rung forbids the overlap (or an upstream recipe turned it off)
+        other = _finish(ctx, off, rules, off_level, off_fraction, False,
+                        (_knobs_text(ctx, level, fraction), found.step.step_seconds) if on else ())
+        if other.step.step_seconds < found.step.step_seconds or not on:
+            return other
+        return _with_reason(found, "moe_ep_overlap", (
+            f"; with it off this layout would fit with {_knobs_text(ctx, off_level, off_fraction)} instead of "
+            f"{_knobs_text(ctx, level, fraction)}, which the step model prices slower: "
+            f"{other.step.step_seconds:.2f} s against {found.step.step_seconds:.2f} s"))
+    if fallback is not None:
+        return _finish(ctx, fallback[0], rules, *fallback[1:], False, ())
     _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
     return None
+
+
+def _refused(plan: Plan) -> bool:
+    """Whether the checks of the knobs a rung set refuse ``plan`` (the rest passed on its base:
+    checks.knob_findings), or a node's RAM does."""
+    return any(f.severity == "error" for f in knob_findings(plan) + host_findings(plan))
+
+
+def _knobs_text(ctx: _Request, level: int, fraction: float) -> str:
+    """A rung of the memory ladder in words."""
+    granularity, modules = ctx.ladder[level]
+    what = "no recompute" if granularity is None else (
+        "full recompute" if granularity == "full" else "recompute of " + "+".join(modules))
+    return what + (f" and {fraction:.0%} of the optimizer offloaded" if fraction else "")
+
+
+def _with_reason(c: Candidate, key: str, more: str) -> Candidate:
+    """``c`` with ``more`` added to its plan's reason ``key``."""
+    reasons = dict(c.plan.reasons)
+    reasons[key] = Reason(reasons[key].why + more, reasons[key].source)
+    return Candidate(c.plan.with_changes(reasons=reasons), c.memory, c.step)
+
+
+def _finish(ctx: _Request, plan: Plan, rules: tuple[Reason, dict, bool], level: int, fraction: float,
+            wanted: bool, only_off: tuple | None = None) -> Candidate:
+    """The candidate of a fitting rung ``plan``: its reasons, EP overlap, CP exchange, the recipes' hazard choices,
+    its predicted step and memory. ``wanted``: the base's EP overlap, before the rung (a rung that forbids it turned
+    it off; the reason says why). An EP overlap the planner turned on (not the base recipe's) must pay: off where
+    the step model prices it no faster. ``only_off``: for a rung that fits only with the EP overlap off, the first
+    rung that fits with it on (its knobs in words, its step s), or () when none does."""
+    recipe_on = rules[2]
+    ask = plan.with_changes(reasons=_reasons(ctx, plan, rules, level, fraction))
+    if wanted and not plan.moe_ep_overlap and only_off is None:
+        ask = ask.with_changes(moe_ep_overlap=True)  # turned off by the rung: with_ep_overlap says why
+    chosen, step, terms = with_priced_cp_comm(with_ep_overlap(ask, recipe_on))
+    if only_off is None and chosen.moe_ep_overlap and not recipe_on:
+        terms = terms or step_terms(chosen)
+        on, off = ep_overlap_steps(chosen, terms, step.step_seconds if step is not None else None)
+        if off <= on:
+            why = (f"EP all-to-all overlap off: megatron-core allows it here, but the step model prices it no faster "
+                   f"({on:.2f} s with it, {off:.2f} s without)")
+            chosen = chosen.with_changes(moe_ep_overlap=False,
+                                         reasons={**chosen.reasons, "moe_ep_overlap": Reason(why, SOURCE)})
+            step = terms = None
+        else:
+            why = chosen.reasons["moe_ep_overlap"]
+            chosen = chosen.with_changes(reasons={**chosen.reasons, "moe_ep_overlap": Reason(
+                f"{why.why}; the step model prices the step {off - on:.2f} s faster with it ({off:.2f} s -> "
+                f"{on:.2f} s)", why.source)})
+    fitted, plan = plan, follow_recipe_choices(chosen)  # the recipe's setting that avoids an open hazard
+    if plan is not chosen:
+        step = terms = None
+    if step is None or ctx.table is not None:  # the CP choice priced the fitted constants, or nothing
+        step = estimate_step(plan, ctx.table, terms=terms)
+    if only_off is not None:
+        why = ("EP all-to-all overlap off: with it on, VPP keeps one more model chunk of activations in flight "
+               "(megatron-core's extra warm-up microbatch) and this layout fits only with " +
+               (f"{only_off[0]}, which the step model prices slower: {only_off[1]:.2f} s against "
+                f"{step.step_seconds:.2f} s" if only_off else "recompute that megatron-core forbids beside it, or not at "
+                "all"))
+        plan = plan.with_changes(reasons={**plan.reasons, "moe_ep_overlap": Reason(why, SOURCE)})
+    # the rung's memory, priced already, unless the CP exchange or the EP overlap changed what memory reads
+    same = memory_key(plan) == memory_key(fitted)
+    return Candidate(plan, _peak(ctx, fitted if same else plan), step)
 
 
 MEMORY_FIX_OTHERS = "a shorter seq_length, or a GPU with more HBM"
@@ -459,15 +549,21 @@ def _with_knobs(base: Plan, recompute: tuple, fraction: float, hw, request: Trai
     return base.with_changes(**dict(_rung((recompute[0], tuple(recompute[1])), fraction, hw.key,
                                           request.variable_length, base.moe_flex_dispatcher_backend,
                                           base.model_spec.is_moe, base.use_precision_aware_optimizer,
-                                          base.moment_dtype, base.use_transformer_engine_op_fuser)))
+                                          base.moment_dtype, base.use_transformer_engine_op_fuser,
+                                          base.moe_ep_overlap)))
 
 
 @lru_cache(maxsize=1024)
 def _rung(recompute: tuple, fraction: float, hw_key: str, variable_length: bool, backend: str | None, is_moe: bool,
-          precision_aware: bool, moment_dtype: str, op_fuser: bool = False) -> tuple[tuple[str, object], ...]:
+          precision_aware: bool, moment_dtype: str, op_fuser: bool = False,
+          ep_overlap: bool = False) -> tuple[tuple[str, object], ...]:
     granularity, modules = recompute[0], applied_modules(recompute[1], op_fuser)
     (impl, graphs), _ = choose_cuda_graphs(get_hardware(hw_key), variable_length, granularity, modules, backend, is_moe)
-    return (("recompute_granularity", granularity), ("recompute_modules", modules),
+    full = granularity == "full"
+    # the base's EP overlap, off where this rung's recompute or graphs forbid it (priced as the plan runs)
+    overlap = ep_overlap and recompute_or_graphs_block_ep_overlap(granularity, modules, "uniform" if full else None,
+                                                                  1 if full else None, impl, graphs) is None
+    return (("moe_ep_overlap", overlap), ("recompute_granularity", granularity), ("recompute_modules", modules),
             ("recompute_method", "uniform" if granularity == "full" else None),
             ("recompute_num_layers", 1 if granularity == "full" else None),
             ("optimizer_cpu_offload", fraction > 0), ("optimizer_offload_fraction", fraction),

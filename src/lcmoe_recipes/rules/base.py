@@ -36,7 +36,8 @@ def choose_base(spec: ModelSpec, hw: Hardware, precision: str, num_gpus: int) ->
     """(Plan fields inherited from the base recipe, reason). The fields: ``base_recipe`` ("module:function" or None
     for megatron-bridge's pre-training template), ``grad_dtype`` (always :data:`GRAD_DTYPE`), ``moment_dtype``, ``use_precision_aware_optimizer``,
     ``num_workers`` (data-loader workers per rank), ``moe_ep_overlap`` (the EP all-to-all overlap the recipe asks
-    for; :func:`lcmoe_recipes.rules.extension.with_ep_overlap` keeps it where megatron-core allows it),
+    for; :func:`lcmoe_recipes.rules.extension.with_ep_overlap` keeps it where megatron-core allows it, and the
+    search turns it on wherever megatron-core allows it and it pays),
     ``use_transformer_engine_op_fuser`` (the routed experts through Transformer Engine's op fuser, as the recipe runs
     them; the step model prices what each path runs outside its kernels, :mod:`lcmoe_recipes.cost.elementwise`),
     ``moe_flex_dispatcher_num_sms`` (the SMs its flex dispatcher holds; the step model's

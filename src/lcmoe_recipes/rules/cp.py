@@ -95,20 +95,22 @@ def choose_cp_comm(plan):
 
 
 def priced_cp_comm(plan):
-    """:func:`choose_cp_comm`'s answer and the ``StepEstimate`` (fitted constants) of ``plan`` with the exchange it
-    chose, where choosing priced it (None where a feature of the model decided): the search reuses it."""
-    from ..cost.step import estimate_step, step_and_cp_exposed, with_cp_exchange
+    """:func:`choose_cp_comm`'s answer, then the ``StepEstimate`` (fitted constants) and the ``StepTerms`` of ``plan``
+    with the exchange it chose, where choosing priced them (None, None where a feature of the model decided): the
+    search reuses them."""
+    from ..cost.step import estimate_step, step_and_cp_exposed, step_terms, with_cp_exchange
 
     lay = plan.layout
     required, why = choose_cp_comm_type(plan.model_spec, lay.tp, lay.cp)
     if lay.cp == 1 or required != "p2p":  # CP=1, or a feature of the model decides the exchange
-        return required, None, why, None
+        return required, None, why, None, None
     split = hierarchical_split(plan)
     ring_plan = plan.with_changes(cp_comm_type="p2p", hierarchical_cp_sizes=None)
     if split is None:
+        terms = step_terms(ring_plan)
         return "p2p", None, Reason(f"p2p ring over CP={plan.layout.cp} (hierarchical a2a+p2p needs a CP group that "
                                    "leaves the NVLink block in parts whose heads split evenly: not this layout)",
-                                   HIERARCHICAL_SOURCE), estimate_step(ring_plan)
+                                   HIERARCHICAL_SOURCE), estimate_step(ring_plan, terms=terms), terms
     hier_plan = plan.with_changes(cp_comm_type="a2a+p2p", hierarchical_cp_sizes=split)
     ring, ring_cp, ring_terms = step_and_cp_exposed(ring_plan)
     hier, hier_cp, hier_terms = step_and_cp_exposed(hier_plan, with_cp_exchange(ring_terms, hier_plan))
@@ -117,5 +119,6 @@ def priced_cp_comm(plan):
                f"{hier_cp:.1f} s with a2a over {a} NVLink-local ranks + a ring of {p}")
     if hier < ring:
         return "a2a+p2p", split, Reason(f"hierarchical a2a+p2p, sizes {a} x {p}: {numbers}", HIERARCHICAL_SOURCE), \
-            estimate_step(hier_plan, terms=hier_terms)
-    return "p2p", None, Reason(f"p2p ring: {numbers}", HIERARCHICAL_SOURCE), estimate_step(ring_plan, terms=ring_terms)
+            estimate_step(hier_plan, terms=hier_terms), hier_terms
+    return "p2p", None, Reason(f"p2p ring: {numbers}", HIERARCHICAL_SOURCE), estimate_step(ring_plan, terms=ring_terms), \
+        ring_terms

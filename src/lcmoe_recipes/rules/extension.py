@@ -105,40 +105,72 @@ EP_OVERLAP_SOURCE = ("megatron-core 0.19.2 transformer/transformer_config.py Tra
                      "(delay_wgrad_compute needs it)")
 
 
-def ep_overlap_blockers(plan) -> list[str]:
-    """What in ``plan`` megatron-core 0.19.2 forbids together with ``overlap_moe_expert_parallel_comm`` (empty: it
-    may be on): EP=1, a dispatcher other than alltoall/flex, full recompute (or a recompute method / layer count),
-    'moe' in the recompute modules, PP>1 without VPP, more than one MTP layer."""
-    lay, out = plan.layout, []
-    if lay.ep == 1:
+def recompute_or_graphs_block_ep_overlap(granularity: str | None, modules, method: str | None,
+                                         num_layers: int | None, graph_impl: str, graph_modules) -> str | None:
+    """What of a plan's recompute and CUDA graphs megatron-core 0.19.2 forbids together with
+    ``overlap_moe_expert_parallel_comm`` (None: nothing): full recompute (or a recompute method / layer count),
+    'moe' in the recompute modules, Transformer Engine CUDA graphs over the moe or mlp scope
+    (``transformer/transformer_config.py``, ``TransformerConfig.__post_init__``)."""
+    if granularity == "full" or method or num_layers:
+        return "full recompute"
+    if "moe" in (modules or ()):
+        return "'moe' in recompute_modules"
+    if graph_impl == "transformer_engine" and {"moe", "mlp"} & set(graph_modules or ()):
+        return "Transformer Engine CUDA graphs over the moe / mlp scope"
+    return None
+
+
+def layout_blocks_ep_overlap(ep: int, dispatcher: str | None, pp: int, vpp: int | None, mtp_num_layers: int
+                             ) -> list[str]:
+    """What of a layout megatron-core 0.19.2 forbids together with ``overlap_moe_expert_parallel_comm`` (empty:
+    nothing): EP=1, a dispatcher other than alltoall/flex, PP>1 without VPP, more than one MTP layer
+    (``transformer/transformer_config.py``, ``TransformerConfig.__post_init__``)."""
+    out = []
+    if ep == 1:
         out.append("EP=1")
-    if plan.moe_token_dispatcher_type not in ("alltoall", "flex"):
-        out.append(f"the {plan.moe_token_dispatcher_type} dispatcher (alltoall/flex only)")
-    if plan.recompute_granularity == "full" or plan.recompute_method or plan.recompute_num_layers:
-        out.append("full recompute")
-    elif "moe" in plan.recompute_modules:
-        out.append("'moe' in recompute_modules")
-    if lay.pp > 1 and not lay.vpp:
+    if dispatcher not in ("alltoall", "flex"):
+        out.append(f"the {dispatcher} dispatcher (alltoall/flex only)")
+    if pp > 1 and not vpp:
         out.append("PP>1 without VPP")
-    if plan.mtp_num_layers > 1:
-        out.append(f"{plan.mtp_num_layers} MTP layers (at most 1)")
+    if mtp_num_layers > 1:
+        out.append(f"{mtp_num_layers} MTP layers (at most 1)")
     return out
 
 
-def with_ep_overlap(plan):
-    """``plan`` with the EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) its base recipe asks for
-    (``plan.moe_ep_overlap`` as inherited), turned off where the plan's recompute or layout forbids it; the
-    reason says which. Its price is the step model's: each layer's dispatch and combine beside the other
-    microbatch's compute block, exposed = max(0, communication - that block) (:mod:`lcmoe_recipes.cost.overlap`)."""
+def ep_overlap_blockers(plan) -> list[str]:
+    """What in ``plan`` megatron-core 0.19.2 forbids together with ``overlap_moe_expert_parallel_comm`` (empty: it
+    may be on): :func:`layout_blocks_ep_overlap`, then :func:`recompute_or_graphs_block_ep_overlap`."""
+    lay = plan.layout
+    out = layout_blocks_ep_overlap(lay.ep, plan.moe_token_dispatcher_type, lay.pp, lay.vpp, plan.mtp_num_layers)
+    knobs = recompute_or_graphs_block_ep_overlap(plan.recompute_granularity, plan.recompute_modules,
+                                                 plan.recompute_method, plan.recompute_num_layers,
+                                                 plan.cuda_graph_impl, plan.cuda_graph_modules)
+    return out + ([knobs] if knobs else [])
+
+
+def with_ep_overlap(plan, recipe_on: bool | None = None):
+    """``plan`` with the EP all-to-all overlap (``overlap_moe_expert_parallel_comm``) it asks for
+    (``plan.moe_ep_overlap``), turned off where the plan's recompute, CUDA graphs or layout forbid it; the reason
+    says which. ``recipe_on``: whether the base recipe sets it (None: the plan's own setting is the recipe's, as
+    for the named recipes and a retargeted config); where it does not, the planner turned it on because megatron-core
+    allows it, and the reason says so (the planner adds what it gains: :mod:`lcmoe_recipes.planner.search`). Its price
+    is the step model's: each layer's dispatch and combine beside the other microbatch's compute block, exposed =
+    max(0, communication - that block) (:mod:`lcmoe_recipes.cost.overlap`)."""
     if not plan.moe_ep_overlap:
         return plan
+    recipe_on = plan.moe_ep_overlap if recipe_on is None else recipe_on
+    who = "the base recipe overlaps it with compute" if recipe_on else "the planner would overlap it with compute"
     blockers = ep_overlap_blockers(plan)
     if blockers:
-        why = (f"EP all-to-all overlap off: the base recipe overlaps it with compute, but megatron-core forbids that "
-               f"with {', '.join(blockers)} (this plan needs them to fit or to run)")
+        why = (f"EP all-to-all overlap off: {who}, but megatron-core forbids that with {', '.join(blockers)} (this "
+               "plan needs them to fit or to run)")
         return plan.with_changes(moe_ep_overlap=False, reasons={**plan.reasons,
                                                                  "moe_ep_overlap": Reason(why, EP_OVERLAP_SOURCE)})
-    why = "EP all-to-all overlapped with compute (overlap_moe_expert_parallel_comm), as the base recipe sets it"
+    why = ("EP all-to-all overlapped with compute (overlap_moe_expert_parallel_comm), as the base recipe sets it"
+           if recipe_on else
+           "EP all-to-all overlapped with compute (overlap_moe_expert_parallel_comm, with delay_wgrad_compute), which "
+           "the base recipe leaves off: megatron-core allows it here (EP > 1, alltoall / flex dispatcher, no full or "
+           "'moe' recompute, PP = 1 or VPP, at most one MTP layer)")
     return plan.with_changes(reasons={**plan.reasons, "moe_ep_overlap": Reason(why, EP_OVERLAP_SOURCE)})
 
 
@@ -148,10 +180,10 @@ def with_cp_comm(plan):
 
 
 def with_priced_cp_comm(plan):
-    """(:func:`with_cp_comm` of ``plan``, its ``StepEstimate`` at the fitted constants where the choice priced it,
-    else None)."""
+    """(:func:`with_cp_comm` of ``plan``, its ``StepEstimate`` at the fitted constants and its ``StepTerms`` where
+    the choice priced them, else None, None)."""
     from .cp import priced_cp_comm
 
-    kind, sizes, why, step = priced_cp_comm(plan)
+    kind, sizes, why, step, terms = priced_cp_comm(plan)
     return plan.with_changes(cp_comm_type=kind, hierarchical_cp_sizes=sizes,
-                             reasons={**plan.reasons, "cp_comm_type": why}), step
+                             reasons={**plan.reasons, "cp_comm_type": why}), step, terms
