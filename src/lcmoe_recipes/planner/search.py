@@ -70,6 +70,7 @@ from ..cost.memory import (GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants
 from ..cost.shapes import shapes
 from ..cost.step import StepEstimate, ep_overlap_steps, step_terms
 from ..errors import InfeasibleConfig
+from ..rules.base import GRAD_DTYPE
 from ..rules.batch import batch_size, tokens_per_step
 from ..rules.cp import (a2a_heads_fit, choose_cp_comm_type, cp_candidates, cp_first_guess, cp_split_limit,
                         hierarchical_split)
@@ -343,11 +344,23 @@ def _fits_at_all(ctx: _Request, base: Plan, reject: dict) -> bool:
 
 def _parameters_exceed(ctx: _Request, base: Plan) -> bool:
     """Whether the memory lower bound of parameters and gradients alone exceeds the limit (priced once per split)."""
-    lay = base.layout
-    key = ("parameters", lay.tp, lay.ep, lay.etp, lay.pp, lay.vpp, base.mtp_num_layers, base.grad_dtype)
+    key = _parameters_key(base.layout, base.mtp_num_layers, base.grad_dtype)
     if key not in ctx.memo:
         ctx.memo[key] = memory_lower_bound(base)
     return ctx.memo[key] > ctx.limit
+
+
+def _parameters_key(lay: ParallelLayout, mtp_num_layers: int, grad_dtype: str) -> tuple:
+    """What :func:`~lcmoe_recipes.cost.bounds.memory_lower_bound` reads of a plan: its TP / EP / ETP / PP / VPP split,
+    MTP layers and gradient dtype."""
+    return "parameters", lay.tp, lay.ep, lay.etp, lay.pp, lay.vpp, mtp_num_layers, grad_dtype
+
+
+def _known_too_big(ctx: _Request, lay: ParallelLayout) -> bool:
+    """Whether a layout of a split already priced by :func:`_parameters_exceed` cannot hold its parameters and
+    gradients: it is rejected before its plan is built and checked (the planned gradient dtype is
+    :data:`~lcmoe_recipes.rules.base.GRAD_DTYPE` for every base)."""
+    return ctx.memo.get(_parameters_key(lay, ctx.model.mtp_num_layers, GRAD_DTYPE), 0.0) > ctx.limit
 
 
 def _rank_peak(ctx: _Request, plan: Plan, pp_rank: int) -> MemoryBreakdown:
@@ -703,6 +716,10 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
                 resolve(unit, smaller)
                 continue
             outcome[unit] = "rejected"
+            if not exhaustive and _known_too_big(ctx, lay):  # a split that cannot hold its parameters: no plan built
+                _reject(rejected, "memory/exceeds-hbm", MEMORY_FIX)
+                resolve(unit, "rejected")
+                continue
             made = _base(ctx, *unit, rejected)
             if made is None or not _checked(made[0], rejected):
                 resolve(unit, "rejected")
