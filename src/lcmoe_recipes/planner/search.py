@@ -405,17 +405,24 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict, bool], reject: di
     if base.moe_ep_overlap:  # an upstream recipe's choice against an open hazard (the overlap off on B200), before
         # memory is priced (the bounds the unit passed hold either way: the overlap only hides EP time)
         base = follow_recipe_choices(base)
-    for level, fraction in _fitting_knobs(ctx, base, over):
+    # with VPP each rung is priced without the overlap first: every rank keeps less there, so a rung over the limit
+    # without it is over with it, and most rungs that do not fit are answered at that price
+    lean = base.with_changes(moe_ep_overlap=False) if ep_overlap_warmup(base) else None
+    for level, fraction in _fitting_knobs(ctx, base, over, lean):
         plan = _with_knobs(base, ctx.ladder[level], fraction, ctx.hw, ctx.request)
+        off = plan.with_changes(moe_ep_overlap=False) if lean is not None and plan.moe_ep_overlap else None
+        if off is not None:
+            low = _over(ctx, off)
+            if low is not None:
+                if not fraction:
+                    over[level] = low
+                continue
         high = _over(ctx, plan)
-        if high is not None and not fraction:
+        if high is not None and not fraction and off is None:
             over[level] = high
         if high is not None:
-            if fallback is None and ep_overlap_warmup(plan):
-                off = plan.with_changes(moe_ep_overlap=False)  # the rank over the limit first: it answers most
-                if _rank_peak(ctx, off, high.pp_rank).hbm_total <= ctx.limit and _over(ctx, off) is None and \
-                        not _refused(off):
-                    fallback = (off, level, fraction)
+            if fallback is None and off is not None and not _refused(off):
+                fallback = (off, level, fraction)
             continue
         if _refused(plan):
             continue
@@ -523,13 +530,14 @@ def _reject(reject: dict, rule: str, fix: str) -> None:
     reject[rule] = (count + 1, first_fix)
 
 
-def _fitting_knobs(ctx: _Request, base: Plan, over: dict[int, MemoryBreakdown]):
+def _fitting_knobs(ctx: _Request, base: Plan, over: dict[int, MemoryBreakdown], lean: Plan | None = None):
     """(recompute level, offload fraction) pairs to try, cheapest first: every selective level without offload;
     then, level by level, the smallest offload fraction that fits (the optimizer state on the GPU falls linearly
     with the fraction, so one estimate at fraction 1 gives it); then full recompute the same way. ``over``: per
     level, a rank the caller found over the limit without offload (filled as the pairs are tried); offload changes
     nothing of a rank's memory but its optimizer state, so a level whose rank stays over the limit with all of that
-    state offloaded is not priced at fraction 1."""
+    state offloaded is not priced at fraction 1. ``lean``: ``base`` without the EP overlap, where with VPP it keeps
+    more in flight (the fraction then is the one that fits without it; the caller tries it with it first)."""
     ladder, fractions, limit, hw, request = ctx.ladder, ctx.fractions, ctx.limit, ctx.hw, ctx.request
     selective = [i for i, (g, _) in enumerate(ladder) if g != "full"]
     full = [i for i, (g, _) in enumerate(ladder) if g == "full"]
@@ -542,7 +550,7 @@ def _fitting_knobs(ctx: _Request, base: Plan, over: dict[int, MemoryBreakdown]):
         high = over.get(level)
         if high is not None and high.hbm_total - high.optimizer > limit * (1 + 1e-9):  # (rounding kept out)
             continue
-        at_one_plan = _with_knobs(base, ladder[level], 1.0, hw, request)
+        at_one_plan = _with_knobs(lean or base, ladder[level], 1.0, hw, request)
         if _exceeds(ctx, at_one_plan):
             continue
         at_one = _peak(ctx, at_one_plan)
