@@ -24,10 +24,10 @@ function named per component); what is left is one fitted constant, :data:`CALIB
 * **activations** -- the tensors each layer keeps for its backward pass, listed by name and by attention kind in
   :func:`layer_activations` (bytes per layer per microbatch) with the recompute module that drops each one; times
   the microbatch-chunks in flight on that rank (1F1B: PP - rank; interleaved: megatron-core's warm-up count,
-  ``pipeline_parallel/schedules.py``, one more with the EP all-to-all overlap: :func:`ep_overlap_warmup`); plus the loss logits on the last stage. Tokens per rank: MBS·seq_length/CP;
-  tensors in the sequence-sharded regions are also divided by TP (sequence parallel), the rest by TP through the
-  heads / hidden split. Scaled by the fitted ``activation_scale`` (the list over-counts slightly: some tensors are
-  views or freed early).
+  ``pipeline_parallel/schedules.py``, one more with the EP all-to-all overlap: :func:`ep_overlap_warmup`); plus
+  the loss logits on the last stage. Tokens per rank: MBS·seq_length/CP; tensors in the sequence-sharded regions
+  are also divided by TP (sequence parallel), the rest by TP through the heads / hidden split. Scaled by the fitted
+  ``activation_scale`` (the list over-counts slightly: some tensors are views or freed early).
 * **transient** -- the largest extra live at the peak: the fp32 logit gradient on the last stage, or one layer's
   activations being recomputed / its gradients in flight.
 * **cuda_graphs** -- Transformer Engine graphs (``cuda_graph_impl="transformer_engine"``) give every captured layer a

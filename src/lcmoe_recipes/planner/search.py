@@ -318,7 +318,7 @@ def _reasons(ctx: _Request, plan: Plan, rules: tuple[Reason, Reason], level: int
         "optimizer_cpu_offload": offload_reason(fraction, ctx.optimizer),
         "cuda_graphs": choose_cuda_graphs(ctx.hw, ctx.request.variable_length, granularity, modules,
                                           plan.moe_flex_dispatcher_backend, ctx.model.is_moe)[1],
-        # an upstream recipe's hazard choice made on the base (the EP overlap off on B200: _base)
+        # an upstream recipe's hazard choice made on the base before the ladder (the EP overlap off on B200: _fit)
         **{k: v for k, v in plan.reasons.items() if k == "moe_ep_overlap"},
     }
 
