@@ -429,14 +429,14 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict, bool], reject: di
         found = _finish(ctx, plan, rules, level, fraction, base.moe_ep_overlap)
         if fallback is None:
             return found
-        off, off_level, off_fraction = fallback
+        alt, alt_level, alt_fraction = fallback
         on = found.plan.moe_ep_overlap  # False: this rung forbids the overlap (or an upstream recipe turned it off)
-        other = _finish(ctx, off, rules, off_level, off_fraction, False,
+        other = _finish(ctx, alt, rules, alt_level, alt_fraction, False,
                         (_knobs_text(ctx, level, fraction), found.step.step_seconds) if on else ())
         if other.step.step_seconds < found.step.step_seconds or not on:
             return other
         return _with_reason(found, "moe_ep_overlap", (
-            f"; with it off this layout would fit with {_knobs_text(ctx, off_level, off_fraction)} instead of "
+            f"; with it off this layout would fit with {_knobs_text(ctx, alt_level, alt_fraction)} instead of "
             f"{_knobs_text(ctx, level, fraction)}, which the step model prices slower: "
             f"{other.step.step_seconds:.2f} s against {found.step.step_seconds:.2f} s"))
     if fallback is not None:
