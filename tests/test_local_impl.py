@@ -39,12 +39,13 @@ def test_qwen3_235b_is_changed_with_reasons_and_then_validates(fresh_config):
     from megatron.bridge.training.config import runtime_config_update
 
     from lcmoe_recipes.catalog import get_hardware
-    from lcmoe_recipes.emit.local_impl import use_local_implementation
+    from lcmoe_recipes.emit.local_impl import run_without_te, switch_to_local
     from lcmoe_recipes.emit.stack import quiet_upstream
     from lcmoe_recipes.emit.target import target_environment
 
     plan, cfg = fresh_config("qwen3_235b_128k_gb200")
-    changes = use_local_implementation(cfg.model)
+    # its CP8 is refused (below); the switch and the run changes it gets on a TE-less machine at CP1 are these
+    changes = switch_to_local(cfg.model) + run_without_te(cfg.model)
     text = "\n".join(changes)
     assert "transformer_impl: 'transformer_engine' -> 'local'" in changes
     assert "moe_router_fusion: True -> False -- the fused top-k and aux-loss kernels are TE's" in text
@@ -61,6 +62,7 @@ def test_a_remaining_module_keeps_selective_recompute(fresh_config):
     _, cfg = fresh_config("qwen3_next_32k_gb200")  # layernorm + moe: moe stays (megatron-core's own code)
     cfg.model.experimental_attention_variant = None  # only to reach the recompute switch (its refusal: below)
     cfg.model.mtp_num_layers = None
+    cfg.model.context_parallel_size = 1  # ditto (its CP refusal: below)
     changes = "\n".join(use_local_implementation(cfg.model))
     assert "'layernorm' dropped: megatron-core 0.19.2 tensor_parallel/random.py:740" in changes
     assert (cfg.model.recompute_granularity, cfg.model.recompute_modules) == ("selective", ["moe"])
@@ -72,7 +74,8 @@ def test_mla_is_refused_and_the_upstream_failure_is_real(fresh_config, configs):
     _, cfg = fresh_config("dsv3_128k_h100")
     with pytest.raises(NeedsTransformerEngine, match="multi-latent attention runs only with Transformer Engine"):
         use_local_implementation(cfg.model, drop_mtp=True)
-    assert [str(e.message).split(" ")[0] for e in local_refusals(cfg.model)] == ["this", "multi-latent"]  # MTP, MLA
+    assert [str(e.message).split(" ")[0] for e in local_refusals(cfg.model)] == ["this", "multi-latent",
+                                                                                "context"]  # MTP, MLA, CP
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     with pytest.raises(TypeError, match="unexpected keyword argument 'k_channels'"):
@@ -80,3 +83,78 @@ def test_mla_is_refused_and_the_upstream_failure_is_real(fresh_config, configs):
     _, nxt = fresh_config("qwen3_next_8k_gb200")
     with pytest.raises(NeedsTransformerEngine, match="'gated_delta_net' layers are built only with"):
         use_local_implementation(nxt.model, drop_mtp=True)
+
+
+def test_context_parallelism_is_refused_and_the_upstream_assertion_is_real(fresh_config):
+    """The local DotProductAttention cannot run CP > 1 (megatron-core 0.19.2 dot_product_attention.py:57); the refusal
+    names the fix, and a CP1 copy of the same config is not refused."""
+    from lcmoe_recipes.emit.local_impl import NeedsTransformerEngine, local_refusals, use_local_implementation
+
+    _, cfg = fresh_config("qwen3_235b_128k_gb200")  # BF16 GQA: CP8 is its only TE-only part
+    assert cfg.model.context_parallel_size == 8
+    with pytest.raises(NeedsTransformerEngine, match=r"context parallelism \(8 ranks\) runs only with Transformer "
+                                                     r"Engine") as err:
+        use_local_implementation(cfg.model)
+    assert "model.context_parallel_size=1" in err.value.fix
+    cfg.model.context_parallel_size = 1
+    assert local_refusals(cfg.model) == []
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    cfg.model.context_parallel_size = 8
+    with pytest.raises(AssertionError, match="Context parallelism is only supported by TEDotProductAttention"):
+        DotProductAttention(cfg.model, 1, AttnMaskType.causal, "self")
+
+
+def test_precision_aware_optimizer_is_turned_off_without_te_and_memory_reads_it_back(fresh_config):
+    """megatron-core 0.19.2 builds the precision-aware optimizer only on TE's FusedAdam (the first GPU run, an H200 on
+    2026-12-04, stopped at OptimizerConfig.__post_init__); without it the master weights are whole fp32 (4 bytes, not
+    store_param_remainders' 2), and the plan read back from the changed config says so."""
+    import torch
+
+    from lcmoe_recipes.cost.memory import master_weight_bytes
+    from lcmoe_recipes.emit.local_impl import NeedsTransformerEngine, optimizer_without_te
+    from lcmoe_recipes.emit.readback import plan_from_config
+
+    _, cfg = fresh_config("dsv3_128k_h100")  # precision-aware, offloaded to the CPU: left as it is
+    assert cfg.optimizer.use_precision_aware_optimizer and cfg.optimizer.optimizer_cpu_offload
+    assert optimizer_without_te(cfg.optimizer) == []
+    cfg.optimizer.optimizer_cpu_offload = False  # on the GPU: TE's FusedAdam
+    with pytest.raises(NeedsTransformerEngine, match=r"keeps main_grads_dtype=torch.bfloat16, which only"):
+        optimizer_without_te(cfg.optimizer)  # DeepSeek-V3's recipe keeps BF16 main gradients
+    cfg.optimizer.main_grads_dtype = torch.float32
+    assert master_weight_bytes(plan_from_config(cfg, "h100", 256)) == 2
+    (line,) = optimizer_without_te(cfg.optimizer)
+    assert line.startswith("use_precision_aware_optimizer: True -> False -- megatron-core 0.19.2 builds it only on "
+                           "TE's FusedAdam")
+    assert master_weight_bytes(plan_from_config(cfg, "h100", 256)) == 4
+    assert optimizer_without_te(cfg.optimizer) == []  # nothing left to change
+
+
+def test_prebuilt_dataset_helpers_replace_the_start_up_build_that_the_wheel_cannot_run():
+    """The megatron-core 0.19.2 wheel has the built dataset-helper extension but no Makefile, so megatron-core's own
+    compile_helpers exits (the first GPU run, 2026-12-04, stopped there); after use_prebuilt_dataset_helpers the
+    reference megatron-bridge 0.6.2's initialize_megatron calls imports the extension instead, and nothing is built."""
+    import os
+
+    import megatron.bridge.training.initialize as initialize
+    import megatron.core.datasets as datasets
+    from megatron.core.datasets.utils import compile_helpers
+
+    from lcmoe_recipes.emit.stack import use_prebuilt_dataset_helpers
+
+    folder = os.path.dirname(datasets.__file__)
+    if os.path.exists(os.path.join(folder, "Makefile")):
+        pytest.skip("megatron-core installed from source: its Makefile builds the helpers")
+    with pytest.raises(SystemExit):
+        compile_helpers()  # megatron-core's own: `make` finds nothing to run
+    original = initialize.compile_helpers
+    try:
+        line = use_prebuilt_dataset_helpers()
+        assert "start-up build is skipped" in line and initialize.compile_helpers is not original
+        initialize.compile_helpers()  # imports the extension; no make, no exit
+        from megatron.core.datasets import helpers_cpp
+
+        assert hasattr(helpers_cpp, "build_sample_idx_int32")
+    finally:
+        initialize.compile_helpers = original

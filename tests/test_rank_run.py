@@ -61,13 +61,18 @@ def test_prepare_changes_what_fake_collectives_need(configs):
     from lcmoe_recipes.emit.stack import te_installed
 
     plan, cfg = configs["qwen3_235b_128k_gb200"]
+    if not te_installed():  # megatron-core's local attention runs CP1 only (test_refusals): the job at CP1, DP8
+        cfg = copy.deepcopy(cfg)
+        cfg.model.context_parallel_size = 1
     original = copy.deepcopy(cfg)
     run = prepare(cfg, target_meta(plan), 96, 3)
     assert (run.rank, run.pp_rank, run.world_size, run.hardware) == (96, 3, 128, "gb200")
     changed = {line.split(":")[0] for line in run.changes}
     assert {"model.moe_router_force_load_balancing", "model.moe_token_dispatcher_type", "dist.use_gloo_process_groups",
-            "train.train_iters", "train.global_batch_size", "checkpoint.save"} <= changed
-    assert run.cfg.train.global_batch_size == plan.micro_batch_size * plan.layout.dp * 8
+            "train.train_iters", "checkpoint.save"} <= changed
+    # 8 microbatches put as many in flight as the job's own (64 at CP8, DP1; at CP1, DP8 the job has 8 already)
+    assert run.cfg.train.global_batch_size == plan.micro_batch_size * run.plan.layout.dp * 8
+    assert ("train.global_batch_size" in changed) == (run.plan.layout.dp == 1)
     assert run.cfg.model.moe_token_dispatcher_type == "alltoall" and run.cfg.model.moe_router_force_load_balancing
     assert cfg.model.moe_token_dispatcher_type == original.model.moe_token_dispatcher_type == "flex"  # cfg untouched
     if not te_installed():  # the run's own recompute: our prediction prices the config as run
@@ -90,6 +95,8 @@ def test_refusals(configs):
         dsv3, dsv3_cfg = configs["dsv3_128k_h100"]
         with pytest.raises(LcmoeError, match="computes in fp8_blockwise, which needs Transformer Engine"):
             prepare(dsv3_cfg, target_meta(dsv3), 224, 3)
+        with pytest.raises(LcmoeError, match=r"context parallelism \(8 ranks\) runs only with Transformer Engine"):
+            prepare(cfg, target_meta(plan), 96, 3)
 
 
 def test_the_command_stops_at_the_gpu_call(capsys, tmp_path):
@@ -99,7 +106,10 @@ def test_the_command_stops_at_the_gpu_call(capsys, tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the run would start")
-    assert main(["--recipe", "qwen3_235b_128k_gb200", "--as-rank", "96", "--out", str(tmp_path)]) == 2
+    from lcmoe_recipes.emit.stack import te_installed
+
+    cp1 = [] if te_installed() else ["model.context_parallel_size=1"]  # megatron-core's local attention: CP1 only
+    assert main(["--recipe", "qwen3_235b_128k_gb200", "--as-rank", "96", "--out", str(tmp_path)] + cp1) == 2
     out = capsys.readouterr()
     assert "as-rank: model.moe_router_force_load_balancing: False -> True" in out.out
     assert "one rank alone (--as-rank) runs on a GPU; none is visible here" in out.err  # the library names the field; the command, its flag

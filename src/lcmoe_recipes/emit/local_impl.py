@@ -32,7 +32,9 @@ megatron-core 0.19.2's local modules cannot *run* some settings TE runs; each is
     ``_get_backend_spec_provider``, asserts ``transformer_impl == "transformer_engine"``;
   - multi-latent attention (DeepSeek-V3): ``transformer/multi_latent_attention.py:214`` passes ``k_channels`` and
     ``v_channels`` to its core attention, and the local ``DotProductAttention.__init__``
-    (``transformer/dot_product_attention.py:42``) takes neither (a TypeError at construction).
+    (``transformer/dot_product_attention.py:42``) takes neither (a TypeError at construction);
+  - context parallelism (CP > 1): the local ``DotProductAttention.__init__`` asserts ``context_parallel_size == 1``
+    (``transformer/dot_product_attention.py:57``).
 
 The CPU build (:mod:`lcmoe_recipes.emit.probe.build`) constructs but never runs the model: it applies the switch
 (:func:`switch_to_local`, not :func:`run_without_te`) and answers the MTP and MLA construction gaps with named build-only stand-ins instead
@@ -90,7 +92,12 @@ _REFUSALS = (
      "passes k_channels/v_channels to its core attention, which the local DotProductAttention "
      "(dot_product_attention.py:42) does not take",
      "run this step where Transformer Engine is installed (the cluster container, or scripts/setup.sh --with-te)"),
+    ("context_parallel_size",
+     "context parallelism ({value} ranks) runs only with Transformer Engine's attention in megatron-core 0.19.2: the "
+     "local DotProductAttention asserts context_parallel_size == 1 (transformer/dot_product_attention.py:57)",
+     "run this step where Transformer Engine is installed, or with model.context_parallel_size=1"),
 )
+_REFUSED_WHEN = {"context_parallel_size": lambda value: (value or 1) > 1}  # default: any truthy value
 
 
 def local_refusals(model, drop_mtp: bool = False) -> list[NeedsTransformerEngine]:
@@ -99,7 +106,7 @@ def local_refusals(model, drop_mtp: bool = False) -> list[NeedsTransformerEngine
     out = []
     for field, message, fix in _REFUSALS:
         value = getattr(model, field, None)
-        if value and not (field == "mtp_num_layers" and drop_mtp):
+        if _REFUSED_WHEN.get(field, bool)(value) and not (field == "mtp_num_layers" and drop_mtp):
             out.append(NeedsTransformerEngine(message.format(value=value), fix))
     return out
 
@@ -166,6 +173,40 @@ def run_without_te(model) -> list[str]:
     return changes
 
 
+def optimizer_without_te(optimizer) -> list[str]:
+    """Turn off, in place, the precision-aware optimizer of ``optimizer`` (a megatron-core ``OptimizerConfig``, e.g.
+    ``cfg.optimizer``) where it would run on the GPU: megatron-core 0.19.2 builds it only on TE's ``FusedAdam``
+    (``OptimizerConfig.__post_init__`` raises "--use-precision-aware-optimizer requires FusedAdam from
+    TransformerEngine" at construction; CPU offload's ``HybridDeviceOptimizer`` is exempt). Without it the fp32
+    master weights are kept whole: 4 bytes a parameter instead of ``store_param_remainders``' 2
+    (:func:`lcmoe_recipes.cost.memory.master_weight_bytes`), so read the plan back from the changed config.
+
+    Returns:
+        the change made, as one ``field: old -> new -- reason`` line ([] when nothing changed).
+
+    Raises:
+        NeedsTransformerEngine: optimizer moments or master weights in a dtype other than fp32, which only the
+        precision-aware optimizer keeps.
+    """
+    import torch
+
+    if not optimizer.use_precision_aware_optimizer or optimizer.optimizer_cpu_offload:
+        return []
+    kept = [f"{field}={getattr(optimizer, field)}" for field in ("main_params_dtype", "main_grads_dtype",
+                                                                  "exp_avg_dtype", "exp_avg_sq_dtype")
+            if getattr(optimizer, field) != torch.float32]
+    if kept:
+        raise NeedsTransformerEngine(f"the optimizer keeps {', '.join(kept)}, which only the precision-aware "
+                                     "optimizer (TE's FusedAdam in megatron-core 0.19.2) keeps",
+                                     "run this step where Transformer Engine is installed, or set those dtypes to "
+                                     "fp32")
+    changes: list[str] = []
+    _changer(optimizer, changes)("use_precision_aware_optimizer", False,
+                                 "megatron-core 0.19.2 builds it only on TE's FusedAdam (optimizer_config.py, "
+                                 "OptimizerConfig.__post_init__); torch's AdamW keeps whole fp32 master weights")
+    return changes
+
+
 def use_local_implementation(model, drop_mtp: bool = False) -> list[str]:
     """Switch ``model`` (a megatron-bridge GPT provider, e.g. ``cfg.model``) to megatron-core's local modules, in place,
     after refusing what they cannot build or run (see the module doc).
@@ -178,7 +219,7 @@ def use_local_implementation(model, drop_mtp: bool = False) -> list[str]:
         the changes made, one ``field: old -> new`` line each (with the reason where the run's memory differs).
 
     Raises:
-        NeedsTransformerEngine: gated DeltaNet, MTP layers without ``drop_mtp``, or multi-latent attention.
+        NeedsTransformerEngine: gated DeltaNet, MTP layers without ``drop_mtp``, multi-latent attention, or CP > 1.
     """
     refusals = local_refusals(model, drop_mtp)
     if refusals:

@@ -178,3 +178,48 @@ def quiet_upstream(level: int = logging.WARNING):
             yield
     finally:
         logging.disable(previous)
+
+
+def use_prebuilt_dataset_helpers() -> str:
+    """Let megatron-bridge start where megatron-core came from its wheel: return a line saying what was done ("" when
+    nothing needed doing).
+
+    megatron-bridge 0.6.2's ``initialize_megatron`` (``training/initialize.py``) runs megatron-core's
+    ``compile_helpers`` on local rank 0 of every node, which runs ``make -C megatron/core/datasets`` and exits the
+    process when make fails. The megatron-core 0.19.2 wheel (PyPI, manylinux x86_64) ships that folder's built
+    extension (``helpers_cpp.cpython-312-x86_64-linux-gnu.so``) and ``helpers.cpp`` but no Makefile, so a pip
+    installation stops there ("make: *** No targets specified and no makefile found"; seen on an H200, 2026-12-04).
+    NVIDIA's containers install megatron-core from source, with the Makefile, and are not touched.
+
+    Where the Makefile is absent and the built extension imports, megatron-bridge's reference to
+    ``compile_helpers`` is replaced by a function that imports that extension: the build it skips has nothing to
+    build. Call it before ``pretrain``.
+
+    Raises:
+        LcmoeError: no Makefile and no built extension that imports (nothing could load the dataset index).
+    """
+    import importlib
+    import os
+
+    import megatron.core.datasets as datasets
+
+    folder = os.path.dirname(datasets.__file__)
+    if os.path.exists(os.path.join(folder, "Makefile")):
+        return ""
+    from ..errors import LcmoeError
+
+    try:
+        importlib.import_module("megatron.core.datasets.helpers_cpp")
+    except ImportError as exc:
+        raise LcmoeError(f"megatron-core at {folder} has neither the Makefile megatron-bridge's start-up runs nor a "
+                         f"built dataset-helper extension that imports ({exc})",
+                         "install megatron-core from its source (the Makefile comes with it), or use its wheel for "
+                         "this Python (it carries the built extension), or run in NVIDIA's NeMo container") from exc
+    import megatron.bridge.training.initialize as initialize
+
+    def compile_helpers() -> None:  # what megatron-core's would leave: the extension, importable
+        importlib.import_module("megatron.core.datasets.helpers_cpp")
+
+    initialize.compile_helpers = compile_helpers
+    return (f"megatron-core's dataset helpers are prebuilt ({folder} has the extension, no Makefile): "
+            "megatron-bridge's start-up build is skipped")

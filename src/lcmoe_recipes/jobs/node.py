@@ -532,6 +532,10 @@ def run_rank(config: str | None = None, recipe: str | None = None, *, data_path=
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
+    from ..emit.stack import use_prebuilt_dataset_helpers
+
+    if (line := use_prebuilt_dataset_helpers()) and rank0:
+        _line(line)
     callbacks = None
     if metrics:
         from .metrics import metrics_callback

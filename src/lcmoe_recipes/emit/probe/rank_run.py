@@ -91,7 +91,7 @@ def prepare(cfg, meta: dict, rank: int, steps: int) -> RankRun:
             the model or its precision needs TE.
     """
     from ..readback import plan_from_config
-    from ..local_impl import use_local_implementation
+    from ..local_impl import optimizer_without_te, use_local_implementation
     from ..stack import te_installed
 
     world, hardware = meta.get("world_size"), meta.get("hardware")
@@ -140,6 +140,7 @@ def prepare(cfg, meta: dict, rank: int, steps: int) -> RankRun:
             raise LcmoeError(f"this job computes in {plan.precision}, which needs Transformer Engine's kernels",
                              "run the measurement where Transformer Engine is installed (the cluster container)")
         changes += [f"model.{line}" for line in use_local_implementation(run.model)]
+        changes += [f"optimizer.{line}" for line in optimizer_without_te(run.optimizer)]
     return RankRun(cfg=run, plan=plan_from_config(run, hardware, world, plan.name), rank=rank, pp_rank=pp_rank,
                    world_size=world, hardware=hardware, changes=changes)
 
@@ -185,7 +186,10 @@ def measure(run: RankRun, out: Path) -> dict:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
+    from ..stack import use_prebuilt_dataset_helpers
     from .fake_world import MIRROR, init_world
+
+    use_prebuilt_dataset_helpers()
 
     out.mkdir(parents=True, exist_ok=True)
     os.environ.update(RANK=str(run.rank), WORLD_SIZE=str(run.world_size), LOCAL_RANK="0",
