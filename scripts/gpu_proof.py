@@ -5,8 +5,9 @@ Run it with ``bash scripts/gpu_proof.sh`` (docs/gpu_proof.md). Subcommands (each
 job's steps would be):
 
 * ``data DIR``: the repository's own text (README, docs, source) as byte-level tokens (id = UTF-8 byte, one
-  end-of-document id = vocab_size - 1 after each file, the NullTokenizer's default), written with megatron-core's
-  ``IndexedDatasetBuilder`` as ``DIR/text_document.{bin,idx}``. Nothing is downloaded.
+  end-of-document id 256 after each file), written with megatron-core's ``IndexedDatasetBuilder`` as
+  ``DIR/text_document.{bin,idx}``, and the Hugging Face tokenizer of those ids as ``DIR/tokenizer`` (the train step's
+  ``--tokenizer``). Nothing is downloaded.
 * ``hf MODEL DIR``: the proxy's config.json with random weights, saved by transformers (``save_pretrained``).
 * ``logits MODEL HF MEGATRON``: the converted checkpoint loaded back (megatron-bridge ``AutoBridge.load_megatron_model``)
   and one forward pass in fp32 against the Hugging Face model's logits on the same tokens.
@@ -42,8 +43,32 @@ PROXIES = ("proxy_qwen3_moe", "proxy_dsv3", "proxy_qwen3_next")
 LOGIT_TOLERANCE = 1e-3  # max |logit difference| in fp32 (TF32 off); logits of these random models are O(1)
 
 
-def build_data(folder: Path, vocab_size: int) -> Path:
-    """Byte-level tokens of the repository's text files as a Megatron indexed dataset; returns the prefix."""
+EOD = "<|endoftext|>"
+EOD_ID = 256  # the byte-level tokenizer's one special token, after the 256 bytes
+
+
+def write_tokenizer(folder: Path) -> Path:
+    """A byte-level Hugging Face tokenizer (``tokenizers``' ByteLevel pre-tokenizer, no merges: id = UTF-8 byte) with
+    one end-of-document token, id :data:`EOD_ID`, saved with ``save_pretrained``: the tokenizer the proof's data is
+    written with, given to the entry script as ``--tokenizer`` (a user's run gives its own the same way)."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
+    vocab[EOD] = EOD_ID
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOD, bos_token=EOD, pad_token=EOD)
+    folder.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(folder))
+    return folder
+
+
+def build_data(folder: Path) -> tuple[Path, Path]:
+    """The repository's text files as byte-level tokens (:func:`write_tokenizer`'s ids) in a Megatron indexed dataset;
+    returns (dataset prefix, tokenizer folder)."""
     import numpy as np
     import torch
 
@@ -53,25 +78,33 @@ def build_data(folder: Path, vocab_size: int) -> Path:
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = write_tokenizer(folder / "tokenizer")
     prefix = folder / "text_document"
     files = sorted(p for pattern in ("*.md", "docs/*.md", "src/**/*.py", "scripts/*.py", "tests/*.py", "recipes/*.yaml")
                    for p in ROOT.glob(pattern))
     builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
     tokens = 0
     for path in files:
-        ids = list(path.read_bytes()) + [vocab_size - 1]
+        ids = list(path.read_bytes()) + [EOD_ID]
         builder.add_document(torch.tensor(ids, dtype=torch.int32), [len(ids)])
         tokens += len(ids)
     builder.finalize(f"{prefix}.idx")
-    print(f"data: {len(files)} files, {tokens} tokens -> {prefix}.bin/.idx")
-    return prefix
+    print(f"data: {len(files)} files, {tokens} tokens -> {prefix}.bin/.idx (tokenizer {tokenizer})")
+    return prefix, tokenizer
+
+
+def hf_config_class(model: str) -> str:
+    """The ``transformers`` config class of catalogue model ``model``: its own, else the one the catalogue derives
+    from its ``model_type`` (:meth:`lcmoe_recipes.catalog.ModelSpec.hf_config`)."""
+    spec = get_model(model)
+    return spec.hf_config_class or type(spec.hf_config()).__name__
 
 
 def write_hf(model: str, folder: Path) -> None:
     from lcmoe_recipes.emit.convert import write_random_hf_checkpoint
 
     spec = get_model(model)
-    write_random_hf_checkpoint({**spec.config, "torch_dtype": "float32"}, spec.hf_config_class, folder)
+    write_random_hf_checkpoint({**spec.config, "torch_dtype": "float32"}, hf_config_class(model), folder)
     print(f"hf: {spec.display} with random weights -> {folder}")
 
 
@@ -127,17 +160,20 @@ def proof_config(model: str, yaml_path: Path, pretrained: Path | None, steps: in
     """Write the proxy's ConfigContainer (validated for 1 x H200) and return our prediction for its plan."""
     from lcmoe_recipes import emit
     from lcmoe_recipes.cost import estimate_memory, estimate_step
-    from lcmoe_recipes.emit.local_impl import use_local_implementation
+    from lcmoe_recipes.emit.local_impl import optimizer_without_te, use_local_implementation
+    from lcmoe_recipes.emit.readback import plan_from_config
     from lcmoe_recipes.emit.stack import te_installed
 
     plan = proof_plan(model, seq_length, global_batch_size)
     cfg = emit.config_from_plan(plan, validate=False, quiet=True)
-    changes = [] if te_installed() else use_local_implementation(cfg.model, drop_mtp=drop_mtp)
+    changes = [] if te_installed() else (use_local_implementation(cfg.model, drop_mtp=drop_mtp)
+                                         + optimizer_without_te(cfg.optimizer))
     cfg.train.train_iters = steps
     cfg.scheduler.lr_warmup_iters = min(2, steps - 1)
     cfg.scheduler.lr_decay_iters = steps
     cfg.logger.log_interval = 1
     cfg.checkpoint.save = None
+    cfg.checkpoint.load = None  # nothing to resume: the run starts from pretrained_checkpoint
     cfg.checkpoint.async_save = False  # nothing is saved (megatron-bridge refuses async_save without a save path)
     cfg.checkpoint.pretrained_checkpoint = str(pretrained) if pretrained else None
     cfg.validation.eval_interval = None
@@ -145,6 +181,7 @@ def proof_config(model: str, yaml_path: Path, pretrained: Path | None, steps: in
     meta = emit.target_meta(plan)
     emit.validate_config(cfg, "h200", 1, plan.name)
     emit.write_yaml(cfg, yaml_path, meta)
+    plan = plan_from_config(cfg, "h200", 1, plan.name)  # as it runs: the local modules' and optimizer's changes
     mem, step = estimate_memory(plan), estimate_step(plan)
     prediction = {"plan": {"layout": str(plan.layout), "micro_batch_size": plan.micro_batch_size,
                            "global_batch_size": plan.global_batch_size, "seq_length": plan.seq_length,
@@ -179,7 +216,7 @@ def run_all(work: Path, out: Path, steps: int, seq_length: int, global_batch_siz
               "models": {}}
     py = sys.executable
     here = str(Path(__file__).resolve())
-    prefix = build_data(work / "data", get_model(models[0]).vocab_size)
+    prefix, tokenizer = build_data(work / "data")
     for model in models:
         spec, row = get_model(model), {}
         report["models"][model] = row
@@ -206,7 +243,7 @@ def run_all(work: Path, out: Path, steps: int, seq_length: int, global_batch_siz
                  + (["--drop-mtp"] if drop_mtp else []), 600),
                 ("train", [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m",
                            "lcmoe_recipes.train", "--config", str(work / f"{model}.yaml"), "--data-path", str(prefix),
-                           "--metrics", str(work / f"{model}.metrics.json")], 1800)):
+                           "--tokenizer", str(tokenizer), "--metrics", str(work / f"{model}.metrics.json")], 1800)):
             start = time.monotonic()
             rc = _run(cmd, logs / f"{name}.log", timeout)
             steps_done.append({"step": name, "rc": rc, "seconds": round(time.monotonic() - start, 1)})
@@ -261,8 +298,8 @@ def rank_jobs(recipes: list[str], gpu_bytes: int, te: bool) -> list[dict]:
             job["skipped"] = (f"predicted {predicted / 2**30:.0f} GiB for rank {rank}, more than "
                               f"{AS_RANK_HEADROOM:.0%} of this GPU's {gpu_bytes / 2**30:.0f} GiB")
         elif not te and (plan.precision != "bf16" or spec.gated_delta_net or spec.multi_latent_attention
-                         or plan.mtp_num_layers):
-            job["skipped"] = "needs Transformer Engine (FP8, MLA, MTP or gated DeltaNet); none on this machine"
+                         or plan.mtp_num_layers or plan.layout.cp > 1):
+            job["skipped"] = "needs Transformer Engine (FP8, MLA, MTP, gated DeltaNet or CP > 1); none on this machine"
         else:
             job["command"] = [sys.executable, "-m", "lcmoe_recipes.train", "--recipe", name, "--as-rank", str(rank),
                               "--steps", str(AS_RANK_STEPS)]
@@ -306,7 +343,6 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("data")
     p.add_argument("folder", type=Path)
-    p.add_argument("--vocab-size", type=int, default=32768)
     p = sub.add_parser("hf")
     p.add_argument("model")
     p.add_argument("folder", type=Path)
@@ -334,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--gbs", type=int, default=8)
     args = parser.parse_args(argv)
     if args.command == "data":
-        build_data(args.folder, args.vocab_size)
+        build_data(args.folder)
     elif args.command == "hf":
         write_hf(args.model, args.folder)
     elif args.command == "logits":

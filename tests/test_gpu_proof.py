@@ -31,6 +31,25 @@ def test_proxies_are_plannable_on_one_h200():
 
 
 @pytest.mark.slow
+def test_hf_step_writes_a_proxy_that_transformers_reads_back(tmp_path):
+    """The proof's first step (``gpu_proof.py hf``) in its own process, as on the GPU machine, for the GQA MoE proxy;
+    every proxy's transformers config class resolves (the catalogue leaves it to ``model_type``). The first GPU run
+    (2026-12-04) failed here: the step passed the catalogue's unset class name to transformers."""
+    import transformers
+
+    assert [gpu_proof.hf_config_class(m) for m in gpu_proof.PROXIES] == ["Qwen3MoeConfig", "DeepseekV3Config",
+                                                                          "Qwen3NextConfig"]
+    out = tmp_path / "hf"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_proof.py"), "hf", "proxy_qwen3_moe", str(out)],
+                   check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    config = transformers.AutoConfig.from_pretrained(str(out))
+    spec = gpu_proof.get_model("proxy_qwen3_moe")
+    assert (config.hidden_size, config.num_experts, config.num_hidden_layers) == (
+        spec.hidden_size, spec.num_moe_experts, spec.num_layers)
+    assert sorted(p.name for p in out.glob("*.safetensors"))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("model", gpu_proof.PROXIES)
 def test_proxy_config_validates_for_one_h200_and_reads_back(model, tmp_path):
     from lcmoe_recipes import emit
@@ -68,19 +87,40 @@ def test_rank_measurements_planned_for_one_h200():
     (small,) = gpu_proof.rank_jobs(["qwen3_235b_128k_gb200"], 80 * 10**9, te=True)
     assert small["skipped"].startswith("predicted 101 GiB for rank 96, more than 95%")
     assert "command" in with_te["qwen3_next_8k_gb200"]
-    without = gpu_proof.rank_jobs(["dsv3_128k_h100", "qwen3_next_8k_gb200"], h200, te=False)
-    assert all(job["skipped"].startswith("needs Transformer Engine") for job in without)
+    without = gpu_proof.rank_jobs(["dsv3_128k_h100", "qwen3_next_8k_gb200", "qwen3_235b_128k_gb200"], h200, te=False)
+    assert all(job["skipped"].startswith("needs Transformer Engine") for job in without)  # BF16 Qwen3-235B: its CP8
 
 
 @pytest.mark.slow
 def test_data_step_writes_a_megatron_indexed_dataset(tmp_path):
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    prefix = gpu_proof.build_data(tmp_path, 32768)
+    import transformers
+
+    prefix, tokenizer = gpu_proof.build_data(tmp_path)
     data = IndexedDataset(str(prefix))
     assert len(data) > 50  # one document per text file of the repository
     first = data[0]
-    assert first[-1] == 32767 and first[:-1].max() < 256  # bytes, then the end-of-document id
+    assert first[-1] == 256 and first[:-1].max() < 256  # bytes, then the end-of-document id
+    tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer))
+    assert (tok.eos_token_id, len(tok)) == (256, 257)
+    text = (gpu_proof.ROOT / "README.md").read_text()[:300] + " é"
+    assert tok(text)["input_ids"] == list(text.encode()) and tok.decode(list(text.encode())) == text
+
+
+def test_proof_data_passes_the_entry_scripts_tokenizer_checks(tmp_path):
+    """The train step's --data-path/--tokenizer, applied as the entry script applies them, pass our path and
+    vocabulary checks (the first GPU run, 2026-12-04, was refused by the data/tokenizer rule: NullTokenizer ids)."""
+    from lcmoe_recipes import emit
+    from lcmoe_recipes.emit.paths import path_findings
+    from lcmoe_recipes.jobs.node import vocabulary_problems
+
+    tokenizer = gpu_proof.write_tokenizer(tmp_path / "tokenizer")
+    cfg = emit.config_from_plan(gpu_proof.proof_plan("proxy_qwen3_moe", 4096, 8), validate=False, quiet=True)
+    emit.apply_overrides(cfg, emit.data_overrides([str(tmp_path / "text_document")], str(tokenizer)))
+    assert path_findings(cfg) == [] and vocabulary_problems(cfg) == []
+    emit.apply_overrides(cfg, ["tokenizer.tokenizer_type=NullTokenizer"])
+    assert [f.rule for f in path_findings(cfg)] == ["data/tokenizer"]
 
 
 def test_device_bundle_builds_and_installs_into_a_clean_folder(tmp_path):
@@ -107,5 +147,6 @@ def test_device_bundle_builds_and_installs_into_a_clean_folder(tmp_path):
         for arg in ("--platform", tag)]
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     *device, "--target", str(target), *map(str, wheels)], check=True)
-    for package in ("megatron/core", "megatron/bridge", "nvidia_resiliency_ext/inprocess", "fla/ops"):
+    for package in ("megatron/core", "megatron/bridge", "nvidia_resiliency_ext/inprocess"):
         assert (target / package).is_dir(), package
+    assert not (target / "fla").exists()  # gated DeltaNet's kernels need TE, which no bundle can carry
