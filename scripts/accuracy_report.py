@@ -34,6 +34,7 @@ from lcmoe_recipes.cost.memory import CALIBRATED, GDN_MEASURED_RATIOS, estimate_
 
 OUT = ROOT / "docs" / "accuracy.md"
 SIMUMAX_FILE = ROOT / "tests" / "simumax_v1_2.json"
+MEASURED_FILE = ROOT / "tests" / "measured_h200.json"  # scripts/kernel_bench.py + scripts/gpu_proof.py on an H200
 GOAL_STEP, GOAL_MEMORY = 0.15, 0.10
 
 
@@ -304,6 +305,88 @@ def _quantization_section(rows) -> list[str]:
                   f"{min(missed[k] for k in oss):.2f}-{max(missed[k] for k in oss):.2f}x it is predicted too fast. "
                   "Quantization is not what these rows miss; it stays out of the model, which would otherwise "
                   "re-fit every constant for a few percent.", ""]
+    return lines
+
+
+def measured_attention_ratios(measured: dict, gpu: str = "h200") -> list[tuple[dict, float]]:
+    """Each attention case of ``measured`` (``tests/measured_h200.json``) with its measured cuDNN TFLOP/s over the
+    published TFLOP/s the step model reads for ``gpu`` at that shape (before the fitted per-GPU scale)."""
+    from lcmoe_recipes.catalog.kernels import attention_tflops
+
+    return [(c, c["cudnn_tflops"] / attention_tflops(gpu, c["backward"], c["causal"], c["head_dim"], c["seq"]))
+            for c in measured["attention"]]
+
+
+def _gpu_section() -> list[str]:
+    from lcmoe_recipes.catalog import get_hardware
+
+    m = json.loads(MEASURED_FILE.read_text())
+    logits = m["conversion"]["logits"]
+    peak = get_hardware("h200").peak_tflops["bf16"]
+    lines = [f"## Measured on a GPU: {m['device']}, {m['date']}", "",
+             f"One {m['device']} (driver {m['driver']}, SM clock up to {m['sm_clock_max_mhz']} MHz), PyTorch "
+             f"{m['torch']}, CUDA {m['cuda']}, cuDNN {m['cudnn'] // 10000}.{m['cudnn'] // 100 % 100}; megatron-core "
+             "0.19.2 and megatron-bridge 0.6.2 from `requirements/device.txt`; no Transformer Engine (no wheel of it "
+             "fits the machine's 64 MiB). Recorded in `tests/measured_h200.json`.", "",
+             f"* **Conversion** (`scripts/gpu_proof.py`, the GQA MoE proxy): the random Hugging Face checkpoint, "
+             f"converted by `python -m lcmoe_recipes.convert` and loaded back by megatron-bridge, gives the Hugging "
+             f"Face logits in fp32 to {logits['max_abs_diff']:.1e} at most (mean {logits['mean_abs_diff']:.1e}, "
+             f"logits of mean magnitude {logits['logit_scale']:.2f}; top-1 agreement {logits['top1_agreement']:.0%}). "
+             "Training did not start: the entry script stopped before the first step, three times, on things a CPU "
+             "cannot reach (docs/gpu_proof.md lists them and what changed); no step time or peak memory was measured.",
+             "* **Attention** (`scripts/kernel_bench.py`): PyTorch's `scaled_dot_product_attention` with its cuDNN "
+             "backend (the cuDNN fused-attention kernels Transformer Engine's FusedAttention calls), BF16, at the "
+             "FlashAttention-3 benchmark's shapes (16K tokens per call, hidden 2048) and at one causal sequence of "
+             "32K-128K. Measured over the published cuDNN TFLOP/s that `catalog/kernels.yaml` gives the step model "
+             "for Hopper (the model then applies its fitted per-GPU scale):", "",
+             "| head dim | mask | pass | " + " | ".join(f"{s:,}" for s in (512, 2048, 8192, 16384, 32768, 65536,
+                                                                            131072)) + " |",
+             "|---|---|---|" + "---|" * 7]
+    ratios = measured_attention_ratios(m)
+    for hd in (64, 128, 256):
+        for causal in (False, True):
+            for bwd in (False, True):
+                cells = {c["seq"]: r for c, r in ratios
+                         if (c["head_dim"], c["causal"], c["backward"]) == (hd, causal, bwd)}
+                if cells:
+                    lines.append(f"| {hd} | {'causal' if causal else 'none'} | {'backward' if bwd else 'forward'} | "
+                                 + " | ".join(f"{cells[s]:.2f}" if s in cells else "" for s in
+                                              (512, 2048, 8192, 16384, 32768, 65536, 131072)) + " |")
+    long_ = [r for c, r in ratios if c["seq"] > 16384]
+    mid = sorted(r for c, r in ratios if c["head_dim"] == 128 and 2048 <= c["seq"] <= 16384)
+    short_bwd = [r for c, r in ratios if c["backward"] and c["seq"] <= 1024]
+    flash = [c["flash2_tflops"] / c["cudnn_tflops"] for c in m["attention"] if c["head_dim"] == 128]
+    lines += ["", f"At head dim 128 and 2K-16K tokens, the shapes long-context layers run, cuDNN 9.19 on the H200 "
+                  f"reads {mid[0]:.2f}-{mid[-1]:.2f} of the table (H100, FlashAttention-3 paper): the table holds. "
+                  f"Past 16K, where the table stays at its 16K value, the kernel ran {min(long_):.2f}-{max(long_):.2f}x "
+                  f"that: the flat extension is conservative, not optimistic. Backward calls of 1K tokens or fewer read "
+                  f"{min(short_bwd):.2f}-{max(short_bwd):.2f}: a ring step that short is slower than priced. PyTorch's "
+                  f"FlashAttention-2 backend ran {min(flash):.2f}-{max(flash):.2f} of cuDNN at head dim 128 "
+                  "(Transformer Engine runs FlashAttention-3 or cuDNN on Hopper, never this one).", "",
+              "* **Expert GEMMs** (`scripts/kernel_bench.py`): one `torch.matmul` (cuBLAS) per routed-expert GEMM, "
+              "forward, m = tokens per expert, as a share of the H200's dense BF16 peak "
+              f"({peak:,.0f} TFLOP/s). TE's grouped GEMM launches every local expert at once, which fills the GPU "
+              "better at small m, so these are a floor for the grouped kernel, not its value:", "",
+              "| model | GEMM | k x n | " + " | ".join(f"m = {t:,}" for t in (512, 2048, 8192)) + " |",
+              "|---|---|---|---|---|---|"]
+    cases: dict[tuple, dict[int, float]] = {}
+    for g in m["gemm"]:
+        cases.setdefault((g["model"], g["gemm"], g["k"], g["n"]), {})[g["m"]] = g["tflops"] / peak
+    for (model, gemm, k, n), by_m in cases.items():
+        lines.append(f"| {model} | {gemm} | {k:,} x {n:,} | " + " | ".join(f"{by_m[t]:.2f}" for t in (512, 2048, 8192))
+                     + " |")
+    oss = {(k, gemm): by_m[8192] for (model, gemm, k, n), by_m in cases.items() if model == "gpt_oss_120b"}
+    lines += ["", f"Tile quantization of gpt-oss's 2,880-wide GEMMs is not what its rows miss: at 8,192 tokens per "
+                  f"expert the fc2 GEMM reads {oss[(2880, 'fc2')]:.2f} of peak at 2,880, {oss[(2944, 'fc2')]:.2f} at "
+                  f"2,944 (a multiple of 128) and {oss[(3072, 'fc2')]:.2f} at 3,072, so the unaligned width costs "
+                  f"{oss[(3072, 'fc2')] / oss[(2880, 'fc2')] - 1:.0%} at most (\"GEMM tile and wave quantization, "
+                  "bounded\" said 10%). What the "
+                  "shapes do change is the share of peak with tokens per expert: Qwen3-30B-A3B's fc2 (768 x 2,048) "
+                  f"reads {cases[('qwen3_30b', 'fc2', 768, 2048)][512]:.2f} at 512 tokens and "
+                  f"{cases[('qwen3_30b', 'fc2', 768, 2048)][8192]:.2f} at 8,192, DeepSeek-V3's fc1 "
+                  f"{cases[('deepseek_v3', 'fc1', 7168, 4096)][512]:.2f} and {cases[('deepseek_v3', 'fc1', 7168, 4096)][8192]:.2f}. "
+                  "The step model's one GEMM constant per GPU x precision does not see this; a grouped-GEMM "
+                  "measurement at these shapes (with TE) is what pricing GEMMs from their shapes needs next.", ""]
     return lines
 
 
@@ -695,6 +778,7 @@ def build() -> str:
     lines += _peer_section(THROUGHPUT_ROWS)
     lines += _band_section(THROUGHPUT_ROWS)
     lines += _offload_section(THROUGHPUT_ROWS)
+    lines += _gpu_section()
     lines += [f"Error bands (`cost/bands.py`): step per GPU x precision (above; pooled ±{STEP_ERROR_BAND:.1%}, "
               f"+{BORROWED_WIDENING:.1%} where a constant is borrowed), memory {MEMORY_ERROR_BAND:.1%}.", ""]
     return "\n".join(lines)
