@@ -11,9 +11,12 @@ Two sets, each timed with CUDA events (median of ``--repeats`` runs after ``--wa
   model reads for this GPU (:func:`lcmoe_recipes.catalog.kernels.attention_tflops`, before the fitted per-GPU scale).
 * **gemm**: ``torch.matmul`` (cuBLAS) at the routed-expert GEMM shapes of our MoE models -- tokens per expert x hidden
   x expert width, forward (fc1: h -> 2f gated, fc2: f -> h) -- and gpt-oss's 2,880 beside the next multiples of 128
-  (wave and tile quantization; issue 26, item 2). Beside each: its share of the GPU's dense BF16 peak
-  (:attr:`lcmoe_recipes.catalog.Hardware.peak_tflops`) and the fitted end-to-end GEMM efficiency the step model reads
-  (:func:`lcmoe_recipes.cost.efficiency.constant`, which also absorbs the kernels it does not list).
+  (wave and tile quantization), timed one launch at a time and back to back, and in FP8 with tensorwise, rowwise
+  and blockwise scales where this PyTorch runs them (:func:`fp8_gemm`). Beside each: its share of the GPU's dense
+  BF16 peak (:attr:`lcmoe_recipes.catalog.Hardware.peak_tflops`) and the fitted end-to-end GEMM efficiency the step
+  model reads (:func:`lcmoe_recipes.cost.efficiency.constant`, which also absorbs the kernels it does not list).
+* **grouped_gemm**: the same GEMMs for 4 and 16 local experts in one grouped launch (``torch._grouped_mm``), beside
+  the experts' GEMMs launched one after another (:func:`run_grouped`).
 
     python scripts/kernel_bench.py --out kernels.json [--gpu h200] [--quick]
     python scripts/kernel_bench.py --list          # the shapes and the model's numbers, no GPU needed
@@ -147,14 +150,108 @@ def run_attention(cases: list[dict], warmup: int, repeats: int) -> None:
 
 
 def run_gemm(cases: list[dict], warmup: int, repeats: int) -> None:
+    """Each case's BF16 ``a @ b``: ``tflops`` timed one launch between CUDA events (the first run's way, which
+    counts a launch's start-up: the figures in tests/measured_h200.json), ``tflops_back_to_back`` over
+    :data:`INNER` launches queued back to back (as a training step's stream runs them), and each FP8 scaling of
+    :func:`fp8_gemm` that this PyTorch runs (``fp8_<scaling>_tflops``, or ``fp8_<scaling>_error``)."""
     import torch
 
     for g in cases:
         a = torch.randn(g["m"], g["k"], device="cuda", dtype=torch.bfloat16)
         b = torch.randn(g["k"], g["n"], device="cuda", dtype=torch.bfloat16)
-        seconds = _time(lambda: a @ b, warmup, repeats)
-        g["tflops"] = 2.0 * g["m"] * g["k"] * g["n"] / seconds / 1e12
+        flops = 2.0 * g["m"] * g["k"] * g["n"]
+        g["tflops"] = flops / _time(lambda: a @ b, warmup, repeats) / 1e12
+        g["tflops_back_to_back"] = flops / _time(_queued(lambda: a @ b), warmup, repeats) * INNER / 1e12
         g["share_of_peak"] = g["tflops"] / g["peak_tflops"]
+        for scaling in FP8_SCALINGS:
+            try:
+                fn = fp8_gemm(a, b, scaling)
+                g[f"fp8_{scaling}_tflops"] = flops / _time(_queued(fn), warmup, repeats) * INNER / 1e12
+            except (RuntimeError, AttributeError, TypeError, ValueError, NotImplementedError) as err:
+                g[f"fp8_{scaling}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+        del a, b
+        print(json.dumps(g), flush=True)
+
+
+INNER = 20  # launches queued between two CUDA events (back-to-back timing)
+FP8_SCALINGS = ("tensorwise", "rowwise", "blockwise")  # Megatron's fp8 "tensorwise" (current scaling) and
+# "blockwise" (1x128 activations, 128x128 weights: DeepSeek-V3's recipe); rowwise for reference
+
+
+def _queued(fn):
+    """``fn`` run :data:`INNER` times in a row (time it with :func:`_time`, then divide by INNER)."""
+    def run():
+        for _ in range(INNER):
+            fn()
+    return run
+
+
+def fp8_gemm(a, b, scaling: str):
+    """A callable computing ``a @ b`` in FP8 (e4m3) with unit scales of the given granularity, through PyTorch's
+    scaled matmul (``torch._scaled_mm``; blockwise through ``torch.nn.functional.scaled_mm`` where this PyTorch has
+    it). Raises what PyTorch raises where this GPU or version lacks the scaling."""
+    import torch
+
+    m, k = a.shape
+    n = b.shape[1]
+    a8 = a.to(torch.float8_e4m3fn)
+    b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()  # column-major, as the FP8 kernels take it
+    one = dict(device=a.device, dtype=torch.float32)
+    if scaling == "tensorwise":
+        sa, sb = torch.ones((), **one), torch.ones((), **one)
+    elif scaling == "rowwise":
+        sa, sb = torch.ones(m, 1, **one), torch.ones(1, n, **one)
+    else:
+        from torch.nn.functional import ScalingType, scaled_mm
+
+        sa = torch.ones(k // 128, m, **one).t()  # one scale per 1x128 block of a row, outer-dim major
+        sb = torch.ones(k // 128, (n + 127) // 128, **one)  # one per 128x128 block
+        fn = lambda: scaled_mm(a8, b8, sa, ScalingType.BlockWise1x128, sb, ScalingType.BlockWise128x128,  # noqa
+                               output_dtype=torch.bfloat16)
+        fn()
+        return fn
+    fn = lambda: torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)  # noqa: E731
+    fn()
+    return fn
+
+
+GROUPED_LOCAL_EXPERTS = (4, 16)  # experts per EP rank: DeepSeek-V3 256 / EP64, Qwen3-30B-A3B 128 / EP8
+
+
+def grouped_cases(quick: bool = False) -> list[dict]:
+    """Routed-expert GEMMs as Transformer Engine's grouped GEMM runs them: every local expert of a rank in one launch
+    (``experts`` x (m tokens each) x k x n), forward fc1 and fc2, for the models and token counts of
+    :func:`gemm_cases`."""
+    out = []
+    for g in gemm_cases(quick):
+        if g["model"] == "gpt_oss_120b" and g["k"] not in (2880, 5760) and g["n"] not in (2880, 5760):
+            continue  # the padded widths are for the one-GEMM comparison only
+        for experts in GROUPED_LOCAL_EXPERTS:
+            out.append({**{k: g[k] for k in ("model", "gemm", "m", "k", "n")}, "experts": experts})
+    return out
+
+
+def run_grouped(cases: list[dict], warmup: int, repeats: int) -> None:
+    """Each case through PyTorch's grouped GEMM (``torch._grouped_mm``: one CUTLASS launch over all experts, BF16),
+    back to back, beside the same experts' GEMMs as separate ``a @ b`` launches in a row (``sequential_tflops``)."""
+    import torch
+
+    for g in cases:
+        e, m, k, n = g["experts"], g["m"], g["k"], g["n"]
+        a = torch.randn(e * m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16).transpose(-2, -1)  # (e, k, n), column-major
+        offs = torch.arange(m, e * m + 1, m, device="cuda", dtype=torch.int32)
+        flops = 2.0 * e * m * k * n
+        try:
+            grouped = getattr(torch, "_grouped_mm", None) or torch.nn.functional.grouped_mm
+            g["grouped_tflops"] = flops / _time(_queued(lambda: grouped(a, w, offs=offs)), warmup, repeats) \
+                * INNER / 1e12
+        except (RuntimeError, AttributeError, TypeError) as err:
+            g["grouped_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+        parts = [(a[i * m:(i + 1) * m], w[i]) for i in range(e)]
+        g["sequential_tflops"] = flops / _time(_queued(lambda: [x @ y for x, y in parts]), warmup, repeats) \
+            * INNER / 1e12
+        del a, w
         print(json.dumps(g), flush=True)
 
 
@@ -167,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args(argv)
-    attention, gemms = attention_cases(args.quick), gemm_cases(args.quick)
+    attention, gemms, grouped = attention_cases(args.quick), gemm_cases(args.quick), grouped_cases(args.quick)
     with_model(attention, gemms, args.gpu)
-    report = {"gpu_key": args.gpu, "attention": attention, "gemm": gemms}
+    report = {"gpu_key": args.gpu, "attention": attention, "gemm": gemms, "grouped_gemm": grouped}
     if not args.list:
         import torch
 
@@ -179,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         report.update(date=time.strftime("%Y-%m-%d"), device=torch.cuda.get_device_name(0), torch=torch.__version__,
                       cudnn=torch.backends.cudnn.version(), cuda=torch.version.cuda)
         run_gemm(gemms, args.warmup, args.repeats)
+        run_grouped(grouped, args.warmup, args.repeats)
         run_attention(attention, args.warmup, args.repeats)
         report["seconds"] = round(time.monotonic() - start, 1)
     text = json.dumps(report, indent=1)

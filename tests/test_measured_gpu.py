@@ -60,3 +60,26 @@ def test_kernel_bench_counts_flops_as_the_published_benchmark_and_lists_without_
     assert fwd["modelled_tflops"] == 595  # catalog/kernels.yaml, Hopper forward head dim 128 at 16K
     assert {(g["model"], g["k"], g["n"]) for g in listed["gemm"]} >= {("deepseek_v3", 7168, 4096),
                                                                        ("gpt_oss_120b", 2880, 5760)}
+
+
+def test_kernel_bench_fp8_and_grouped_gemms_compute_the_product_before_any_gpu_run():
+    """The next GPU run's FP8 and grouped GEMMs, checked here: tensorwise and rowwise FP8 (PyTorch runs them on a CPU
+    too) give a @ b to FP8's rounding, the blockwise scales have the shapes PyTorch's scaled matmul requires (its
+    shape checks, on the meta device), and the grouped launch equals the experts' GEMMs one by one."""
+    import torch
+
+    a, b = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(512, 384, dtype=torch.bfloat16)
+    ref = a.float() @ b.float()
+    for scaling in ("tensorwise", "rowwise"):
+        out = kernel_bench.fp8_gemm(a, b, scaling)().float()
+        assert out.shape == (256, 384) and ((out - ref).abs().max() / ref.abs().max()) < 0.08  # e4m3: 3 mantissa bits
+    meta = kernel_bench.fp8_gemm(a.to("meta"), b.to("meta"), "blockwise")()
+    assert meta.shape == (256, 384) and meta.dtype == torch.bfloat16
+    e, m, k, n = 4, 64, 128, 96
+    x = torch.randn(e * m, k, dtype=torch.bfloat16)
+    w = torch.randn(e, n, k, dtype=torch.bfloat16).transpose(-2, -1)
+    out = torch._grouped_mm(x, w, offs=torch.arange(m, e * m + 1, m, dtype=torch.int32)).float()
+    ref = torch.cat([x[i * m:(i + 1) * m].float() @ w[i].float() for i in range(e)])
+    assert ((out - ref).abs().max() / ref.abs().max()) < 0.01
+    cases = kernel_bench.grouped_cases()
+    assert {c["experts"] for c in cases} == {4, 16} and not [c for c in cases if c["k"] in (2944, 3072)]
