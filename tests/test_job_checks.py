@@ -230,3 +230,21 @@ def test_parent_mounts_cover_every_folder_with_one_mount_per_top_level_folder():
     assert parent_mounts(["/lustre/me/ckpt", "/scratch/tok"]) == ["/lustre/me/ckpt:/lustre/me/ckpt",
                                                                    "/scratch/tok:/scratch/tok"]
     assert parent_mounts(["/lustre/me/a", "/lustre/me/b"]) == ["/lustre/me:/lustre/me"]
+
+
+def test_a_te_config_is_refused_on_a_node_without_te(fresh_config):
+    """Every recipe builds TE layers; on a node where TE cannot be imported the entry script says so before
+    megatron-core fails inside its layer specs. A config switched to megatron-core's own modules runs there."""
+    from lcmoe_recipes.emit.stack import te_installed
+    from lcmoe_recipes.jobs.node import require_te
+
+    _, cfg = fresh_config("qwen3_235b_128k_gb200")
+    if te_installed():
+        require_te(cfg)  # nothing to refuse
+        return
+    with pytest.raises(LcmoeError, match=r"builds Transformer Engine layers \(model.transformer_impl="
+                                         r"transformer_engine\), but transformer_engine cannot be imported") as err:
+        require_te(cfg)
+    assert "NeMo containers" in err.value.fix
+    cfg.model.transformer_impl = "local"
+    require_te(cfg)

@@ -126,6 +126,22 @@ def _require_gpu(device: str | None) -> None:
                          "run on GPU nodes (launch --executor slurm), or use --smoke for a CPU-only check")
 
 
+def require_te(cfg) -> None:
+    """Refuse a config that builds Transformer Engine layers (``model.transformer_impl="transformer_engine"``, every
+    recipe's) on a node where TE cannot be imported: megatron-core would fail deep in the layer specs.
+
+    Raises:
+        LcmoeError: TE is absent here, with the ways to run (an image that has it, or TE installed).
+    """
+    from ..emit.stack import te_installed
+
+    if getattr(cfg.model, "transformer_impl", None) == "transformer_engine" and not te_installed():
+        raise LcmoeError("this config builds Transformer Engine layers (model.transformer_impl=transformer_engine), "
+                         "but transformer_engine cannot be imported on this node",
+                         "run in an image that has it (NVIDIA's NeMo containers do; launch --container-image), or "
+                         "install it there (pip install --no-build-isolation transformer_engine[pytorch])")
+
+
 def _rendezvous() -> dict[str, str]:
     missing = [var for var in RENDEZVOUS_VARS if var not in os.environ]
     if missing:
@@ -513,6 +529,7 @@ def run_rank(config: str | None = None, recipe: str | None = None, *, data_path=
                 _line(f"re-planned {meta['model']} seq_length {meta['seq_length']} for {world} x {found_hw}")
     check_target(meta, world, device)
     _require_gpu(device)
+    require_te(cfg)
     emit.validate_config(cfg, meta.get("hardware", "h100"), world or meta.get("world_size", 1),
                          meta.get("recipe", "config"))
     if problems := problems_here(paths_cfg) + weights_problems(weights, meta.get("model", "")):
