@@ -185,8 +185,8 @@ def optimizer_without_te(optimizer) -> list[str]:
         the change made, as one ``field: old -> new -- reason`` line ([] when nothing changed).
 
     Raises:
-        NeedsTransformerEngine: optimizer moments or master weights in a dtype other than fp32, which only the
-        precision-aware optimizer keeps.
+        NeedsTransformerEngine: optimizer moments, main gradients or master weights in a dtype other than fp32,
+        which only the precision-aware optimizer keeps.
     """
     import torch
 
