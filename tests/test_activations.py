@@ -116,3 +116,24 @@ def test_what_needs_transformer_engine_is_refused(plans, measure):
         measure("proxy_qwen3_moe", 0, 1, "moe_act")
     with pytest.raises(NotMeasurable, match="'gated_delta_net' layers are built only with Transformer Engine"):
         measure("proxy_qwen3_next", 0)
+
+
+def test_local_modules_keep_the_softmax_probabilities_and_the_excess_extrapolates_exactly(plans):
+    """Without TE (the GPU proof's run), megatron-core's local attention keeps its s x s softmax probabilities in bf16
+    (transformer/dot_product_attention.py) and the torch RMSNorm its own saved set: the excess over the TE run,
+    measured at 256, 512 and 768 tokens and carried to 1,024 by the quadratic through them, is the excess measured
+    at 1,024 (to 0.1%); its s² part is the probabilities, 2 bytes x heads x s²."""
+    from lcmoe_recipes.emit.probe.activations import CAUSAL_MASK_MODULE, local_excess_bytes, measure_layer
+
+    plan = plans["proxy_qwen3_moe"]
+    heads = plan.model_spec.config["num_attention_heads"]
+    local = measure_layer(plan, 0, 1024, te_kernels=False)
+    te = measure_layer(plan, 0, 1024)
+    assert local.stand_ins == ("cuda-on-cpu", "checkpoint-fp8-default") and "te-fused-attention" in te.stand_ins
+    assert local.by_module[CAUSAL_MASK_MODULE] == 1024 ** 2  # the bool causal mask, shared by every layer in a run
+    measured = local.measured_bytes - local.by_module[CAUSAL_MASK_MODULE] - te.measured_bytes
+    carried = local_excess_bytes(plan, 0, 1024, points=(256, 512, 768))
+    assert abs(carried / measured - 1) < 1e-3
+    quadratic = (local_excess_bytes(plan, 0, 2048, points=(256, 512, 768)) - 2 * carried
+                 + local_excess_bytes(plan, 0, 0, points=(256, 512, 768)))  # second difference at 0, 1024, 2048
+    assert quadratic == pytest.approx(2 * 2 * heads * 1024 ** 2, rel=1e-3)  # f(2n) - 2f(n) + f(0) = 2·c·n²

@@ -71,6 +71,14 @@ def test_proxy_config_validates_for_one_h200_and_reads_back(model, tmp_path):
     assert cfg.checkpoint.pretrained_checkpoint == str(pretrained) and cfg.train.train_iters == 5
     if not te_installed():
         assert cfg.model.transformer_impl == "local" and cfg.model.mtp_num_layers is None
+        # what the first GPU run (2026-12-04) stopped on, or would have next: TE's FusedAdam, and the local
+        # softmax's compiled extension, imported mid-forward for keys of 16-4096 tokens
+        assert not cfg.optimizer.use_precision_aware_optimizer and not cfg.model.masked_softmax_fusion
+        assert cfg.checkpoint.load is None
+        # the local attention's bf16 probabilities alone: 2 bytes x 16 heads x 4096² x 8 layers = 4 GiB
+        assert 4.0 < prediction["local_excess_gib"] < 5.0
+        assert prediction["predicted_peak_as_run_gib"] == pytest.approx(
+            prediction["predicted_peak_gib"] + prediction["local_excess_gib"])
     emit.validate_config(cfg, "h200", 1, model)  # the entry script's check before pretrain()
 
 

@@ -158,3 +158,28 @@ def test_prebuilt_dataset_helpers_replace_the_start_up_build_that_the_wheel_cann
         assert hasattr(helpers_cpp, "build_sample_idx_int32")
     finally:
         initialize.compile_helpers = original
+
+
+def test_fused_softmax_without_its_extension_fails_upstream_and_is_turned_off(fresh_config):
+    """megatron-core 0.19.2's local attention asks the compiled scaled_masked_softmax_cuda extension for its block
+    size whenever the fused softmax may apply (keys of 16-4096 tokens): a pip installation has no such extension."""
+    import importlib.util
+
+    from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from lcmoe_recipes.emit.local_impl import run_without_te
+
+    if importlib.util.find_spec("scaled_masked_softmax_cuda"):
+        pytest.skip("the compiled softmax extension is installed here")
+    softmax = FusedScaleMaskSoftmax(input_in_fp16=False, input_in_bf16=True, attn_mask_type=AttnMaskType.causal,
+                                    scaled_masked_softmax_fusion=True, mask_func=None, softmax_in_fp32=False,
+                                    scale=None)
+    with pytest.raises(ModuleNotFoundError, match="scaled_masked_softmax_cuda"):
+        softmax.is_kernel_available(None, 1, 16, 4096, 4096)
+    _, cfg = fresh_config("qwen3_next_8k_gb200")
+    assert cfg.model.masked_softmax_fusion
+    assert any(line.startswith("masked_softmax_fusion: True -> False -- the fused softmax of megatron-core's local "
+                               "attention is the compiled scaled_masked_softmax_cuda extension")
+               for line in run_without_te(cfg.model))
+    assert not cfg.model.masked_softmax_fusion

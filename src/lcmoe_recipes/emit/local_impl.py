@@ -21,6 +21,9 @@ megatron-core 0.19.2's local modules cannot *run* some settings TE runs; each is
     (``transformer/transformer_config.py:1784``);
   - ``moe_router_fusion`` off: the fused top-k / aux-loss kernels are TE's (``transformer/moe/moe_utils.py:773``,
     "Please install TE >= 2.6.0");
+  - ``masked_softmax_fusion`` off where the compiled ``scaled_masked_softmax_cuda`` extension is absent (a pip
+    installation): the local attention's fused softmax imports it for keys of 16-4096 tokens
+    (``fusions/fused_softmax.py:357``, a ModuleNotFoundError mid-forward);
   - ``cuda_graph_impl`` "transformer_engine" -> "none": TE's ``make_graphed_callables`` captures them.
 
 * refused (:class:`NeedsTransformerEngine`, with the fix):
@@ -44,6 +47,7 @@ The CPU build (:mod:`lcmoe_recipes.emit.probe.build`) constructs but never runs 
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass
 
 from ..errors import LcmoeError
@@ -150,7 +154,8 @@ def switch_to_local(model) -> list[str]:
 
 def run_without_te(model) -> list[str]:
     """Turn off, in place, what only Transformer Engine *runs* (the model still builds with it on): the TE-only
-    recompute modules of :data:`LOCAL_LIMITS`, the fused router, TE's CUDA graphs.
+    recompute modules of :data:`LOCAL_LIMITS`, the fused router, TE's CUDA graphs; and the local attention's fused
+    softmax where its compiled extension is absent.
 
     Returns:
         the changes made, one ``field: old -> new -- reason`` line each (the run's memory differs from the TE run's).
@@ -160,6 +165,10 @@ def run_without_te(model) -> list[str]:
     if getattr(model, "moe_router_fusion", False):
         change("moe_router_fusion", False, "the fused top-k and aux-loss kernels are TE's (megatron-core 0.19.2 "
                "transformer/moe/moe_utils.py:773)")
+    if getattr(model, "masked_softmax_fusion", False) and not importlib.util.find_spec("scaled_masked_softmax_cuda"):
+        change("masked_softmax_fusion", False, "the fused softmax of megatron-core's local attention is the compiled "
+               "scaled_masked_softmax_cuda extension (megatron-core 0.19.2 fusions/fused_softmax.py:357, built from "
+               "Megatron-LM's or Apex's source), not in this installation: torch's softmax runs instead")
     if getattr(model, "cuda_graph_impl", "none") == "transformer_engine":
         change("cuda_graph_impl", "none", "TE captures these CUDA graphs (make_graphed_callables); the graph buffers "
                "are left out of the run")

@@ -284,8 +284,9 @@ class _Stream:
 
 
 @contextlib.contextmanager
-def _on_cpu(model, used: list[str]):
-    """The stand-ins of the module doc, for the duration of one measurement."""
+def _on_cpu(model, used: list[str], te_kernels: bool = True):
+    """The stand-ins of the module doc, for the duration of one measurement (without ``te_kernels``, only what a CPU
+    run needs: the CUDA answers, the checkpoint default and the local norm's sequence-parallel refusal)."""
     import torch
 
     import megatron.core.models.common.embeddings.rope_utils as rope_utils
@@ -303,6 +304,11 @@ def _on_cpu(model, used: list[str]):
 
         # the all-to-all dispatcher keeps its first stream on the class: restored with the rest when the layer is done
         patch(MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", MoEAlltoAllTokenDispatcher.cuda_dtoh_stream)
+        import megatron.core.fusions.fused_softmax as fused_softmax
+
+        # the local attention's causal mask (megatron-core 0.19.2 transformer/utils.py get_default_causal_mask)
+        patch(fused_softmax, "get_default_causal_mask",
+              lambda sq: torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1))
         patch(torch.cuda, "get_rng_state", lambda *a, **k: torch.get_rng_state())
         patch(torch.cuda, "set_rng_state", lambda *a, **k: None)
         patch(random, "_set_cuda_rng_state", lambda *a, **k: None)
@@ -322,7 +328,7 @@ def _on_cpu(model, used: list[str]):
         real_new = torch_norm.WrappedTorchNorm.__new__
 
         def new_norm(cls, config, hidden_size, eps=1e-5, **kwargs):
-            if config.normalization == "RMSNorm":
+            if te_kernels and config.normalization == "RMSNorm":
                 return norm(hidden_size, eps)
             built = real_new(cls, _without_sp(config) if config.sequence_parallel else config, hidden_size, eps,
                              **kwargs)
@@ -331,10 +337,10 @@ def _on_cpu(model, used: list[str]):
             return built.to(model.params_dtype)
 
         patch(torch_norm.WrappedTorchNorm, "__new__", staticmethod(new_norm))
-        used += ["te-rmsnorm"] + (["local-norm-sp"] if model.sequence_parallel else [])
+        used += (["te-rmsnorm"] if te_kernels else []) + (["local-norm-sp"] if model.sequence_parallel else [])
 
         fused_rope, mla_q, mla_kv = _rope_functions()
-        if model.apply_rope_fusion:
+        if model.apply_rope_fusion and te_kernels:
             patch(rope_utils, "fused_apply_rotary_pos_emb", lambda t, freqs, *a, **k: fused_rope.apply(t, freqs))
             patch(mla, "fused_apply_mla_rope_for_q", lambda q, cos, sin, d, e, *a, **k: mla_q.apply(q, cos, sin, d, e))
             patch(mla, "fused_apply_mla_rope_for_kv", lambda kv, pe, cos, sin, e, k_dim, v_dim, *a, **k:
@@ -349,10 +355,11 @@ def _without_sp(config):
     return out
 
 
-def _layer_config(plan: Plan, tp: int, granularity: str | None, modules: tuple[str, ...]):
-    """The plan's model provider for one layer on ``tp`` ranks: CP, EP, PP 1; local modules without TE."""
+def _layer_config(plan: Plan, tp: int, granularity: str | None, modules: tuple[str, ...], te_kernels: bool = True):
+    """The plan's model provider for one layer on ``tp`` ranks: CP, EP, PP 1; local modules without TE (and, without
+    ``te_kernels``, RoPE unfused, as the local modules run it)."""
     from ..config import config_from_plan
-    from ..local_impl import switch_to_local
+    from ..local_impl import run_without_te, switch_to_local
     from ..stack import quiet_upstream, te_installed
 
     if not te_installed() and "moe_act" in modules:
@@ -364,6 +371,8 @@ def _layer_config(plan: Plan, tp: int, granularity: str | None, modules: tuple[s
                             "Engine (megatron-core 0.19.2)", "measure them where Transformer Engine is installed")
     fusion = model.apply_rope_fusion
     switch_to_local(model)
+    if not te_kernels:  # as a run without TE runs them: e.g. torch's softmax where the fused one is not built
+        run_without_te(model)
     for name, value in dict(tensor_model_parallel_size=tp, sequence_parallel=tp > 1, context_parallel_size=1,
                             expert_model_parallel_size=1, expert_tensor_parallel_size=1,
                             pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
@@ -375,23 +384,25 @@ def _layer_config(plan: Plan, tp: int, granularity: str | None, modules: tuple[s
         setattr(model, name, value)
     with quiet_upstream():
         model.finalize()
-    model.apply_rope_fusion = fusion  # after the TE check of finalize(): the fused-RoPE stand-ins answer (module doc)
+    # after the TE check of finalize(): the fused-RoPE stand-ins answer (module doc)
+    model.apply_rope_fusion = fusion and te_kernels
     return model
 
 
-def _layer_spec(model, layer: int):
+def _layer_spec(model, layer: int, te_attention: bool = True):
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     spec = model.transformer_layer_spec
     spec = spec(model) if callable(spec) else spec
     spec = spec.layer_specs[layer] if isinstance(spec, TransformerBlockSubmodules) else spec
     spec = copy.deepcopy(spec)
-    spec.submodules.self_attention.submodules.core_attention = _fused_attention_class()
+    if te_attention:
+        spec.submodules.self_attention.submodules.core_attention = _fused_attention_class()
     return spec
 
 
 def measure_layer(plan: Plan, layer: int, tokens: int = 256, tp: int = 1, granularity: str | None = None,
-                  modules: tuple[str, ...] = ()) -> LayerActivations:
+                  modules: tuple[str, ...] = (), te_kernels: bool = True) -> LayerActivations:
     """Forward and backward of decoder layer ``layer`` of ``plan``'s model; the bytes it keeps for backward, measured
     and from our table (module doc).
 
@@ -401,6 +412,10 @@ def measure_layer(plan: Plan, layer: int, tokens: int = 256, tp: int = 1, granul
         tokens: n, tokens per CP rank (a multiple of ``tp``); every listed tensor is linear in n.
         tp: tensor-parallel ranks (sequence parallel when > 1).
         granularity, modules: recompute setting ("selective" and megatron-core's module names, or None).
+        te_kernels: with the stand-ins that keep what Transformer Engine's kernels keep (the default: what a TE run
+            keeps, beside our table); False measures megatron-core's local modules as they run without TE (the s x s
+            softmax probabilities of the local ``DotProductAttention``, the torch RMSNorm's saved set): what a run
+            without TE keeps, e.g. the GPU proof's (``predicted_bytes`` stays our table, for TE).
 
     Raises:
         NotMeasurable: gated DeltaNet, or ``moe_act`` recompute, without Transformer Engine.
@@ -414,15 +429,21 @@ def measure_layer(plan: Plan, layer: int, tokens: int = 256, tp: int = 1, granul
     from ...cost.shapes import shapes
     from .fake_world import MIRROR, fake_world
 
-    model = _layer_config(plan, tp, granularity, modules)
+    model = _layer_config(plan, tp, granularity, modules, te_kernels)
     s = shapes(plan.model_spec)
-    used: list[str] = ["te-fused-attention"]
+    used: list[str] = ["te-fused-attention"] if te_kernels else []
     torch.manual_seed(0)
-    with fake_world(tp, 0, backend=MIRROR), _on_cpu(model, used):
+    with fake_world(tp, 0, backend=MIRROR), _on_cpu(model, used, te_kernels):
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_tensor_parallel_size=1,
                                                  create_gloo_process_groups=False)
         pgc = ProcessGroupCollection.use_mpu_process_groups()
-        built = build_module(_layer_spec(model, layer), config=model, layer_number=layer + 1, pg_collection=pgc)
+        if not te_kernels:  # the local attention forks the model-parallel RNG for its (p = 0) dropout
+            from megatron.core import tensor_parallel
+
+            tracker = tensor_parallel.get_cuda_rng_tracker()
+            tracker.reset()
+            tracker.add("model-parallel-rng", 1234)
+        built = build_module(_layer_spec(model, layer, te_kernels), config=model, layer_number=layer + 1, pg_collection=pgc)
         built = built.to(model.params_dtype)
         local = tokens // tp if tp > 1 else tokens
         x = torch.randn(local, 1, model.hidden_size, dtype=model.params_dtype, requires_grad=True)
@@ -480,3 +501,42 @@ def _saved_bytes(layer, x, rotary) -> tuple[int, dict[str, int]]:
         by_module[key] = by_module.get(key, 0) + size
     out.float().sum().backward()
     return sum(sizes.values()), by_module
+
+
+CAUSAL_MASK_MODULE = "self_attention.core_attention.scale_mask_softmax"  # the local softmax's bool s x s causal mask
+EXCESS_POINTS = (256, 512, 1024)
+
+
+def local_excess_bytes(plan: Plan, layer: int, tokens: int, points: tuple[int, int, int] = EXCESS_POINTS) -> float:
+    """Bytes decoder layer ``layer`` of ``plan``'s model keeps for backward when it runs on megatron-core's local
+    modules (a run without Transformer Engine) beyond what it keeps with TE's kernels, for one sequence of ``tokens``
+    tokens (TP 1, the plan's recompute; without TE, less the modules only TE recomputes).
+
+    Measured (:func:`measure_layer`, with and without ``te_kernels``) at the three token counts of ``points`` and
+    carried to ``tokens`` by the quadratic through them, which is exact: every tensor either run keeps is linear in
+    the tokens except the local attention's s x s softmax probabilities (megatron-core 0.19.2
+    ``transformer/dot_product_attention.py``, kept for the product with V). The causal mask is left out: megatron-core
+    builds it once per sequence length (``transformer/utils.py``, ``get_default_causal_mask``, cached) and every layer
+    shares it -- ``tokens``² bytes once per run.
+
+    Raises:
+        NotMeasurable: as :func:`measure_layer`.
+    """
+    from ..local_impl import LOCAL_LIMITS
+
+    granularity = plan.recompute_granularity
+    modules = tuple(plan.recompute_modules) if granularity == "selective" else ()
+    # the run without TE drops the modules only TE recomputes (lcmoe_recipes.emit.local_impl.run_without_te)
+    kept = tuple(m for m in modules if m not in {limit.module for limit in LOCAL_LIMITS})
+    local_granularity = granularity if granularity != "selective" or kept else None
+
+    def excess(n: int) -> float:
+        local = measure_layer(plan, layer, n, 1, local_granularity, kept, te_kernels=False)
+        te = measure_layer(plan, layer, n, 1, granularity, modules)
+        return local.measured_bytes - local.by_module.get(CAUSAL_MASK_MODULE, 0) - te.measured_bytes
+
+    (x0, x1, x2), (y0, y1, y2) = points, [excess(n) for n in points]
+    # Lagrange form of the quadratic through the three points, at ``tokens``
+    return (y0 * (tokens - x1) * (tokens - x2) / ((x0 - x1) * (x0 - x2))
+            + y1 * (tokens - x0) * (tokens - x2) / ((x1 - x0) * (x1 - x2))
+            + y2 * (tokens - x0) * (tokens - x1) / ((x2 - x0) * (x2 - x1)))
