@@ -76,8 +76,9 @@ def test_real_torchrun_smoke_and_refusal(next_yaml, tmp_path, zygote):
     """Two ranks through torch.distributed.run: the smoke run passes (gloo all-reduce, same config digest on both);
     a training run with the same 2 ranks is refused on every rank before touching a GPU. The launcher is forked from
     the session's server (tests/zygote.py); it starts each rank as a fresh interpreter, as on a node."""
-    def torchrun(*args):
+    def torchrun(*args, monitor: float = 0.1):
         return zygote.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "--monitor-interval", str(monitor),
                            "-m", "lcmoe_recipes.train", "--config", str(next_yaml), *args],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
 
@@ -87,7 +88,9 @@ def test_real_torchrun_smoke_and_refusal(next_yaml, tmp_path, zygote):
         assert f"smoke rank {rank}/2" in smoke.stdout
     assert smoke.stdout.count("all_reduce 3 (expected 3)") == 2 and "identical on every rank" in smoke.stdout
     assert "a training run would be refused (this job has 2 ranks" in smoke.stdout
-    refused = torchrun()
+    # the launcher stops the other ranks at its first check after one fails: checking every 10 s lets the slower
+    # rank print its own refusal (a busy machine once killed it mid-import, 2026-12-04)
+    refused = torchrun(monitor=10)
     assert refused.returncode != 0
     assert refused.stderr.count("error: this job has 2 ranks but the config was planned and validated for 32") == 2
 
