@@ -376,6 +376,7 @@ def _gpu_section() -> list[str]:
         lines.append(f"| {model} | {gemm} | {k:,} x {n:,} | " + " | ".join(f"{by_m[t]:.2f}" for t in (512, 2048, 8192))
                      + " |")
     oss = {(k, gemm): by_m[8192] for (model, gemm, k, n), by_m in cases.items() if model == "gpt_oss_120b"}
+    dsv3_fc1 = cases[("deepseek_v3", "fc1", 7168, 4096)]
     lines += ["", f"Tile quantization of gpt-oss's 2,880-wide GEMMs is not what its rows miss: at 8,192 tokens per "
                   f"expert the fc2 GEMM reads {oss[(2880, 'fc2')]:.2f} of peak at 2,880, {oss[(2944, 'fc2')]:.2f} at "
                   f"2,944 (a multiple of 128) and {oss[(3072, 'fc2')]:.2f} at 3,072, so the unaligned width costs "
@@ -384,7 +385,7 @@ def _gpu_section() -> list[str]:
                   "shapes do change is the share of peak with tokens per expert: Qwen3-30B-A3B's fc2 (768 x 2,048) "
                   f"reads {cases[('qwen3_30b', 'fc2', 768, 2048)][512]:.2f} at 512 tokens and "
                   f"{cases[('qwen3_30b', 'fc2', 768, 2048)][8192]:.2f} at 8,192, DeepSeek-V3's fc1 "
-                  f"{cases[('deepseek_v3', 'fc1', 7168, 4096)][512]:.2f} and {cases[('deepseek_v3', 'fc1', 7168, 4096)][8192]:.2f}. "
+                  f"{dsv3_fc1[512]:.2f} and {dsv3_fc1[8192]:.2f}. "
                   "The step model's one GEMM constant per GPU x precision does not see this; a grouped-GEMM "
                   "measurement at these shapes (with TE) is what pricing GEMMs from their shapes needs next.", ""]
     return lines

@@ -214,6 +214,19 @@ def local_excess(plan) -> dict:
             "predicted_peak_as_run_gib": (estimate_memory(plan).total + excess) / 2**30}
 
 
+def measured_over_predicted(prediction: dict, measured: dict) -> dict:
+    """Measured peak and step time over ours (``proof_config``'s prediction; {} where there is none), and the peak
+    over our prediction as run where the run used the local modules (``predicted_peak_as_run_gib``)."""
+    if "predicted_peak_gib" not in prediction:
+        return {}
+    out = {"peak_measured_over_predicted": measured["peak_allocated_gib"] / prediction["predicted_peak_gib"],
+           "step_measured_over_predicted": measured["step_seconds_median"] / prediction["predicted_step_seconds"]}
+    if "predicted_peak_as_run_gib" in prediction:  # our model plus what the local modules keep beyond TE's
+        out["peak_measured_over_predicted_as_run"] = (measured["peak_allocated_gib"]
+                                                      / prediction["predicted_peak_as_run_gib"])
+    return out
+
+
 def _run(cmd: list[str], log: Path, timeout: int) -> int:
     print("+ " + " ".join(cmd), flush=True)
     with open(log, "w") as out:
@@ -287,14 +300,7 @@ def run_all(work: Path, out: Path, steps: int, seq_length: int, global_batch_siz
             row["measured"] = {"loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
                                "peak_allocated_gib": max(s["max_allocated_bytes"] for s in measured) / 2**30,
                                "step_seconds_median": statistics.median(times), "steps_timed": len(times)}
-            if "predicted_peak_gib" in row:
-                row["measured"]["peak_measured_over_predicted"] = (row["measured"]["peak_allocated_gib"]
-                                                                  / row["predicted_peak_gib"])
-            if "predicted_peak_as_run_gib" in row:  # our model plus what the local modules keep beyond TE's
-                row["measured"]["peak_measured_over_predicted_as_run"] = (row["measured"]["peak_allocated_gib"]
-                                                                         / row["predicted_peak_as_run_gib"])
-                row["measured"]["step_measured_over_predicted"] = (row["measured"]["step_seconds_median"]
-                                                                  / row["predicted_step_seconds"])
+            row["measured"].update(measured_over_predicted(row, row["measured"]))
         out.write_text(json.dumps(report, indent=1))
     out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))

@@ -258,7 +258,8 @@ def run_grouped(cases: list[dict], warmup: int, repeats: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="write the results here as JSON")
-    parser.add_argument("--gpu", default="h200", help="catalogue GPU whose modelled numbers stand beside (default h200)")
+    parser.add_argument("--gpu", default="h200",
+                        help="catalogue GPU whose modelled numbers stand beside (default h200)")
     parser.add_argument("--quick", action="store_true", help="a few shapes only")
     parser.add_argument("--list", action="store_true", help="print the shapes and the model's numbers; no GPU")
     parser.add_argument("--warmup", type=int, default=3)

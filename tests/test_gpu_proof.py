@@ -158,3 +158,13 @@ def test_device_bundle_builds_and_installs_into_a_clean_folder(tmp_path):
     for package in ("megatron/core", "megatron/bridge", "nvidia_resiliency_ext/inprocess"):
         assert (target / package).is_dir(), package
     assert not (target / "fla").exists()  # gated DeltaNet's kernels need TE, which no bundle can carry
+
+
+def test_measured_over_predicted_gives_the_step_ratio_with_or_without_the_local_excess():
+    measured = {"peak_allocated_gib": 20.0, "step_seconds_median": 0.2}
+    te = {"predicted_peak_gib": 16.0, "predicted_step_seconds": 0.1}
+    assert gpu_proof.measured_over_predicted(te, measured) == {"peak_measured_over_predicted": 1.25,
+                                                              "step_measured_over_predicted": 2.0}
+    local = {**te, "predicted_peak_as_run_gib": 25.0}
+    assert gpu_proof.measured_over_predicted(local, measured)["peak_measured_over_predicted_as_run"] == 0.8
+    assert gpu_proof.measured_over_predicted({}, measured) == {}

@@ -443,7 +443,8 @@ def measure_layer(plan: Plan, layer: int, tokens: int = 256, tp: int = 1, granul
             tracker = tensor_parallel.get_cuda_rng_tracker()
             tracker.reset()
             tracker.add("model-parallel-rng", 1234)
-        built = build_module(_layer_spec(model, layer, te_kernels), config=model, layer_number=layer + 1, pg_collection=pgc)
+        built = build_module(_layer_spec(model, layer, te_kernels), config=model, layer_number=layer + 1,
+                             pg_collection=pgc)
         built = built.to(model.params_dtype)
         local = tokens // tp if tp > 1 else tokens
         x = torch.randn(local, 1, model.hidden_size, dtype=model.params_dtype, requires_grad=True)
