@@ -149,3 +149,35 @@ def test_graphed_attention_with_biases_keeps_wgrad_undelayed():
     plan = THROUGHPUT_ROWS["PS11"].plan.with_changes(cuda_graph_impl="transformer_engine",
                                                      cuda_graph_modules=("attn",))
     assert ep_overlap(plan)[:2] == (True, False)
+
+
+def test_tp_overlap_hides_each_layers_tp_traffic_behind_its_gemms():
+    """Qwen3-235B 128K on GB200 at TP4: megatron-bridge's Qwen3 MoE recipes set tp_comm_overlap, and the run keeps it
+    (TP >= 2, sequence parallel). Each layer's TP all-gathers / reduce-scatters then run beside its GEMMs outside the
+    routed experts, at least the share of the transfer its bulk transfers' 16 SMs take from that compute stays
+    exposed (cost.overlap, TE 2.x initialize_ub); without it every TP collective is exposed."""
+    from lcmoe_recipes.cost.overlap import TP_BULK_SMS, tp_overlap, tp_overlap_allowed
+    from lcmoe_recipes.cost.step import step_constants, step_terms
+    from lcmoe_recipes.planner.recipes import recipe_plan
+
+    plan = recipe_plan("qwen3_235b_128k_gb200")
+    assert plan.layout.tp == 4 and plan.sequence_parallel and plan.tp_comm_overlap and tp_overlap(plan)[0]
+    assert "as the base recipe asks" in plan.reasons["tp_comm_overlap"].why
+    on, off = estimate_step(plan), estimate_step(plan.with_changes(tp_comm_overlap=False))
+    tp_on, tp_off = ({o.name: o for o in e.overlaps}["TP"] for e in (on, off))
+    assert not tp_off.on and tp_off.exposed == tp_off.communication == pytest.approx(tp_on.communication)
+    assert tp_on.on and tp_on.exposed == pytest.approx(on.parts["tp_exposed"]) and on.step_seconds < off.step_seconds
+    terms = step_terms(plan)
+    gemm = step_constants(plan)[0].value
+    w = terms.slowest(gemm, *(c.value for c in step_constants(plan)[1:]))[1]
+    s, lay = shapes(plan.model_spec), plan.layout
+    tokens = plan.micro_batch_size * plan.seq_length / (lay.tp * lay.cp)
+    (c, dense, n), = w.tp_layers  # every layer of this model is a MoE layer with GQA attention
+    assert dense == pytest.approx(6 * s.layer_dense_params(0) * tokens)  # moe_act recompute adds no GEMM
+    share = 0.5 * TP_BULK_SMS / 148
+    assert tp_on.exposed == pytest.approx(terms.micro * n * max(c - dense / (terms.peak * gemm), c * share))
+    assert tp_on.exposed < 0.1 * tp_on.communication
+    assert tp_overlap_allowed(1, False) == (False, "megatron-bridge turns tp_comm_overlap off at TP < 2")
+    assert tp_overlap_allowed(4, False)[1] == "megatron-bridge turns tp_comm_overlap off without sequence parallelism"
+    assert tp_overlap(THROUGHPUT_ROWS["HC1"].plan) == (False, "tp_comm_overlap off")  # published rows: as they ran
+

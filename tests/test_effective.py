@@ -93,6 +93,24 @@ def test_values_read_back_for_qwen3_235b(named):
     assert again.get("layer[moe].recompute_pre_mlp_layernorm").runs is False
 
 
+def test_tp_comm_overlap_is_written_and_read_back_as_megatron_bridge_keeps_it(named):
+    """megatron-bridge's Qwen3 MoE recipes ask for tp_comm_overlap: our TP4 recipe writes it and reads it back on;
+    the same config at TP1, where CommOverlapConfig.setup turns it off, reads back off."""
+    from lcmoe_recipes.emit.readback import plan_from_config
+
+    plan, cfg, _ = named["qwen3_235b_128k_gb200"]
+    assert cfg.comm_overlap.tp_comm_overlap is True and plan.tp_comm_overlap
+    assert plan_from_config(cfg, plan.hardware_spec, plan.layout.world).tp_comm_overlap is True
+    one = copy.deepcopy(cfg)
+    one.model.tensor_model_parallel_size, one.model.sequence_parallel = 1, False
+    assert plan_from_config(one, plan.hardware_spec, plan.layout.world).tp_comm_overlap is False
+    asked_off = copy.deepcopy(cfg)
+    asked_off.comm_overlap.tp_comm_overlap = False
+    assert plan_from_config(asked_off, plan.hardware_spec, plan.layout.world).tp_comm_overlap is False
+    next_plan, next_cfg, _ = named["qwen3_next_64k_gb200"]  # TP1: the recipe's request is inert, the YAML says off
+    assert next_plan.tp_comm_overlap is False and next_cfg.comm_overlap.tp_comm_overlap is False
+
+
 def test_what_megatron_warns_is_read_after_a_jobs_logging_setup():
     """megatron-bridge's setup_logging (run by a training job in this process) leaves a filter that drops WARNING
     records on the loggers: the read-back still sees megatron-core's warning, and leaves the loggers as it found them."""

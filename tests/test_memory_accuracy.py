@@ -346,3 +346,23 @@ def test_in_flight_follows_megatron_warmup_with_and_without_ep_overlap():
                     assert sum(ours) == min(warmup + 1, micro * vpp), (pp, vpp, micro, rank, overlap)
                     checked += 1
     assert checked == 2 * 3 * (4 + 8 + 4)
+
+
+def test_userbuffers_are_the_buffers_te_initialize_ub_makes():
+    """tp_comm_overlap (Qwen3-235B 128K on GB200: TP4, CP8): TE 2.x initialize_ub makes 12 communicators, each with a
+    [seq_length x MBS / CP, hidden] buffer (megatron-bridge 0.6.2 _initialize_tp_communicators), BF16, the 8
+    all-gather ones one byte per element under FP8; outside PyTorch's allocator. Its cuBLAS workspace is repeated
+    for 3 streams."""
+    from lcmoe_recipes.cost.memory import OUTSIDE, TE_WORKSPACE, userbuffer_bytes
+    from lcmoe_recipes.planner.recipes import recipe_plan
+
+    plan = recipe_plan("qwen3_235b_128k_gb200")
+    assert (plan.layout.cp, plan.micro_batch_size, plan.seq_length) == (8, 1, 131072)
+    m, off = estimate_memory(plan), estimate_memory(plan.with_changes(tp_comm_overlap=False))
+    assert m.userbuffers == 12 * (131072 // 8) * 4096 * 2 == 1_610_612_736
+    assert "userbuffers" in OUTSIDE and m.hbm_total - m.total == pytest.approx(
+        m.dispatcher + m.cuda_context + m.nccl + m.userbuffers)
+    assert off.userbuffers == 0.0 and m.workspace - off.workspace == 2 * TE_WORKSPACE
+    assert m.total - off.total == 2 * TE_WORKSPACE
+    assert userbuffer_bytes(plan.with_changes(precision="mxfp8")) == (131072 // 8) * 4096 * (4 * 2 + 8 * 1)
+

@@ -396,6 +396,22 @@ def test_planner_turns_the_ep_overlap_on_where_megatron_allows_it_and_it_pays():
     assert cfg.model.moe_shared_expert_overlap is False
 
 
+def test_planner_turns_tp_comm_overlap_on_wherever_megatron_bridge_keeps_it():
+    """Issue 26, item 3: every planned layout with TP >= 2 (sequence parallel) runs tp_comm_overlap, says why, and
+    writes it; TP1 layouts do not."""
+    from lcmoe_recipes.emit import config_from_plan
+
+    result = search_layouts(TrainingRequest(model="qwen3_235b", seq_length=32768, hardware="h100", num_gpus=64),
+                            top=20)
+    by_tp = {c.plan.layout.tp > 1: c.plan for c in result.ranked}
+    assert set(by_tp) == {True, False}
+    wide, narrow = by_tp[True], by_tp[False]
+    assert wide.tp_comm_overlap and wide.sequence_parallel and not narrow.tp_comm_overlap
+    assert wide.reasons["tp_comm_overlap"].why.startswith(f"on: megatron-bridge keeps it at TP{wide.layout.tp}")
+    assert narrow.reasons["tp_comm_overlap"].why == "megatron-bridge turns tp_comm_overlap off at TP < 2"
+    assert config_from_plan(wide, quiet=True).comm_overlap.tp_comm_overlap is True
+
+
 def test_a_rung_or_graphs_megatron_forbids_turn_the_ep_overlap_off_and_say_why():
     """A rung with 'moe' in its recompute modules (DeepSeek-V3 at 128K on 256 H100: the winner recomputes
     layernorm, mla_up_proj, mlp and moe) runs without the overlap, priced and stated so; Transformer Engine CUDA

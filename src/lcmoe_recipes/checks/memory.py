@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..core.plan import HBM_MARGIN, Plan
 from ..cost.bands import MEMORY_ERROR_BAND
 from ..cost.host import HOST_MARGIN, estimate_host_memory
-from ..cost.memory import GDN_MEASURED_RATIOS, estimate_memory
+from ..cost.memory import GDN_MEASURED_RATIOS, OUTSIDE, estimate_memory
 from ..errors import Finding
 
 
@@ -45,9 +45,18 @@ def memory_findings(plan: Plan) -> list[Finding]:
     top = max((k for k in gib if k != "total"), key=gib.get)
     return [Finding("error", "memory/exceeds-hbm",
                     f"predicted HBM use {mem.hbm_total / 2**30:.1f} GiB on PP rank {mem.pp_rank} (allocator peak "
-                    f"{gib['total']:.1f} + {mem.outside / 2**30:.1f} outside it: dispatcher, CUDA context, NCCL) exceeds "
+                    f"{gib['total']:.1f} + {mem.outside / 2**30:.1f} outside it: {_outside_names(mem)}) exceeds "
                     f"{HBM_MARGIN:.0%} of {hw.display}'s {hw.hbm_gib:.0f} GiB (largest part: {top} {gib[top]:.1f} GiB)",
                     _hbm_fixes(plan))] + out
+
+
+OUTSIDE_NAMES = {"dispatcher": "dispatcher", "cuda_context": "CUDA context", "nccl": "NCCL",
+                 "userbuffers": "TE userbuffers"}
+
+
+def _outside_names(mem) -> str:
+    """The buffers outside the allocator that ``mem`` holds, named (:data:`lcmoe_recipes.cost.memory.OUTSIDE`)."""
+    return ", ".join(OUTSIDE_NAMES[n] for n in OUTSIDE if getattr(mem, n) or n != "userbuffers")
 
 
 def _hbm_fixes(plan: Plan) -> str:

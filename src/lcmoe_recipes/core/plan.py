@@ -127,6 +127,9 @@ class Plan:
         moe_router_bias_update_rate: the update rate of the router's expert biases (auxiliary-loss-free balancing)
             for models that have them; None for models without (nothing written).
         moe_ep_overlap: ``overlap_moe_expert_parallel_comm`` (EP all-to-all hidden behind compute).
+        tp_comm_overlap: ``tp_comm_overlap`` as the run has it: Transformer Engine's userbuffers overlap each TP
+            all-gather / reduce-scatter with the GEMM beside it. megatron-bridge 0.6.2 ``CommOverlapConfig`` turns it
+            off below TP 2, without sequence parallelism and without TE, so True only with TP >= 2 and SP.
         moe_flex_dispatcher_num_sms: SMs the flex dispatcher's kernels (DeepEP, HybridEP) hold while they run
             (megatron-core 0.19.2 ``moe_flex_dispatcher_num_sms``, which the deprecated ``moe_hybridep_num_sms`` /
             ``moe_deepep_num_sms`` route into); None: megatron-core's default, 20. Every megatron-bridge release's
@@ -194,6 +197,7 @@ class Plan:
     moment_dtype: str = "fp32"
     moe_router_bias_update_rate: float | None = None
     moe_ep_overlap: bool = False
+    tp_comm_overlap: bool = False
     use_transformer_engine_op_fuser: bool = False
     moe_flex_dispatcher_num_sms: int | None = None
     base_recipe: str | None = field(default=None, compare=False)  # provenance: a config does not record it

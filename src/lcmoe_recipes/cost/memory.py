@@ -41,7 +41,17 @@ function named per component); what is left is one fitted constant, :data:`CALIB
   layer). Full-iteration graphs put the whole step in one pool: priced as the eager step.
 * **workspace** -- cuBLAS workspaces: Transformer Engine's 32 MiB per GEMM stream on SM >= 9 (one, plus four for
   grouped GEMMs: ``pytorch/cpp_extensions/gemm.py``, ``get_cublas_workspace_size_bytes`` / ``get_cublas_workspace``,
-  and ``common/util/multi_stream.cpp``'s four compute streams) and PyTorch's own 32 MiB.
+  and ``common/util/multi_stream.cpp``'s four compute streams) and PyTorch's own 32 MiB. With ``tp_comm_overlap``,
+  Transformer Engine 2.x's ``initialize_ub`` repeats its plain-GEMM workspace once per overlap stream
+  (``_NUM_MAX_UB_STREAMS`` = 3).
+* **userbuffers** -- with ``tp_comm_overlap`` (:func:`lcmoe_recipes.cost.overlap.tp_overlap`), Transformer Engine
+  2.x's ``initialize_ub`` (``pytorch/module/base.py``) makes one communicator per named overlap (ring exchange:
+  qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; pipeline: proj_fprop, fc2_fprop; bulk: qkv_dgrad, qkv_wgrad,
+  fc1_dgrad, fc1_wgrad; external: proj_wgrad, fc2_wgrad), each with a buffer of the shape megatron-bridge passes,
+  [seq_length x MBS / CP, hidden] (``training/initialize.py`` ``_initialize_tp_communicators``), in BF16, or one byte
+  per element for the eight all-gather buffers under an FP8 recipe (``layers_all_gather_overlap``). The buffers are
+  registered with userbuffers' own allocation, outside PyTorch's caching allocator (an OUTSIDE line). Counted as
+  read: at least one such buffer per communicator.
 * **overhead** -- the fitted remainder: what the caching allocator holds that none of the above names (the loss
   and its fp32 reductions, rotary tables, MoE auxiliary-loss tensors, per-step temporaries of the distributed
   optimizer, allocator rounding).
@@ -89,6 +99,7 @@ from functools import cached_property, lru_cache
 
 from ..core.pipeline import stage_decoder_layers
 from ..core.plan import Plan
+from .overlap import tp_overlap
 from .shapes import LayerShapes, shapes
 
 BF16, FP32 = 2, 4
@@ -97,6 +108,9 @@ FP8_CACHED = ("fp8_blockwise",)  # precisions whose bf16 weights get TE FP8 copi
 TE_WORKSPACE = 32 * 2**20 + 1024  # bytes per TE cuBLAS workspace on SM >= 9
 TE_WORKSPACES = 1 + 4             # one for plain GEMMs, four for grouped GEMMs (TE's compute streams)
 TORCH_WORKSPACE = 32 * 2**20      # PyTorch's cuBLAS workspace (SM >= 9)
+UB_STREAMS = 3                    # TE initialize_ub: _NUM_MAX_UB_STREAMS, the plain workspace repeated per stream
+UB_BUFFERS = 12                   # TE initialize_ub: communicators (ring exchange 4, pipeline 2, bulk 4, external 2)
+UB_ALL_GATHER_BUFFERS = 8         # ... of which all-gather buffers, uint8 under an FP8 recipe
 GDN_CHUNK = 64                    # FLA chunk size of the gated-delta-rule kernels (chunk_gated_delta_rule)
 DEEPEP_SMS = 20                   # megatron-core's default moe_deepep_num_sms (Buffer.num_sms)
 DEEPEP_NVL_PEERS = 8              # DeepEP's NUM_MAX_NVL_PEERS
@@ -138,7 +152,7 @@ GDN_MEASURED_RATIOS = (0.45, 0.78)
 # What the caching allocator holds at the peak (sums to ``total``); OUTSIDE lives in HBM outside it.
 COMPONENTS = ("parameters", "weight_cache", "gradients", "optimizer", "activations", "transient", "cuda_graphs",
               "workspace", "overhead")
-OUTSIDE = ("dispatcher", "cuda_context", "nccl")
+OUTSIDE = ("dispatcher", "cuda_context", "nccl", "userbuffers")
 
 
 @dataclass(frozen=True)
@@ -159,6 +173,7 @@ class MemoryBreakdown:
     dispatcher: float = 0.0
     cuda_context: float = 0.0
     nccl: float = 0.0
+    userbuffers: float = 0.0
     detail: dict[str, float] = field(default_factory=dict, compare=False)
 
     @cached_property
@@ -169,8 +184,9 @@ class MemoryBreakdown:
 
     @cached_property
     def outside(self) -> float:
-        """Bytes of HBM outside PyTorch's caching allocator: :data:`OUTSIDE` (dispatcher, CUDA context, NCCL)."""
-        return self.dispatcher + self.cuda_context + self.nccl  # OUTSIDE, in order
+        """Bytes of HBM outside PyTorch's caching allocator: :data:`OUTSIDE` (dispatcher, CUDA context, NCCL,
+        userbuffers)."""
+        return self.dispatcher + self.cuda_context + self.nccl + self.userbuffers  # OUTSIDE, in order
 
     @cached_property
     def hbm_total(self) -> float:
@@ -432,8 +448,21 @@ def cuda_graph_bytes(plan: Plan, graphed_layers: float) -> float:
 
 
 def workspace_bytes(plan: Plan) -> float:
-    """cuBLAS workspaces (module doc, **workspace**): TE's per GEMM stream and PyTorch's."""
-    return float(TE_WORKSPACES * TE_WORKSPACE + TORCH_WORKSPACE)
+    """cuBLAS workspaces (module doc, **workspace**): TE's per GEMM stream (the plain one repeated per userbuffers
+    stream under ``tp_comm_overlap``) and PyTorch's."""
+    repeats = UB_STREAMS - 1 if tp_overlap(plan)[0] else 0
+    return float((TE_WORKSPACES + repeats) * TE_WORKSPACE + TORCH_WORKSPACE)
+
+
+def userbuffer_bytes(plan: Plan) -> float:
+    """Bytes of Transformer Engine's userbuffers on one GPU under ``tp_comm_overlap`` (module doc,
+    **userbuffers**): :data:`UB_BUFFERS` buffers of [seq_length x MBS / CP, hidden], BF16, the
+    :data:`UB_ALL_GATHER_BUFFERS` all-gather ones one byte per element under an FP8 recipe; 0 without the overlap."""
+    if not tp_overlap(plan)[0]:
+        return 0.0
+    rows = plan.micro_batch_size * plan.seq_length / plan.layout.cp
+    per_row_element = UB_BUFFERS * BF16 - (UB_ALL_GATHER_BUFFERS * (BF16 - 1) if plan.precision != "bf16" else 0)
+    return float(rows * shapes(plan.model_spec).h * per_row_element)
 
 
 def master_weight_bytes(plan: Plan) -> int:
@@ -703,6 +732,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
         weight_cache=2 * gemm_weights if plan.precision in FP8_CACHED else 0.0,
         cuda_graphs=cuda_graph_bytes(plan, graphed), workspace=workspace_bytes(plan),
         dispatcher=dispatcher_buffer_bytes(plan), cuda_context=CUDA_CONTEXT, nccl=nccl_buffer_bytes(plan),
+        userbuffers=userbuffer_bytes(plan),
         detail={"listed_activations": listed, "largest_layer": largest_layer, "dense_params": dense,
                 "expert_params": experts, "optimizer_shard_params": shard, "chunks_in_flight": float(sum(in_flight)),
                 "logits_bytes": logits},

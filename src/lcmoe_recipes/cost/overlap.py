@@ -22,8 +22,15 @@ and the asserts of ``setup``) and megatron-core 0.19.2 (``transformer/transforme
   microbatch's forward and the last one's backward have no partner: one microbatch's EP traffic stays exposed per
   step. Without the overlap, all of it is exposed.
 * **TP** (``tp_comm_overlap``): needs TP >= 2, sequence parallelism and Transformer Engine (megatron-bridge turns
-  it off otherwise); our recipes leave it off (megatron-bridge's default), so every TP all-gather / reduce-scatter
-  is exposed.
+  it off otherwise, ``_get_model_comm_overlap_cfgs``). Transformer Engine 2.x's userbuffers
+  (``pytorch/module/base.py`` ``initialize_ub``) run each sequence-parallel all-gather and reduce-scatter of the
+  TP-split linears (qkv, proj, fc1, fc2: attention, the shared experts, dense MLPs) beside a GEMM of the same layer:
+  the forward's all-gathers inside the qkv / fc1 GEMMs by ring exchange on the copy engines, the forward's
+  reduce-scatters pipelined with the proj / fc2 GEMMs, the backward's as bulk transfers beside the dgrad / wgrad
+  GEMMs on ``TP_BULK_SMS`` SMs. Priced per layer: exposed = max(TP - the layer's GEMMs outside the routed experts,
+  TP x (half of it on TP_BULK_SMS of the GPU's SMs)) (:func:`contended`). Off, every TP collective is exposed.
+  megatron-bridge's Qwen3 MoE recipes ask for it; the planner turns it on wherever megatron-bridge keeps it (it
+  never costs time here; its buffers cost memory: :func:`lcmoe_recipes.cost.memory.userbuffer_bytes`).
 * **DP / EDP** (``overlap_grad_reduce``, ``overlap_param_gather``): megatron-bridge turns both on when the
   data-parallel size is above 1 and off when it is 1, whatever the expert data-parallel or CP size is (then the
   gradient reduce-scatter over DP x CP or EDP and the parameter all-gather run after the backward, exposed). On:
@@ -98,6 +105,37 @@ def ep_overlap(plan: Plan) -> tuple[bool, bool, str]:
         return True, False, ("overlap_moe_expert_parallel_comm on; delay_wgrad_compute off (graphed attention "
                              "with biases)")
     return True, True, "overlap_moe_expert_parallel_comm and delay_wgrad_compute on"
+
+
+TP_BULK_SMS = 16  # Transformer Engine 2.x initialize_ub: num_sm of the bulk / pipeline methods (ring exchange: 1)
+
+
+def tp_overlap_allowed(tp: int, sequence_parallel: bool) -> tuple[bool, str]:
+    """(megatron-bridge keeps ``tp_comm_overlap`` on for this layout, why not): it needs TP >= 2 and sequence
+    parallelism (megatron-bridge 0.6.2 ``CommOverlapConfig._get_model_comm_overlap_cfgs``; Transformer Engine, which
+    every TE config has, is its third condition)."""
+    if tp < 2:
+        return False, "megatron-bridge turns tp_comm_overlap off at TP < 2"
+    if not sequence_parallel:
+        return False, "megatron-bridge turns tp_comm_overlap off without sequence parallelism"
+    return True, ""
+
+
+def tp_overlap(plan: Plan) -> tuple[bool, str]:
+    """(TP collectives overlapped with the GEMMs beside them, why) for ``plan`` (module doc, **TP**)."""
+    allowed, why = tp_overlap_allowed(plan.layout.tp, plan.sequence_parallel)
+    if not plan.tp_comm_overlap:
+        return False, "tp_comm_overlap off"
+    if not allowed:
+        return False, why
+    return True, (f"tp_comm_overlap on: Transformer Engine userbuffers run the TP all-gathers / reduce-scatters "
+                  f"beside the layer's GEMMs (bulk transfers on {TP_BULK_SMS} SMs)")
+
+
+def tp_sm_share(plan: Plan) -> float:
+    """Share of the SMs the overlapped TP transfers hold on average: half the traffic (the backward's bulk
+    transfers) on :data:`TP_BULK_SMS` SMs, the ring exchanges on the copy engines (module doc, **TP**)."""
+    return 0.5 * TP_BULK_SMS / plan.hardware_spec.sm_count
 
 
 def dp_overlap(plan: Plan) -> tuple[bool, str]:

@@ -26,8 +26,9 @@ with the settings that enable or forbid it (:mod:`lcmoe_recipes.cost.overlap`, w
 read): EP all-to-all behind the other microbatch's layer compute (``overlap_moe_expert_parallel_comm``, with or
 without ``delay_wgrad_compute``; the flex dispatcher's kernels hold 20 SMs while they run, so at least that share of
 the transfer stays exposed: ``overlap.contended``), one microbatch's EP traffic exposed per step; TP collectives
-exposed (``tp_comm_overlap`` off); DP / EDP gradient reduce-scatter behind the last microbatch's backward and
-parameter all-gather behind the first forward, the last bucket exposed, all of it exposed at DP=1; CP ring steps
+exposed without ``tp_comm_overlap``, with it each layer's behind its GEMMs outside the routed experts; DP / EDP
+gradient reduce-scatter behind the last microbatch's backward and parameter all-gather behind the first forward,
+the last bucket exposed, all of it exposed at DP=1; CP ring steps
 behind the attention they feed (per layer), all-to-all and all-gather exchanges exposed; PP send/receive hidden with
 VPP (``overlap_p2p_comm``), exposed without. :attr:`StepEstimate.overlaps` lists each with its seconds.
 
@@ -52,7 +53,8 @@ from .elementwise import features as elementwise_features, per_token_bytes as el
 from .memory import applied_recompute_modules, pre_mlp_norm_recomputed
 from .offload import offload_step_seconds
 from .attention import BACKWARD_FLOPS as ATTENTION_BACKWARD
-from .overlap import Overlap, bucket_share, dispatcher_sm_share, dp_overlap, ep_overlap, exposed
+from .overlap import (Overlap, bucket_share, contended, dispatcher_sm_share, dp_overlap, ep_overlap, exposed,
+                      tp_overlap, tp_sm_share)
 from .shapes import GDN, LayerShapes, shapes
 
 GDN_CHUNK = 64
@@ -153,6 +155,9 @@ class _RankWork:
     ep_layers: tuple[tuple[float, float, float, float, int], ...] = ()
     pp_transfer_seconds: float = 0.0                # the PP transfer, hidden or not
     elementwise_seconds: float = 0.0                # memory-bound passes outside fused kernels (cost.elementwise)
+    # per layer kind: (TP s, the layer's GEMM FLOPs on this GPU outside the routed experts, layers); forward +
+    # backward, recompute included: what tp_comm_overlap hides the TP collectives behind
+    tp_layers: tuple[tuple[float, float, int], ...] = ()
 
 
 def rank_kinds(plan: Plan, pp_rank: int) -> tuple[tuple[tuple[bool, str], int, int], ...]:
@@ -183,7 +188,8 @@ def _work(plan: Plan) -> tuple[_RankWork, ...]:
     norm = plan.recompute_granularity != "selective" or "layernorm" not in plan.recompute_modules or \
         pre_mlp_norm_recomputed(plan)
     return _cached_work(plan.with_changes(cuda_graph_impl="none", cuda_graph_modules=(), optimizer_cpu_offload=False,
-                                          optimizer_offload_fraction=0.0, global_batch_size=0, name=""), norm)
+                                          optimizer_offload_fraction=0.0, global_batch_size=0, name="",
+                                          tp_comm_overlap=False), norm)
 
 
 @lru_cache(maxsize=4096)
@@ -202,7 +208,7 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
         attention: dict[tuple[float, float], int] = {}
         gdn = 0
         bytes_by: dict[str, float] = {"PP": pp_t.nvlink_bytes + pp_t.scaleout_bytes}
-        ep_layers = []
+        ep_layers, tp_layers = [], []
         for kind, i, count in rank_kinds(plan, r):
             if kind not in per_kind:  # layers of one kind cost the same
                 per_kind[kind] = (_layer_flops(s, i, plan.seq_length), _recompute_flops(s, i, plan),
@@ -216,13 +222,14 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
             attn = layer_attention_seconds(s, i, hw, plan.seq_length, plan.micro_batch_size, lay.tp, lay.cp,
                                            plan.cp_comm_type, plan.hierarchical_cp_sizes, recompute_attn > 0,
                                            plan.variable_length)
-            layer_ep = 0.0
+            layer_ep = layer_tp = 0.0
             cp = a2a = 0.0
             for t in transfers:
                 kind_ = "CP" if t.kind == "CP-a2a" else t.kind
                 bytes_by[kind_] = bytes_by.get(kind_, 0.0) + count * (t.nvlink_bytes + t.scaleout_bytes)
                 if t.kind == "TP":
                     tp += count * t.seconds
+                    layer_tp += t.seconds
                 elif t.kind == "EP":
                     ep += count * t.seconds
                     layer_ep = t.seconds
@@ -231,9 +238,11 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
                 else:
                     cp = t.seconds
             exposed_cp += count * a2a
+            experts = 6 * s.topk * s.expert * tokens * share if s.is_moe(i) else 0.0
             if layer_ep:
-                experts = 6 * s.topk * s.expert * tokens * share
                 ep_layers.append((layer_ep, (linear + recompute) * tokens * share - experts, experts, attn, count))
+            if layer_tp:
+                tp_layers.append((layer_tp, (linear + recompute) * tokens * share - experts, count))
             if kind[1] != GDN and plan.cp_comm_type not in (None, "p2p", "a2a+p2p"):
                 key = (attn, 0.0)  # a2a / all_gather: the exchange is not overlapped: exposed
                 attention[key] = attention.get(key, 0) + count
@@ -250,7 +259,7 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
         out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, exposed_cp, tp, ep,
                              0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items()),
                              sum(n * f for (f, _), n in attention.items()), tuple(ep_layers), pp_t.seconds,
-                             moved / hbm if moved else 0.0))
+                             moved / hbm if moved else 0.0, tuple(tp_layers)))
     distinct: dict[_RankWork, _RankWork] = {}
     for w in out:  # the first rank of each kind of work
         distinct.setdefault(replace(w, rank=0), w)
@@ -273,6 +282,8 @@ class StepTerms:
     delay_wgrad: bool             # ... with the experts' weight gradients delayed behind it
     ep_sm_share: float            # ... the SMs its kernels hold meanwhile (cost.overlap.dispatcher_sm_share)
     dp_on: bool                   # DP / EDP reduce-scatter and all-gather overlapped (cost.overlap.dp_overlap)
+    tp_on: bool                   # TP collectives overlapped with the GEMMs beside them (cost.overlap.tp_overlap)
+    tp_sm_share: float            # ... the SMs its transfers hold meanwhile (cost.overlap.tp_sm_share)
     micro: int
     bubble: float
     offload: float
@@ -299,6 +310,15 @@ class StepTerms:
                 total += x if x > floor else floor
             out += n * total
         return out
+
+    def tp_exposed(self, w: _RankWork, gemm_eff: float) -> float:
+        """Exposed TP seconds of one microbatch of rank ``w``: all of it without ``tp_comm_overlap``; with it, per
+        layer max(TP - its GEMMs outside the routed experts, TP x the SM share its transfers hold)
+        (cost.overlap.contended)."""
+        if not self.tp_on:
+            return w.tp_seconds
+        rate, share = self.peak * gemm_eff, self.tp_sm_share
+        return sum(n * contended(c, dense / rate, share) for c, dense, n in w.tp_layers)
 
     def dp_exposed(self, rank: int, t_mb: float) -> tuple[float, float, float]:
         """(reduce-scatter s, all-gather s, exposed s) of rank ``rank``'s DP and EDP traffic per step, its
@@ -334,7 +354,7 @@ class StepTerms:
             for a, c, n in w.attention:
                 cp += n * exposed(c, a / attn_scale)  # the ring behind the attention it feeds
             ep = self._ep_exposed(w, gemm_eff, attn_scale)
-            t_mb = gemm + attn + w.tp_seconds + cp + ep + w.pp_seconds + w.elementwise_seconds
+            t_mb = gemm + attn + self.tp_exposed(w, gemm_eff) + cp + ep + w.pp_seconds + w.elementwise_seconds
             if worst is None or t_mb > worst[0]:
                 worst = (t_mb, w, gemm, attn, cp, ep)
         return worst
@@ -368,7 +388,8 @@ def step_terms(plan: Plan) -> StepTerms:
     ep_on, delay_wgrad, _ = ep_overlap(plan)
     return StepTerms(plan, work, tuple(w.gemm_flops / peak for w in work),
                      _gdn_seconds(plan.micro_batch_size, plan.seq_length, 1.0), peak, ep_on, delay_wgrad,
-                     dispatcher_sm_share(plan), dp_overlap(plan)[0], plan.num_microbatches, (lay.pp - 1) / (lay.vpp or 1),
+                     dispatcher_sm_share(plan), dp_overlap(plan)[0], tp_overlap(plan)[0], tp_sm_share(plan),
+                     plan.num_microbatches, (lay.pp - 1) / (lay.vpp or 1),
                      offload_step_seconds(plan).seconds,
                      model_flops_per_token(plan) * plan.global_batch_size * plan.seq_length)
 
@@ -427,7 +448,7 @@ def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None 
     micro, bubble = terms.micro, terms.bubble
     tflops = terms.flops / step / lay.world / 1e12
     parts = {"gemm": micro * gemm, "attention": micro * attn, "elementwise": micro * w.elementwise_seconds,
-             "tp_exposed": micro * w.tp_seconds,
+             "tp_exposed": micro * terms.tp_exposed(w, gemm_c.value),
              "cp_exposed": micro * cp, "ep_exposed": micro * ep + unpaired, "pp_exposed": micro * w.pp_seconds,
              "bubble": bubble * t_mb, "dp_exposed": exposed_dp,
              "optimizer_offload": terms.offload}
@@ -447,8 +468,8 @@ def _overlaps(plan: Plan, terms: StepTerms, w: _RankWork, t_mb: float, parts: di
         on, delayed, why = ep_overlap(plan)
         out.append(Overlap("EP all-to-all", on, why, micro * w.ep_seconds, parts["ep_exposed"]))
     if w.tp_seconds:
-        why = "tp_comm_overlap off (our recipes keep megatron-bridge's default; it needs TP >= 2, SP and TE)"
-        out.append(Overlap("TP", False, why, micro * w.tp_seconds, micro * w.tp_seconds))
+        on, why = tp_overlap(plan)
+        out.append(Overlap("TP", on, why, micro * w.tp_seconds, parts["tp_exposed"]))
     ring = sum(n * c for _, c, n in w.attention)
     if lay.cp > 1:
         kind = plan.cp_comm_type

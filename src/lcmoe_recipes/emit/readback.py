@@ -11,6 +11,7 @@ from ..catalog import Hardware, MODELS, get_hardware
 from ..catalog.registry import match_model
 from ..core.layout import ParallelLayout
 from ..core.plan import Plan, Positions, Schedule
+from ..cost.overlap import tp_overlap_allowed
 from ..errors import UnknownName
 from .fields import dispatcher_num_sms, grad_reduce_in_fp32, layout_to_str, precision_of
 
@@ -88,6 +89,10 @@ def plan_from_config(cfg, hardware: str | Hardware, world_size: int, name: str =
                             or (cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm)),
         use_transformer_engine_op_fuser=bool(getattr(m, "use_transformer_engine_op_fuser", False)),
         moe_flex_dispatcher_num_sms=dispatcher_num_sms(m),
+        # what CommOverlapConfig.setup leaves on: asked for on the model or the comm_overlap section, and TP >= 2 with
+        # sequence parallelism (the node check requires TE for a TE config)
+        tp_comm_overlap=bool(m.tp_comm_overlap or (cfg.comm_overlap is not None and cfg.comm_overlap.tp_comm_overlap))
+        and tp_overlap_allowed(m.tensor_model_parallel_size, bool(m.sequence_parallel))[0],
     )
 
 

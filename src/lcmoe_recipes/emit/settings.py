@@ -343,6 +343,18 @@ def _loss(cfg, plan: Plan) -> None:
         cfg.ddp.average_in_collective = False  # megatron-core DDP asserts it off with per-token loss
 
 
+def _tp_overlap(cfg, plan: Plan) -> None:
+    overlap = cfg.comm_overlap
+    if plan.tp_comm_overlap:
+        if overlap is None:
+            from megatron.bridge.training.comm_overlap import CommOverlapConfig
+
+            cfg.comm_overlap = overlap = CommOverlapConfig(tp_comm_overlap=True)
+        overlap.tp_comm_overlap = True
+    elif overlap is not None and overlap.tp_comm_overlap:
+        overlap.tp_comm_overlap = False  # the plan's layout has no TP overlap (TP 1): say so instead of a no-op
+
+
 def _ep_overlap(cfg, plan: Plan) -> None:
     overlap = cfg.comm_overlap
     if plan.moe_ep_overlap:
@@ -485,6 +497,10 @@ SETTINGS: tuple[Setting, ...] = (
                     "rescale the gradients (megatron-core's DDP requires average_in_collective off with it)",
                     "Megatron-LM issue #7452 / PR #7513; megatron-core 0.19.2 distributed/distributed_data_parallel.py; "
                     "docs/known_issues.md cp-masked-loss-normalization")),
+    Setting("tp_comm_overlap", ("comm_overlap.tp_comm_overlap",), _tp_overlap,
+            _answer("as the plan has it: on with TP >= 2 and sequence parallelism where the base recipe or the "
+                    "planner asks for it, off elsewhere (megatron-bridge turns it off below TP 2 and without "
+                    "sequence parallelism)", f"{UPSTREAM} training/comm_overlap.py CommOverlapConfig")),
     Setting("moe_ep_overlap", ("comm_overlap.overlap_moe_expert_parallel_comm", "comm_overlap.delay_wgrad_compute",
                                "model.moe_shared_expert_overlap", *(f"ddp.{n}" for n in DP_OVERLAP_FIELDS)),
             _ep_overlap, _answer("EP all-to-all overlap wherever megatron-core allows it and the step model prices it "
@@ -581,7 +597,8 @@ _ABSENT = _Absent()
 # config's folder would resume from the shorter run's saves, whose iteration may already be the new run's last)
 RETARGET_SETTINGS = ("layout", "sequence_parallel", "pipeline_model_parallel_layout", "seq_length", "positions",
                      "cp_comm_type", "dispatcher", "hardware_env", "recompute", "cuda_graphs", "optimizer_cpu_offload",
-                     "global_batch_size", "loss", "attention_mask", "moe_ep_overlap", "checkpoint")
+                     "global_batch_size", "loss", "attention_mask", "tp_comm_overlap", "moe_ep_overlap",
+                     "checkpoint")
 
 
 def retarget_config(cfg, plan: Plan) -> tuple[object, list[Difference]]:

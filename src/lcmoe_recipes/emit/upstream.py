@@ -161,6 +161,7 @@ def summarize(path: str, hub_id: str, cfg) -> dict | None:
         "recompute_modules": list(m.recompute_modules or []) if m.recompute_granularity == "selective" else [],
         "num_workers": cfg.dataset.num_workers,
         "moe_ep_overlap": bool(cfg.comm_overlap is not None and cfg.comm_overlap.overlap_moe_expert_parallel_comm),
+        "tp_comm_overlap": bool(cfg.comm_overlap is not None and cfg.comm_overlap.tp_comm_overlap),
         "use_transformer_engine_op_fuser": bool(getattr(m, "use_transformer_engine_op_fuser", False)),
         "moe_flex_dispatcher_num_sms": dispatcher_num_sms(m),
     }

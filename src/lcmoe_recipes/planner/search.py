@@ -67,6 +67,7 @@ from ..cost.bands import MEMORY_ERROR_BAND, band_for
 from ..cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
 from ..cost.memory import (GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants, applied_modules,
                            ep_overlap_warmup, memory_key, peak_ranks, rank_memory)
+from ..cost.overlap import COMM_OVERLAP_SOURCE, tp_overlap_allowed
 from ..cost.shapes import shapes
 from ..cost.step import StepEstimate, ep_overlap_steps, step_terms
 from ..errors import InfeasibleConfig
@@ -88,7 +89,8 @@ VPP_CHOICES = (16, 12, 8, 6, 4, 3, 2)
 MBS_CHOICES = (1, 2, 4)
 # A TP-split GEMM over a 4K-token microbatch keeps one wave of 128x256 output tiles on an H100's 132 SMs while each
 # rank's share of the hidden size is at least 1024 columns ((4096/128) x (1024/256) = 128 tiles); narrower shares
-# leave SMs idle and add TP traffic for nothing (the split is exposed: tp_comm_overlap is off in our recipes).
+# leave SMs idle and add TP traffic for nothing (with tp_comm_overlap the traffic hides behind GEMMs too small to
+# cover it).
 MIN_TP_WIDTH = 1024
 SOURCE = "lcmoe_recipes.planner.search: checks + cost model; error bands lcmoe_recipes.cost.bands (docs/planner.md)"
 
@@ -296,7 +298,7 @@ def _base(ctx: _Request, layout: ParallelLayout, mbs: int, reject: dict) -> tupl
         name="planned", model=model.key, hardware=hw.key, seq_length=request.seq_length, layout=layout,
         precision=ctx.precision[0], moe_token_dispatcher_type=dispatcher, moe_flex_dispatcher_backend=backend,
         sequence_parallel=layout.tp > 1, mtp_num_layers=model.mtp_num_layers, variable_length=request.variable_length,
-        cp_comm_type=exchange, **{**common, "moe_ep_overlap": overlap})
+        cp_comm_type=exchange, **{**common, "moe_ep_overlap": overlap, "tp_comm_overlap": layout.tp > 1})
     return base, (why_dispatch, why_common, recipe_on)
 
 
@@ -313,6 +315,11 @@ def _reasons(ctx: _Request, plan: Plan, rules: tuple[Reason, Reason], level: int
                                           "candidate (see layout)"), why_cp.source),
         "sequence_parallel": Reason("on: TP>1 (MoE with TP>1 needs it)" if layout.tp > 1 else "off: TP=1",
                                     "megatron-core TransformerConfig"),
+        "tp_comm_overlap": Reason(
+            f"on: megatron-bridge keeps it at TP{layout.tp} with sequence parallelism, and it never costs time: each "
+            "TP all-gather / reduce-scatter runs beside a GEMM of its layer (its userbuffers are in the memory "
+            "budget)" if plan.tp_comm_overlap else tp_overlap_allowed(layout.tp, plan.sequence_parallel)[1] or "off",
+            COMM_OVERLAP_SOURCE),
         "dispatcher": why_dispatch, "precision": ctx.precision[1],
         "recompute": recompute_reason(level, len(ctx.ladder), granularity, modules),
         "optimizer_cpu_offload": offload_reason(fraction, ctx.optimizer),

@@ -37,7 +37,8 @@ def choose_base(spec: ModelSpec, hw: Hardware, precision: str, num_gpus: int) ->
     for megatron-bridge's pre-training template), ``grad_dtype`` (always :data:`GRAD_DTYPE`), ``moment_dtype``, ``use_precision_aware_optimizer``,
     ``num_workers`` (data-loader workers per rank), ``moe_ep_overlap`` (the EP all-to-all overlap the recipe asks
     for; :func:`lcmoe_recipes.rules.extension.with_ep_overlap` keeps it where megatron-core allows it, and the
-    search turns it on wherever megatron-core allows it and it pays),
+    search turns it on wherever megatron-core allows it and it pays), ``tp_comm_overlap`` (the TP overlap the
+    recipe asks for; :func:`lcmoe_recipes.rules.extension.extension_fields` keeps it where megatron-bridge does),
     ``use_transformer_engine_op_fuser`` (the routed experts through Transformer Engine's op fuser, as the recipe runs
     them; the step model prices what each path runs outside its kernels, :mod:`lcmoe_recipes.cost.elementwise`),
     ``moe_flex_dispatcher_num_sms`` (the SMs its flex dispatcher holds; the step model's
@@ -46,11 +47,12 @@ def choose_base(spec: ModelSpec, hw: Hardware, precision: str, num_gpus: int) ->
     source = SOURCE.format(version=upstream_versions()["megatron-bridge"])
     if recipe is None:
         return {"base_recipe": None, "grad_dtype": GRAD_DTYPE, "moment_dtype": "fp32", "use_precision_aware_optimizer": False,
-                "num_workers": TEMPLATE_NUM_WORKERS, "moe_ep_overlap": False,
+                "num_workers": TEMPLATE_NUM_WORKERS, "moe_ep_overlap": False, "tp_comm_overlap": False,
                 "use_transformer_engine_op_fuser": False, "moe_flex_dispatcher_num_sms": None}, Reason(how, source)
     fields = {"base_recipe": recipe.function, "grad_dtype": GRAD_DTYPE, "moment_dtype": recipe.moment_dtype,
               "use_precision_aware_optimizer": recipe.use_precision_aware_optimizer, "num_workers": recipe.num_workers,
               "moe_ep_overlap": recipe.record.get("moe_ep_overlap", False),
+              "tp_comm_overlap": recipe.record.get("tp_comm_overlap", False),
               "use_transformer_engine_op_fuser": recipe.record.get("use_transformer_engine_op_fuser", False),
               "moe_flex_dispatcher_num_sms": recipe.record.get("moe_flex_dispatcher_num_sms")}
     return fields, Reason(f"{how}; our rules then change only what long context needs (docs/parity.md lists every "

@@ -11,6 +11,7 @@ from ..core.layout import ParallelLayout
 from ..core.pipeline import build_pipeline_layout
 from ..core.plan import Reason
 from ..core.request import TrainingRequest
+from ..cost.overlap import COMM_OVERLAP_SOURCE, tp_overlap_allowed
 from ..cost.shapes import shapes
 from .base import GRAD_DTYPE_REASON, base_layout, choose_base
 from .batch import EVAL_ITERS, choose_batch, choose_eval_batch, tokens_per_step
@@ -61,12 +62,14 @@ def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: Par
             "light)" if pipeline else "PP=1: no pipeline", "lcmoe_recipes.core.pipeline.pipeline_stage_layers")
     weights = options.pretrained_checkpoint
     bias_rate, why_bias = choose_bias_update_rate(spec)
-    fields = {**base, "moe_router_bias_update_rate": bias_rate, "positions": positions, "global_batch_size": gbs, "micro_batch_size": options.micro_batch_size,
+    tp_on, why_tp = _tp_comm_overlap(base.get("tp_comm_overlap", False), layout.tp, record)
+    fields = {**base, "tp_comm_overlap": tp_on, "moe_router_bias_update_rate": bias_rate, "positions": positions, "global_batch_size": gbs, "micro_batch_size": options.micro_batch_size,
               "schedule": schedule, "pipeline_model_parallel_layout": pipeline, "pretrained_checkpoint": weights,
               "eval_iters": EVAL_ITERS, "eval_global_batch_size": eval_gbs}
     reasons = {
         "base_recipe": why_base, "grad_dtype": GRAD_DTYPE_REASON, "positions": why_positions, "schedule": why_schedule,
         "pipeline_model_parallel_layout": why_pipeline, "eval_global_batch_size": why_eval,
+        **({"tp_comm_overlap": why_tp} if why_tp else {}),
         **({"moe_router_bias_update_rate": why_bias} if why_bias else {}),
         "global_batch_size": Reason(f"{why_gbs.why}; {why_tokens.why}", f"{why_gbs.source}; {why_tokens.source}"),
         "pretrained_checkpoint": Reason(
@@ -75,6 +78,20 @@ def extension_fields(spec: ModelSpec, hw: Hardware, seq_length: int, layout: Par
             "scratch", "your request"),
     }
     return fields, reasons
+
+
+def _tp_comm_overlap(asked: bool, tp: int, record) -> tuple[bool, Reason | None]:
+    """(``tp_comm_overlap`` as the run will have it, its reason): the base recipe's, kept only where megatron-bridge
+    keeps it (TP >= 2 with sequence parallelism, which every plan with TP >= 2 has:
+    :func:`lcmoe_recipes.cost.overlap.tp_overlap_allowed`); no reason where the recipe does not ask for it."""
+    if not asked:
+        return False, None
+    allowed, why = tp_overlap_allowed(tp, tp > 1)
+    source = f"megatron-bridge recipe {record.name}; {COMM_OVERLAP_SOURCE}"
+    if not allowed:
+        return False, Reason(f"the base recipe asks for tp_comm_overlap, but {why}", source)
+    return True, Reason("tp_comm_overlap on, as the base recipe asks: Transformer Engine's userbuffers overlap the "
+                        f"TP{tp} all-gathers / reduce-scatters with the GEMMs beside them", source)
 
 
 # The expert-bias update rate of auxiliary-loss-free load balancing during a context extension: 0, the biases frozen.
