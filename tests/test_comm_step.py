@@ -6,6 +6,7 @@ import pytest
 from published import THROUGHPUT_ROWS
 
 from lcmoe_recipes import recipe_plan
+from lcmoe_recipes.catalog import get_model
 from lcmoe_recipes.catalog.kernels import attention_tflops
 from lcmoe_recipes.cost.attention import layer_attention_seconds
 from lcmoe_recipes.cost.comm import layer_transfers, pipeline_transfer
@@ -129,11 +130,13 @@ def test_constants_are_the_fit():
 
 def test_trend_across_lengths_comes_from_the_physics():
     """At fixed model and GPUs: DeepSeek-V3 on 256 H100 holds ~300-320 TFLOP/s from 16K to 128K (LC2-LC5) and so do
-    we (ratio drift under 0.1); Qwen3-235B on 128 GB200 rises 1.6x from 4K to 128K (698 -> 1117) and so do we (within
+    we (ratio drift 0.12, under 0.125: it was 0.098 before the memory-bound kernels were priced on 2026-12-04; they
+    cost the same per token at every length while attention grows, so they take more off the shorter rows, and the
+    record's fall after 32K, which would take more off the longer ones, is not in the model); Qwen3-235B on 128 GB200 rises 1.6x from 4K to 128K (698 -> 1117) and so do we (within
     15%): one constant per GPU for attention, the trend from the kernel's shape dependence and the FLOPs."""
     ratios = [estimate_step(THROUGHPUT_ROWS[k].plan).tflops_per_gpu / THROUGHPUT_ROWS[k].comparable
               for k in ("LC2", "LC3", "LC4", "LC5")]
-    assert max(ratios) - min(ratios) < 0.1, ratios
+    assert max(ratios) - min(ratios) < 0.125, ratios
     short, long = (estimate_step(THROUGHPUT_ROWS[k].plan).tflops_per_gpu for k in ("LC10", "LC11"))
     assert long / short == pytest.approx(1117 / 698, rel=0.15)
 
@@ -230,6 +233,31 @@ def test_gpt_oss_elementwise_passes_by_hand():
     # through the op fuser only the bias gradient's extra read of the FC2 output gradient is left of the experts'
     fused = layer_bytes(s, 0, True, True, True, True, True, False)
     assert fused == (out_bias[0] + rope[0], 4 * 2880 * 2 + out_bias[1] + rope[1])
+
+
+def test_every_layers_memory_bound_kernels_by_hand():
+    """cost/elementwise.py common_bytes / quantize_bytes for one Qwen3-30B-A3B layer (hidden 2,048, 32 query + 4 key
+    heads of 128 with q/k norms, 128 experts, top-8, expert width 768, no shared expert), per token, BF16 unless
+    said, counted pass by pass."""
+    from lcmoe_recipes.cost.elementwise import common_bytes, quantize_bytes
+
+    s = shapes(get_model("qwen3_30b"))
+    h, qk, k, f = 2048, 36 * 128, 8, 768
+    norm, add, qk_norm, rope = (2 * h * 2, 3 * h * 2), (3 * h * 2, 3 * h * 2), (2 * qk * 2, 3 * qk * 2), (2 * qk * 2,) * 2
+    scores = (3 * 128 * 4 + 128 * 4, 3 * 128 * 4)              # FP32: softmax R+W, top-k R, aux loss R / gradient
+    permute = (2 * (h + k * h) * 2,) * 2                        # permute and unpermute, both ways
+    glu = (3 * k * f * 2, 5 * k * f * 2)
+    parts = (norm, add, add, qk_norm, rope, norm, scores, permute, glu)  # the second norm: pre-MLP
+    assert common_bytes(s, 0) == (sum(p[0] for p in parts), sum(p[1] for p in parts)) == (190464, 231936)
+    inputs = 32 * 128 + k * (h + f)                             # proj's input; the experts' FC1 and FC2 inputs
+    grads = (32 + 8) * 128 + h + k * (2 * f + h)                # every GEMM's output gradient
+    assert quantize_bytes(s, 0, "mxfp8") == (inputs * (4 + 2 / 32), grads * (4 + 2 / 32)) == (108160, 145600)
+    assert quantize_bytes(s, 0, "fp8_cs") == (inputs * 6, grads * 6)  # amax read, then cast and transpose
+    assert quantize_bytes(s, 0, "bf16") == (0.0, 0.0)
+    # narrow models spend a larger share of the step there: Qwen3-30B against DeepSeek-V3, both GB200 MXFP8
+    share = {r: (lambda e: (e.parts["memory_bound"] + e.parts["fp8_quantize"]) / e.step_seconds)(
+        estimate_step(THROUGHPUT_ROWS[r].plan)) for r in ("PS6", "PS2")}
+    assert share["PS6"] > 2 * share["PS2"] > 0.05
 
 
 def test_elementwise_part_of_the_step():

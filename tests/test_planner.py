@@ -99,7 +99,7 @@ def test_tie_rule_and_reasons():
     else:  # every faster tie leaves less than the band free, or keeps it with DP1 (the winner has DP > 1)
         assert all(result.limit - c.memory.hbm_total < safe or (c.plan.layout.dp == 1 < best.plan.layout.dp)
                    for c in result.ranked if c.step.step_seconds < best.step.step_seconds)
-    assert result.rule == "data parallel" and best.plan.layout.dp >= 2
+    assert result.rule == "headroom" and best.plan.layout.dp >= 2
     assert f"rule '{result.rule}'" in best.plan.reasons["layout"].why
     assert set(best.plan.reasons) >= {"layout", "cp", "dispatcher", "precision", "global_batch_size", "recompute",
                                       "optimizer_cpu_offload", "cuda_graphs"}

@@ -36,57 +36,62 @@ def test_open_hazards_are_the_catalogues_unfixed_entries_on_the_pinned_stack():
 
 
 def test_dsv3_128k_h100_names_what_it_cannot_avoid(dsv3_128k_h100):
-    """DeepSeek-V3 at 128K on 256 H100 with FP32 gradients: no fitting tie offloads the optimizer any more, so the
-    offload hazard is not reached; the fastest leaves less than the memory band free, so headroom decides (no DP > 1
-    tie within the band keeps it). MTP with CP > 1 is decided by the request (128K needs CP; the model has MTP);
-    DeepEP across nodes is a low-confidence report: it decides nothing."""
+    """DeepSeek-V3 at 128K on 256 H100 with FP32 gradients: the fastest tie (TP4 CP8, PP8) offloads part of the
+    optimizer, a confirmed bug with checkpoints; an equal-cost tie without offload (TP4 CP16, PP4) wins: the hazard
+    rule decides. MTP with CP > 1 is decided by the request (128K needs CP; the model has MTP); DeepEP across nodes
+    is a low-confidence report: it decides nothing."""
     result = dsv3_128k_h100
     best = result.best.plan
-    assert result.rules == ("hazard", "headroom") and result.rule == "headroom"
+    assert result.rules == ("hazard",) and result.rule == "hazard"
     assert best.layout.describe() == "TP4 CP16 EP64 ETP1 PP4 VPP8 -> DP1 EDP1 on 256 GPUs"
-    assert not best.optimizer_cpu_offload and not result.fastest.plan.optimizer_cpu_offload
+    assert not best.optimizer_cpu_offload and result.fastest.plan.optimizer_cpu_offload
     got = answers(result)
-    assert list(got) == ["mtp-context-parallel-loss-scale", "deepep-internode-dispatch-timeout"]
+    assert list(got) == ["optimizer-cpu-offload-checkpoint", "mtp-context-parallel-loss-scale",
+                         "deepep-internode-dispatch-timeout"]
+    assert got["optimizer-cpu-offload-checkpoint"][0] == "confirmed"
+    assert got["optimizer-cpu-offload-checkpoint"][1].startswith(AVOIDED + "TP4 CP16 EP64 ETP1 PP4 VPP8")
     assert got["mtp-context-parallel-loss-scale"] == ("medium", UNAVOIDABLE)
     assert got["deepep-internode-dispatch-timeout"] == ("low", LOW)
     why = best.reasons["layout"].why
-    assert "rule 'headroom'" in why and "every faster tie leaves less than the memory model's" in why
+    assert "rule 'hazard'" in why
     assert "mtp-context-parallel-loss-scale (warning, confidence medium) -- cannot avoid: decided by the request" in why
     # the winner walks into what the answers say, and nothing else
     assert open_hazards(best) == ("mtp-context-parallel-loss-scale", "deepep-internode-dispatch-timeout")
 
 
 def test_qwen3_next_64k_gb200_avoids_mtp_with_cp():
-    """Qwen3-Next at 64K on 32 GB200: CP=1 ties (TP2, full recompute) are as fast as the CP2 fastest within the band,
-    so the MTP-under-CP hazard is avoided; none of them keeps the memory band free, so the one with the most headroom
-    wins (TP2 EP8 PP4); the optimizer offload is needed by every fitting layout."""
+    """Qwen3-Next at 64K on 32 GB200: CP=1 ties (TP2) are as fast as the CP2 fastest within the band, so the
+    MTP-under-CP hazard is avoided; none of them keeps the memory band free, so the one with the most headroom wins
+    (TP2 EP16 PP1); the optimizer offload is needed by every fitting layout."""
     result = search_layouts(TrainingRequest(model="qwen3_next", seq_length=65536, hardware="gb200", num_gpus=32))
     best = result.best.plan
     assert result.rules == ("hazard", "most headroom") and result.rule == "most headroom"
-    assert best.layout.describe() == "TP2 CP1 EP8 ETP1 PP4 VPP6 -> DP4 EDP1 on 32 GPUs"
+    assert best.layout.describe() == "TP2 CP1 EP16 ETP1 PP1 -> DP16 EDP2 on 32 GPUs"
     assert result.fastest.plan.layout.cp == 2 and best.layout.cp == 1
     got = answers(result)
     assert list(got) == ["optimizer-cpu-offload-checkpoint", "mtp-context-parallel-loss-scale"]
     assert got["optimizer-cpu-offload-checkpoint"] == ("confirmed", UNAVOIDABLE)
     assert got["mtp-context-parallel-loss-scale"][0] == "medium"
-    assert got["mtp-context-parallel-loss-scale"][1].startswith(AVOIDED + "TP2 CP1 EP8 ETP1 PP4 VPP6")
+    assert got["mtp-context-parallel-loss-scale"][1].startswith(AVOIDED + "TP2 CP1 EP16 ETP1 PP1")
     assert open_hazards(best) == ("optimizer-cpu-offload-checkpoint",)
 
 
-def test_qwen3_next_8k_h100_avoids_the_offload_not_the_low_confidence_deepep_report():
-    """Qwen3-Next at 8K on 64 H100: the fastest tie offloads the optimizer; an equal-cost tie without offload wins
-    (the hazard rule decides). It keeps DeepEP over EP16 (two nodes): that report is of low confidence, so no step
-    time is given up for it."""
+def test_qwen3_next_8k_h100_avoids_the_offload():
+    """Qwen3-Next at 8K on 64 H100: the fastest tie offloads the optimizer; the hazard rule passes over the ties that
+    do, then headroom decides among the rest. The winner (EP8, inside one node) also keeps out of the low-confidence
+    DeepEP report, which the answers say, though it decided nothing (test_dsv3_128k_h100_names_what_it_cannot_avoid:
+    where every tie walks into it, none is passed over for it)."""
     result = search_layouts(TrainingRequest(model="qwen3_next", seq_length=8192, hardware="h100", num_gpus=64))
     best = result.best.plan
-    assert result.rules == ("hazard",) and result.rule == "hazard"
+    assert result.rules == ("hazard", "headroom") and result.rule == "headroom"
     assert not best.optimizer_cpu_offload and result.fastest.plan.optimizer_cpu_offload
-    assert best.layout.describe() == "TP2 CP1 EP16 ETP1 PP4 VPP6 -> DP8 EDP1 on 64 GPUs"
+    assert best.layout.describe() == "TP2 CP1 EP8 ETP1 PP8 VPP3 -> DP4 EDP1 on 64 GPUs"
     got = answers(result)
     assert list(got) == ["optimizer-cpu-offload-checkpoint", "deepep-internode-dispatch-timeout"]
     assert got["optimizer-cpu-offload-checkpoint"][1].startswith(AVOIDED)
-    assert got["deepep-internode-dispatch-timeout"] == ("low", LOW)
-    assert open_hazards(best) == ("deepep-internode-dispatch-timeout",)
+    assert got["deepep-internode-dispatch-timeout"][0] == "low"
+    assert got["deepep-internode-dispatch-timeout"][1].startswith(AVOIDED)
+    assert open_hazards(best) == ()
 
 
 def test_no_hazard_leaves_the_ranking_alone():

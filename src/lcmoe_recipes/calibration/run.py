@@ -94,5 +94,6 @@ def calibration_run_plan(target: Plan) -> Plan:
         pipeline_model_parallel_layout=None, global_batch_size=MICROBATCHES * target.micro_batch_size * dp,
         mtp_num_layers=0, moe_token_dispatcher_type=dispatcher,
         moe_flex_dispatcher_backend=target.moe_flex_dispatcher_backend if dispatcher == "flex" else None,
-        moe_ep_overlap=target.moe_ep_overlap and ep > 1, cp_comm_type=cp_comm, hierarchical_cp_sizes=None,
+        moe_ep_overlap=target.moe_ep_overlap and ep > 1, tp_comm_overlap=target.tp_comm_overlap and layout.tp > 1,
+        cp_comm_type=cp_comm, hierarchical_cp_sizes=None,
         schedule=replace(target.schedule, train_iters=STEPS) if target.schedule else None, reasons=reasons)

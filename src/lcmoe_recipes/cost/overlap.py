@@ -27,10 +27,13 @@ and the asserts of ``setup``) and megatron-core 0.19.2 (``transformer/transforme
   TP-split linears (qkv, proj, fc1, fc2: attention, the shared experts, dense MLPs) beside a GEMM of the same layer:
   the forward's all-gathers inside the qkv / fc1 GEMMs by ring exchange on the copy engines, the forward's
   reduce-scatters pipelined with the proj / fc2 GEMMs, the backward's as bulk transfers beside the dgrad / wgrad
-  GEMMs on ``TP_BULK_SMS`` SMs. Priced per layer: exposed = max(TP - the layer's GEMMs outside the routed experts,
-  TP x (half of it on TP_BULK_SMS of the GPU's SMs)) (:func:`contended`). Off, every TP collective is exposed.
-  megatron-bridge's Qwen3 MoE recipes ask for it; the planner turns it on wherever megatron-bridge keeps it (it
-  never costs time here; its buffers cost memory: :func:`lcmoe_recipes.cost.memory.userbuffer_bytes`).
+  GEMMs. The pipelined and bulk ones keep ``TP_BULK_SMS`` SMs for the transfer and run their GEMM on the rest
+  (TE's defaults: ``num_sm`` 16, ``set_sm_margin`` on for every method but ring exchange), about half of the
+  layer's TP-split GEMM time. Priced per layer, with ``d`` the layer's GEMMs outside the routed experts and ``c``
+  its TP traffic: exposed = max(c - d, d / 2 x TP_BULK_SMS / (SMs - TP_BULK_SMS)) (:func:`tp_overlap_exposed`): the
+  traffic the GEMMs cannot cover, or what the SMs they give up cost them. Off, every TP collective is exposed.
+  megatron-bridge's Qwen3 MoE recipes ask for it; the planner turns it on wherever megatron-bridge keeps it and it
+  pays (its buffers cost memory: :func:`lcmoe_recipes.cost.memory.userbuffer_bytes`).
 * **DP / EDP** (``overlap_grad_reduce``, ``overlap_param_gather``): megatron-bridge turns both on when the
   data-parallel size is above 1 and off when it is 1, whatever the expert data-parallel or CP size is (then the
   gradient reduce-scatter over DP x CP or EDP and the parameter all-gather run after the backward, exposed). On:
@@ -133,9 +136,17 @@ def tp_overlap(plan: Plan) -> tuple[bool, str]:
 
 
 def tp_sm_share(plan: Plan) -> float:
-    """Share of the SMs the overlapped TP transfers hold on average: half the traffic (the backward's bulk
-    transfers) on :data:`TP_BULK_SMS` SMs, the ring exchanges on the copy engines (module doc, **TP**)."""
-    return 0.5 * TP_BULK_SMS / plan.hardware_spec.sm_count
+    """What running the pipelined and bulk overlaps' GEMMs (about half of a layer's TP-split GEMM time) on
+    SMs - :data:`TP_BULK_SMS` SMs adds to that GEMM time, as a share of it (module doc, **TP**)."""
+    sms = plan.hardware_spec.sm_count
+    return 0.5 * TP_BULK_SMS / (sms - TP_BULK_SMS)
+
+
+def tp_overlap_exposed(communication: float, gemm: float, margin_share: float) -> float:
+    """Exposed seconds of a layer's overlapped TP traffic (``communication``) beside its TP-split GEMMs (``gemm``
+    seconds at full speed) whose SM margin costs ``margin_share`` of them (:func:`tp_sm_share`): max(c - d, d x
+    share) -- the traffic they cannot cover, or the time they lose to the SMs they give up."""
+    return max(communication - gemm, gemm * margin_share)
 
 
 def dp_overlap(plan: Plan) -> tuple[bool, str]:

@@ -16,10 +16,13 @@ kernel calls megatron-core makes and the kernel's published throughput at their 
 attention`), times the GPU's fitted attention scale; gated DeltaNet by its sequential scan. The constants, one per
 GPU x precision (GEMM) and per GPU (attention, scan), and where each comes from -- fitted to published rows, or
 borrowed from a stated sibling -- are :mod:`lcmoe_recipes.cost.efficiency`. Recompute adds the forward work of the
-recomputed modules to the time. The memory-bound passes some model features run outside megatron-core's fused
-kernels (clamped GLU, linear biases, RoPE unfused under YaRN), and the recomputed modules without FLOPs (``layernorm``,
-``moe_act``), are their bytes at the datasheet HBM bandwidth (:mod:`lcmoe_recipes.cost.elementwise`;
-``parts["elementwise"]``).
+recomputed modules to the time. Memory-bound kernels are their bytes at the datasheet HBM bandwidth
+(:mod:`lcmoe_recipes.cost.elementwise`): the ones every layer runs between its GEMMs and its attention kernel (norms,
+residual adds, router scores, token permutation, SwiGLU, the CP ring's merges; ``parts["memory_bound"]``), the FP8
+cast kernels with their
+scales under an FP8 recipe (``parts["fp8_quantize"]``), and the passes some model features run outside
+megatron-core's fused kernels (clamped GLU, linear biases, RoPE unfused under YaRN) with the recomputed modules
+without FLOPs (``layernorm``, ``moe_act``) (``parts["elementwise"]``).
 
 Overlap: every overlap megatron-core implements, each exposed = max(0, communication - the compute it hides behind),
 with the settings that enable or forbid it (:mod:`lcmoe_recipes.cost.overlap`, which says where each condition is
@@ -49,12 +52,13 @@ from ..core.plan import Plan
 from .attention import layer_attention_seconds
 from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
 from .efficiency import Constant, constant
-from .elementwise import features as elementwise_features, per_token_bytes as elementwise_bytes, recompute_bytes
+from .elementwise import common_bytes, features as elementwise_features, per_token_bytes as elementwise_bytes
+from .elementwise import cp_ring_bytes, quantize_bytes, recompute_bytes
 from .memory import applied_recompute_modules, pre_mlp_norm_recomputed
 from .offload import offload_step_seconds
 from .attention import BACKWARD_FLOPS as ATTENTION_BACKWARD
-from .overlap import (Overlap, bucket_share, contended, dispatcher_sm_share, dp_overlap, ep_overlap, exposed,
-                      tp_overlap, tp_sm_share)
+from .overlap import (Overlap, bucket_share, dispatcher_sm_share, dp_overlap, ep_overlap, exposed, tp_overlap,
+                      tp_overlap_exposed, tp_sm_share)
 from .shapes import GDN, LayerShapes, shapes
 
 GDN_CHUNK = 64
@@ -158,6 +162,8 @@ class _RankWork:
     # per layer kind: (TP s, the layer's GEMM FLOPs on this GPU outside the routed experts, layers); forward +
     # backward, recompute included: what tp_comm_overlap hides the TP collectives behind
     tp_layers: tuple[tuple[float, float, int], ...] = ()
+    common_seconds: float = 0.0                     # every layer's memory-bound kernels (cost.elementwise.common_bytes)
+    quantize_seconds: float = 0.0                   # FP8 cast kernels (cost.elementwise.quantize_bytes)
 
 
 def rank_kinds(plan: Plan, pp_rank: int) -> tuple[tuple[tuple[bool, str], int, int], ...]:
@@ -201,10 +207,13 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
     tokens = plan.micro_batch_size * plan.seq_length
     share = 1.0 / (lay.tp * lay.cp)
     pp_t = pipeline_transfer(plan)
+    # the ring a CP exchange merges over (cost.elementwise.cp_ring_bytes): all of CP for p2p, the outer ring of a2a+p2p
+    ring = 1 if plan.cp_comm_type not in ("p2p", "a2a+p2p") else (
+        plan.hierarchical_cp_sizes[-1] if plan.cp_comm_type == "a2a+p2p" and plan.hierarchical_cp_sizes else lay.cp)
     out = []
     per_kind: dict = {}
     for r in range(lay.pp):
-        gemm = tp = ep = exposed_cp = moved = 0.0
+        gemm = tp = ep = exposed_cp = moved = common = quantized = 0.0
         attention: dict[tuple[float, float], int] = {}
         gdn = 0
         bytes_by: dict[str, float] = {"PP": pp_t.nvlink_bytes + pp_t.scaleout_bytes}
@@ -216,6 +225,8 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
             (linear, _), (recompute, recompute_attn), transfers = per_kind[kind]
             gemm += count * (linear + recompute) * tokens * share
             moved += count * sum(elementwise_bytes(s, i, flags)) * tokens * share
+            common += count * (sum(common_bytes(s, i)) + cp_ring_bytes(s, i, ring)) * tokens * share
+            quantized += count * sum(quantize_bytes(s, i, plan.precision)) * tokens * share
             if selective:
                 moved += count * recompute_bytes(s, i, tokens / lay.cp, lay.tp, lay.etp, plan.sequence_parallel,
                                                  selective, pre_mlp_norm)
@@ -259,7 +270,7 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
         out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, exposed_cp, tp, ep,
                              0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items()),
                              sum(n * f for (f, _), n in attention.items()), tuple(ep_layers), pp_t.seconds,
-                             moved / hbm if moved else 0.0, tuple(tp_layers)))
+                             moved / hbm if moved else 0.0, tuple(tp_layers), common / hbm, quantized / hbm))
     distinct: dict[_RankWork, _RankWork] = {}
     for w in out:  # the first rank of each kind of work
         distinct.setdefault(replace(w, rank=0), w)
@@ -313,12 +324,12 @@ class StepTerms:
 
     def tp_exposed(self, w: _RankWork, gemm_eff: float) -> float:
         """Exposed TP seconds of one microbatch of rank ``w``: all of it without ``tp_comm_overlap``; with it, per
-        layer max(TP - its GEMMs outside the routed experts, TP x the SM share its transfers hold)
-        (cost.overlap.contended)."""
+        layer max(TP - its GEMMs outside the routed experts, what the SMs those GEMMs give up to the transfers cost
+        them) (cost.overlap.tp_overlap_exposed)."""
         if not self.tp_on:
             return w.tp_seconds
         rate, share = self.peak * gemm_eff, self.tp_sm_share
-        return sum(n * contended(c, dense / rate, share) for c, dense, n in w.tp_layers)
+        return sum(n * tp_overlap_exposed(c, dense / rate, share) for c, dense, n in w.tp_layers)
 
     def dp_exposed(self, rank: int, t_mb: float) -> tuple[float, float, float]:
         """(reduce-scatter s, all-gather s, exposed s) of rank ``rank``'s DP and EDP traffic per step, its
@@ -354,7 +365,8 @@ class StepTerms:
             for a, c, n in w.attention:
                 cp += n * exposed(c, a / attn_scale)  # the ring behind the attention it feeds
             ep = self._ep_exposed(w, gemm_eff, attn_scale)
-            t_mb = gemm + attn + self.tp_exposed(w, gemm_eff) + cp + ep + w.pp_seconds + w.elementwise_seconds
+            t_mb = (gemm + attn + self.tp_exposed(w, gemm_eff) + cp + ep + w.pp_seconds + w.elementwise_seconds
+                    + w.common_seconds + w.quantize_seconds)
             if worst is None or t_mb > worst[0]:
                 worst = (t_mb, w, gemm, attn, cp, ep)
         return worst
@@ -435,6 +447,18 @@ def ep_overlap_steps(plan: Plan, terms: StepTerms | None = None, step: float | N
     return on, replace(terms, ep_on=False, delay_wgrad=False).evaluate(gemm.value, attn.value, gdn.value)[0]
 
 
+def tp_overlap_steps(plan: Plan, terms: StepTerms | None = None, step: float | None = None) -> tuple[float, float]:
+    """(predicted step s of ``plan``, the same with ``tp_comm_overlap`` off) at the fitted constants, from one set of
+    terms (the overlap changes only how each layer's TP traffic is exposed: :meth:`StepTerms.tp_exposed`). Equal
+    when ``plan`` does not overlap it. ``terms``, ``step``: as :func:`ep_overlap_steps` takes them."""
+    terms = terms or step_terms(plan)
+    gemm, attn, gdn = step_constants(plan)
+    on = terms.evaluate(gemm.value, attn.value, gdn.value)[0] if step is None else step
+    if not terms.tp_on:
+        return on, on
+    return on, replace(terms, tp_on=False).evaluate(gemm.value, attn.value, gdn.value)[0]
+
+
 def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None = None,
                   terms: StepTerms | None = None) -> StepEstimate:
     """Predicted step of ``plan`` (see the module doc for every assumption); ``efficiencies`` replaces the fitted
@@ -448,6 +472,7 @@ def estimate_step(plan: Plan, efficiencies: dict[tuple[str, str], float] | None 
     micro, bubble = terms.micro, terms.bubble
     tflops = terms.flops / step / lay.world / 1e12
     parts = {"gemm": micro * gemm, "attention": micro * attn, "elementwise": micro * w.elementwise_seconds,
+             "memory_bound": micro * w.common_seconds, "fp8_quantize": micro * w.quantize_seconds,
              "tp_exposed": micro * terms.tp_exposed(w, gemm_c.value),
              "cp_exposed": micro * cp, "ep_exposed": micro * ep + unpaired, "pp_exposed": micro * w.pp_seconds,
              "bubble": bubble * t_mb, "dp_exposed": exposed_dp,

@@ -69,7 +69,7 @@ from ..cost.memory import (GDN_MEASURED_RATIOS, MemoryBreakdown, MemoryConstants
                            ep_overlap_warmup, memory_key, peak_ranks, rank_memory)
 from ..cost.overlap import COMM_OVERLAP_SOURCE, tp_overlap_allowed
 from ..cost.shapes import shapes
-from ..cost.step import StepEstimate, ep_overlap_steps, step_terms
+from ..cost.step import StepEstimate, ep_overlap_steps, step_terms, tp_overlap_steps
 from ..errors import InfeasibleConfig
 from ..rules.base import GRAD_DTYPE
 from ..rules.batch import batch_size, tokens_per_step
@@ -316,9 +316,9 @@ def _reasons(ctx: _Request, plan: Plan, rules: tuple[Reason, Reason], level: int
         "sequence_parallel": Reason("on: TP>1 (MoE with TP>1 needs it)" if layout.tp > 1 else "off: TP=1",
                                     "megatron-core TransformerConfig"),
         "tp_comm_overlap": Reason(
-            f"on: megatron-bridge keeps it at TP{layout.tp} with sequence parallelism, and it never costs time: each "
-            "TP all-gather / reduce-scatter runs beside a GEMM of its layer (its userbuffers are in the memory "
-            "budget)" if plan.tp_comm_overlap else tp_overlap_allowed(layout.tp, plan.sequence_parallel)[1] or "off",
+            f"on: megatron-bridge keeps it at TP{layout.tp} with sequence parallelism: each TP all-gather / "
+            "reduce-scatter runs beside a GEMM of its layer (its userbuffers are in the memory budget)"
+            if plan.tp_comm_overlap else tp_overlap_allowed(layout.tp, plan.sequence_parallel)[1] or "off",
             COMM_OVERLAP_SOURCE),
         "dispatcher": why_dispatch, "precision": ctx.precision[1],
         "recompute": recompute_reason(level, len(ctx.ladder), granularity, modules),
@@ -497,6 +497,21 @@ def _finish(ctx: _Request, plan: Plan, rules: tuple[Reason, dict, bool], level: 
         else:
             why = chosen.reasons["moe_ep_overlap"]
             chosen = chosen.with_changes(reasons={**chosen.reasons, "moe_ep_overlap": Reason(
+                f"{why.why}; the step model prices the step {off - on:.2f} s faster with it ({off:.2f} s -> "
+                f"{on:.2f} s)", why.source)})
+    if chosen.tp_comm_overlap:  # on wherever megatron-bridge keeps it (_base); kept only where it pays
+        terms = terms or step_terms(chosen)
+        on, off = tp_overlap_steps(chosen, terms, step.step_seconds if step is not None else None)
+        if off <= on:
+            why = (f"off: megatron-bridge keeps it at TP{chosen.layout.tp}, but the step model prices it no faster "
+                   f"({on:.2f} s with it, {off:.2f} s without: its GEMMs lose more to the SMs the transfers hold "
+                   "than the transfers take)")
+            chosen = chosen.with_changes(tp_comm_overlap=False,
+                                         reasons={**chosen.reasons, "tp_comm_overlap": Reason(why, COMM_OVERLAP_SOURCE)})
+            step = terms = None
+        else:
+            why = chosen.reasons["tp_comm_overlap"]
+            chosen = chosen.with_changes(reasons={**chosen.reasons, "tp_comm_overlap": Reason(
                 f"{why.why}; the step model prices the step {off - on:.2f} s faster with it ({off:.2f} s -> "
                 f"{on:.2f} s)", why.source)})
     fitted, plan = plan, follow_recipe_choices(chosen)  # the recipe's setting that avoids an open hazard

@@ -15,12 +15,12 @@ from ..cost.memory import COMPONENTS as MEMORY_PARTS  # the allocator-peak compo
 from ..core.plan import Plan
 
 TIME_PARTS = ("gemm", "attention", "tp_exposed", "cp_exposed", "ep_exposed", "pp_exposed", "dp_exposed", "bubble",
-              "optimizer_offload", "elementwise")
+              "optimizer_offload", "elementwise", "memory_bound", "fp8_quantize")
 # one fixed colour per component, the same in every file
 COLOURS = {**dict(zip(MEMORY_PARTS, ["#4c72b0", "#a6c8e8", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#da8bc3",
                                      "#8c8c8c", "#937860"])),
            **dict(zip(TIME_PARTS, ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#da8bc3", "#8c8c8c",
-                                   "#ccb974", "#64b5cd", "#b07aa1"]))}
+                                   "#ccb974", "#64b5cd", "#b07aa1", "#ff9da7", "#9c755f"]))}
 
 
 def _pyplot():
