@@ -517,7 +517,8 @@ def _throughput_section(rows) -> list[str]:
              "merges, and under FP8 the cast kernels with their scales) from their bytes at the datasheet HBM "
              "bandwidth (`cost/elementwise.py`, no fitted constant), communication from the bytes each collective "
              "moves. Pricing those kernels (2026-12-04) took the fit rows' rms log error from 0.104 to 0.087, their "
-             "leave-one-out rms from 0.254 to 0.222, and the held-out median from 14.7% to 12.8%. Its constants are fitted on the rows marked *fit* "
+             "leave-one-out rms from 0.254 to 0.222, and the held-out median from 14.7% to 12.8%. "
+             "Its constants are fitted on the rows marked *fit* "
              f"({len(fit_rows)} rows: at least one per constant, preferring primary sources); every other row is held "
              "out. Fit rows also show their leave-one-out ratio (their GPU's constants refitted without them).", "",
              "Published TFLOP/s are megatron-bridge's model FLOPs over the measured step, counted by the release "

@@ -91,7 +91,8 @@ def test_bad_request(capsys, tmp_path, args, message, fix):
     # the published CP4, which the recipe leaves for CP8 (planner/recipes.py QWEN3_235B_CP)
     # (TE userbuffers: tp_comm_overlap at TP4, 12 x 32,768 x 4,096 x 2 bytes = 3 GiB)
     ("model.context_parallel_size=4", "predicted HBM use 172.3 GiB on PP rank 3 (allocator peak 165.9 + 6.4 "
-                                      "outside it: dispatcher, CUDA context, NCCL, TE userbuffers) exceeds 95% of GB200"),
+                                      "outside it: dispatcher, CUDA context, NCCL, TE userbuffers) exceeds 95% of "
+                                      "GB200"),
 ])
 def test_bad_override(capsys, tmp_path, override, message):
     code, out, err = _main(capsys, tmp_path, "qwen3_235b", "--seq", "131072", *override.split(), "--dry-run")

@@ -132,8 +132,9 @@ def test_trend_across_lengths_comes_from_the_physics():
     """At fixed model and GPUs: DeepSeek-V3 on 256 H100 holds ~300-320 TFLOP/s from 16K to 128K (LC2-LC5) and so do
     we (ratio drift 0.12, under 0.125: it was 0.098 before the memory-bound kernels were priced on 2026-12-04; they
     cost the same per token at every length while attention grows, so they take more off the shorter rows, and the
-    record's fall after 32K, which would take more off the longer ones, is not in the model); Qwen3-235B on 128 GB200 rises 1.6x from 4K to 128K (698 -> 1117) and so do we (within
-    15%): one constant per GPU for attention, the trend from the kernel's shape dependence and the FLOPs."""
+    record's fall after 32K, which would take more off the longer ones, is not in the model); Qwen3-235B on 128
+    GB200 rises 1.6x from 4K to 128K (698 -> 1117) and so do we (within 15%): one constant per GPU for attention,
+    the trend from the kernel's shape dependence and the FLOPs."""
     ratios = [estimate_step(THROUGHPUT_ROWS[k].plan).tflops_per_gpu / THROUGHPUT_ROWS[k].comparable
               for k in ("LC2", "LC3", "LC4", "LC5")]
     assert max(ratios) - min(ratios) < 0.125, ratios
@@ -243,7 +244,8 @@ def test_every_layers_memory_bound_kernels_by_hand():
 
     s = shapes(get_model("qwen3_30b"))
     h, qk, k, f = 2048, 36 * 128, 8, 768
-    norm, add, qk_norm, rope = (2 * h * 2, 3 * h * 2), (3 * h * 2, 3 * h * 2), (2 * qk * 2, 3 * qk * 2), (2 * qk * 2,) * 2
+    norm, add = (2 * h * 2, 3 * h * 2), (3 * h * 2, 3 * h * 2)
+    qk_norm, rope = (2 * qk * 2, 3 * qk * 2), (2 * qk * 2,) * 2
     scores = (3 * 128 * 4 + 128 * 4, 3 * 128 * 4)              # FP32: softmax R+W, top-k R, aux loss R / gradient
     permute = (2 * (h + k * h) * 2,) * 2                        # permute and unpermute, both ways
     glu = (3 * k * f * 2, 5 * k * f * 2)

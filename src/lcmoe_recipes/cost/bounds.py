@@ -13,7 +13,8 @@ Why they are bounds, term by term of ``estimate_step`` (cost/step.py)::
   :func:`~lcmoe_recipes.cost.overlap.contended`), so a plan with it on where megatron-core allows it (the search's
   base) has the smaller t_mb of the two. With ``tp_comm_overlap`` a layer's exposed TP falls as its GEMMs grow, but
   by at most the GEMM time recompute adds to that layer (:meth:`~lcmoe_recipes.cost.step.StepTerms.tp_exposed`), so
-  the microbatch still never gets shorter with recompute. So (microbatches + bubble) · t_mb of the plan *without recompute* is a bound
+  the microbatch still never gets shorter with recompute. So (microbatches + bubble) · t_mb of the plan *without
+  recompute* is a bound
   (:func:`step_lower_bound`; it prices the communication exactly).
 * cheaper, for ordering and skipping layouts before their knobs and checks are worked out: the same without any
   communication (never negative either), from per-rank FLOPs cached per (model, seq_length, PP, VPP), with the

@@ -19,21 +19,20 @@ borrowed from a stated sibling -- are :mod:`lcmoe_recipes.cost.efficiency`. Reco
 recomputed modules to the time. Memory-bound kernels are their bytes at the datasheet HBM bandwidth
 (:mod:`lcmoe_recipes.cost.elementwise`): the ones every layer runs between its GEMMs and its attention kernel (norms,
 residual adds, router scores, token permutation, SwiGLU, the CP ring's merges; ``parts["memory_bound"]``), the FP8
-cast kernels with their
-scales under an FP8 recipe (``parts["fp8_quantize"]``), and the passes some model features run outside
-megatron-core's fused kernels (clamped GLU, linear biases, RoPE unfused under YaRN) with the recomputed modules
-without FLOPs (``layernorm``, ``moe_act``) (``parts["elementwise"]``).
+cast kernels with their scales under an FP8 recipe (``parts["fp8_quantize"]``), and the passes some model features
+run outside megatron-core's fused kernels (clamped GLU, linear biases, RoPE unfused under YaRN) with the recomputed
+modules without FLOPs (``layernorm``, ``moe_act``) (``parts["elementwise"]``).
 
 Overlap: every overlap megatron-core implements, each exposed = max(0, communication - the compute it hides behind),
 with the settings that enable or forbid it (:mod:`lcmoe_recipes.cost.overlap`, which says where each condition is
 read): EP all-to-all behind the other microbatch's layer compute (``overlap_moe_expert_parallel_comm``, with or
 without ``delay_wgrad_compute``; the flex dispatcher's kernels hold 20 SMs while they run, so at least that share of
 the transfer stays exposed: ``overlap.contended``), one microbatch's EP traffic exposed per step; TP collectives
-exposed without ``tp_comm_overlap``, with it each layer's behind its GEMMs outside the routed experts; DP / EDP
-gradient reduce-scatter behind the last microbatch's backward and parameter all-gather behind the first forward,
-the last bucket exposed, all of it exposed at DP=1; CP ring steps
-behind the attention they feed (per layer), all-to-all and all-gather exchanges exposed; PP send/receive hidden with
-VPP (``overlap_p2p_comm``), exposed without. :attr:`StepEstimate.overlaps` lists each with its seconds.
+exposed without ``tp_comm_overlap``, with it each layer's behind its GEMMs outside the routed experts, which lose
+the SMs the transfers hold; DP / EDP gradient reduce-scatter behind the last microbatch's backward and parameter
+all-gather behind the first forward, the last bucket exposed, all of it exposed at DP=1; CP ring steps behind the
+attention they feed (per layer), all-to-all and all-gather exchanges exposed; PP send/receive hidden with VPP
+(``overlap_p2p_comm``), exposed without. :attr:`StepEstimate.overlaps` lists each with its seconds.
 
 * pipeline bubble: (PP - 1) / VPP microbatches;
 * optimizer CPU offload: the host's CPU Adam over the offloaded elements and their GPU <-> host copies, from the
@@ -294,7 +293,7 @@ class StepTerms:
     ep_sm_share: float            # ... the SMs its kernels hold meanwhile (cost.overlap.dispatcher_sm_share)
     dp_on: bool                   # DP / EDP reduce-scatter and all-gather overlapped (cost.overlap.dp_overlap)
     tp_on: bool                   # TP collectives overlapped with the GEMMs beside them (cost.overlap.tp_overlap)
-    tp_sm_share: float            # ... the SMs its transfers hold meanwhile (cost.overlap.tp_sm_share)
+    tp_sm_share: float            # ... what the SMs its transfers hold cost its GEMMs (cost.overlap.tp_sm_share)
     micro: int
     bubble: float
     offload: float

@@ -506,8 +506,8 @@ def _finish(ctx: _Request, plan: Plan, rules: tuple[Reason, dict, bool], level: 
             why = (f"off: megatron-bridge keeps it at TP{chosen.layout.tp}, but the step model prices it no faster "
                    f"({on:.2f} s with it, {off:.2f} s without: its GEMMs lose more to the SMs the transfers hold "
                    "than the transfers take)")
-            chosen = chosen.with_changes(tp_comm_overlap=False,
-                                         reasons={**chosen.reasons, "tp_comm_overlap": Reason(why, COMM_OVERLAP_SOURCE)})
+            chosen = chosen.with_changes(tp_comm_overlap=False, reasons={
+                **chosen.reasons, "tp_comm_overlap": Reason(why, COMM_OVERLAP_SOURCE)})
             step = terms = None
         else:
             why = chosen.reasons["tp_comm_overlap"]
