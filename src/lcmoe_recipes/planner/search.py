@@ -486,34 +486,16 @@ def _finish(ctx: _Request, plan: Plan, rules: tuple[Reason, dict, bool], level: 
         ask = ask.with_changes(moe_ep_overlap=True)  # turned off by the rung: with_ep_overlap says why
     chosen, step, terms = with_priced_cp_comm(with_ep_overlap(ask, recipe_on))
     if only_off is None and chosen.moe_ep_overlap and not recipe_on:
-        terms = terms or step_terms(chosen)
-        on, off = ep_overlap_steps(chosen, terms, step.step_seconds if step is not None else None)
-        if off <= on:
-            why = (f"EP all-to-all overlap off: megatron-core allows it here, but the step model prices it no faster "
-                   f"({on:.2f} s with it, {off:.2f} s without)")
-            chosen = chosen.with_changes(moe_ep_overlap=False,
-                                         reasons={**chosen.reasons, "moe_ep_overlap": Reason(why, SOURCE)})
-            step = terms = None
-        else:
-            why = chosen.reasons["moe_ep_overlap"]
-            chosen = chosen.with_changes(reasons={**chosen.reasons, "moe_ep_overlap": Reason(
-                f"{why.why}; the step model prices the step {off - on:.2f} s faster with it ({off:.2f} s -> "
-                f"{on:.2f} s)", why.source)})
+        chosen, step, terms = _kept_where_it_pays(
+            chosen, "moe_ep_overlap", ep_overlap_steps, step, terms, SOURCE,
+            lambda on, off: ("EP all-to-all overlap off: megatron-core allows it here, but the step model prices it "
+                             f"no faster ({on:.2f} s with it, {off:.2f} s without)"))
     if chosen.tp_comm_overlap:  # on wherever megatron-bridge keeps it (_base); kept only where it pays
-        terms = terms or step_terms(chosen)
-        on, off = tp_overlap_steps(chosen, terms, step.step_seconds if step is not None else None)
-        if off <= on:
-            why = (f"off: megatron-bridge keeps it at TP{chosen.layout.tp}, but the step model prices it no faster "
-                   f"({on:.2f} s with it, {off:.2f} s without: its GEMMs lose more to the SMs the transfers hold "
-                   "than the transfers take)")
-            chosen = chosen.with_changes(tp_comm_overlap=False, reasons={
-                **chosen.reasons, "tp_comm_overlap": Reason(why, COMM_OVERLAP_SOURCE)})
-            step = terms = None
-        else:
-            why = chosen.reasons["tp_comm_overlap"]
-            chosen = chosen.with_changes(reasons={**chosen.reasons, "tp_comm_overlap": Reason(
-                f"{why.why}; the step model prices the step {off - on:.2f} s faster with it ({off:.2f} s -> "
-                f"{on:.2f} s)", why.source)})
+        chosen, step, terms = _kept_where_it_pays(
+            chosen, "tp_comm_overlap", tp_overlap_steps, step, terms, COMM_OVERLAP_SOURCE,
+            lambda on, off: (f"off: megatron-bridge keeps it at TP{chosen.layout.tp}, but the step model prices it no "
+                             f"faster ({on:.2f} s with it, {off:.2f} s without: its GEMMs lose more to the SMs the "
+                             "transfers hold than the transfers take)"))
     fitted, plan = plan, follow_recipe_choices(chosen)  # the recipe's setting that avoids an open hazard
     if plan is not chosen:
         step = terms = None
@@ -529,6 +511,22 @@ def _finish(ctx: _Request, plan: Plan, rules: tuple[Reason, dict, bool], level: 
     # the rung's memory, priced already, unless the CP exchange or the EP overlap changed what memory reads
     same = memory_key(plan) == memory_key(fitted)
     return Candidate(plan, _peak(ctx, fitted if same else plan), step)
+
+
+def _kept_where_it_pays(plan: Plan, field: str, steps, step, terms, source: str, off_why):
+    """(plan, step, terms) with the overlap ``field`` (a Plan bool) kept where the step model prices the step faster
+    with it -- its reason then gives both times -- or turned off, with ``off_why(on s, off s)`` as the reason (the
+    step and terms then None: the plan changed). ``steps``: the step model's (on, off) pricing of that overlap
+    (:func:`~lcmoe_recipes.cost.step.ep_overlap_steps`, :func:`~lcmoe_recipes.cost.step.tp_overlap_steps`)."""
+    terms = terms or step_terms(plan)
+    on, off = steps(plan, terms, step.step_seconds if step is not None else None)
+    if off <= on:
+        reasons = {**plan.reasons, field: Reason(off_why(on, off), source)}
+        return plan.with_changes(**{field: False}, reasons=reasons), None, None
+    why = plan.reasons[field]
+    return plan.with_changes(reasons={**plan.reasons, field: Reason(
+        f"{why.why}; the step model prices the step {off - on:.2f} s faster with it ({off:.2f} s -> {on:.2f} s)",
+        why.source)}), step, terms
 
 
 MEMORY_FIX_OTHERS = "a shorter seq_length, or a GPU with more HBM"
