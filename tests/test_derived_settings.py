@@ -30,9 +30,11 @@ def _derived(one) -> dict[str, str]:
 
 def test_cp_derives_the_cp_exchange_again():
     one = _configure("dsv3_128k_h100", ["model.context_parallel_size=16", "model.tensor_model_parallel_size=2"])
-    assert (one.cfg.model.cp_comm_type, one.cfg.model.hierarchical_context_parallel_sizes) == ("p2p", None)
-    assert one.overrides[-2:] == ["model.cp_comm_type=p2p", "model.hierarchical_context_parallel_sizes=null"]
-    assert one.shown.cp_comm_type == "p2p" and one.shown.hierarchical_cp_sizes is None  # the plan the YAML states
+    # the recipe's a2a+p2p [8, 4] does not multiply to CP16: chosen again, a2a over 4 and a ring of 4 (the ring's
+    # merges grow with its size: cost.elementwise.cp_ring_bytes)
+    assert (one.cfg.model.cp_comm_type, one.cfg.model.hierarchical_context_parallel_sizes) == ("a2a+p2p", [4, 4])
+    assert one.overrides[-1:] == ["model.hierarchical_context_parallel_sizes=[4,4]"]
+    assert one.shown.cp_comm_type == "a2a+p2p" and one.shown.hierarchical_cp_sizes == (4, 4)  # what the YAML states
 
 
 def test_ep_derives_hybridep_ranks_per_nvlink_domain():

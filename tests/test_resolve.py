@@ -376,14 +376,14 @@ def test_an_override_of_cp_derives_the_hierarchical_cp_sizes_again(tmp_path, cap
     assert launch(["dsv3", "--seq", "131072", "model.context_parallel_size=16", "model.tensor_model_parallel_size=2",
                    "model.sequence_parallel=true", "--dry-run", "--output", str(out)]) == 0
     text = capsys.readouterr().out
-    assert ("override/derived: model.cp_comm_type=p2p model.hierarchical_context_parallel_sizes=null: derived again "
-            "for CP=16, TP=2 (was cp_comm_type 'a2a+p2p' with hierarchical_context_parallel_sizes [8, 4]): p2p ring: "
-            "exposed CP") in text
+    assert ("override/derived: model.hierarchical_context_parallel_sizes=[4,4]: derived again for CP=16, TP=2 (was "
+            "cp_comm_type 'a2a+p2p' with hierarchical_context_parallel_sizes [8, 4]): hierarchical a2a+p2p, sizes 4 x "
+            "4: predicted step") in text
     from lcmoe_recipes.emit import read_yaml
 
     cfg, meta = read_yaml(out)
-    assert (cfg.model.cp_comm_type, cfg.model.hierarchical_context_parallel_sizes) == ("p2p", None)
-    assert meta["overrides"][-2:] == ["model.cp_comm_type=p2p", "model.hierarchical_context_parallel_sizes=null"]
+    assert (cfg.model.cp_comm_type, cfg.model.hierarchical_context_parallel_sizes) == ("a2a+p2p", [4, 4])
+    assert meta["overrides"][-1:] == ["model.hierarchical_context_parallel_sizes=[4,4]"]
     from lcmoe_recipes.cli.check import main as check_main
 
     assert check_main([str(out)]) == 0 and "edited-named-recipe" not in capsys.readouterr().out

@@ -58,10 +58,10 @@ def _named(name: str, model: str, hardware: str, seq_length: int, layout: Parall
 # worst error of 8% (cost.bands.MEMORY_ERROR_BAND). One decoder layer moves from rank 7's first chunk (chunk 7: "t")
 # to rank 0's second chunk (chunk 8: "ttt"), a MoE layer whose experts are sharded over EP32. Ranks 0-6 then run 8
 # decoder layers each, rank 7 five plus MTP and the loss; the peak is rank 0 at 63.4 GiB (128K; 63.7 at 256K):
-# 10.4% / 10.0% free, and the predicted step stays 927.4 s / 823.1 s (no rank runs more than the 8 layers the middle
+# 10.4% / 10.0% free, and the predicted step stays 873.7 s / 766.8 s (no rank runs more than the 8 layers the middle
 # ranks already run). Rank 0's first chunk keeps only layer 0: a second layer there would be dense DeepSeek-V3 layer
 # 1 (first_k_dense_replace 3; its FFN is not sharded by EP), on the rank that holds the most in-flight microbatches:
-# 65.7 GiB. Full recompute (uniform, 1 layer), the next rung, would also fit, at +21% / +23% step time.
+# 65.7 GiB. Full recompute (uniform, 1 layer), the next rung, would also fit, at +20% / +23% step time.
 DSV3_H100_PIPELINE = "Et|(tt|)*6t|ttt|(tt|)*22mL"
 
 
@@ -97,8 +97,8 @@ def _dsv3_h100(seq_length: int, num_gpus: int, cp: int, name: str, options: Trai
                 "H100 perf recipes) leaves 7.5% (128K) or 7.1% (256K) of the planning limit free on rank 7 with FP32 "
                 "gradients, under the memory model's worst error (8%); the selective recompute set has every module "
                 "but core_attn (not recomputed at long context) and the optimizer is wholly offloaded, so the next rung is "
-                "full recompute, +21-23% step time. The moved layer leaves 10.4% free on the peak rank (PP rank 0) at 128K "
-                "and 10.0% at 256K, at the same predicted step time (927.4 s at 128K, 823.1 s at 256K); the published "
+                "full recompute, +20-23% step time. The moved layer leaves 10.4% free on the peak rank (PP rank 0) at 128K "
+                "and 10.0% at 256K, at the same predicted step time (873.7 s at 128K, 766.8 s at 256K); the published "
                 "layout TP1 CP EP32 PP8 VPP4 is kept",
                 f"{SKILL} (rules 3-4: selective before full recompute, no SDPA recompute at long context); "
                 "megatron-bridge 0.6.2 perf_recipes/deepseek/h100/deepseek_v3.py (the even split); megatron-core "

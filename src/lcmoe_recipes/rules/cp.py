@@ -115,8 +115,9 @@ def priced_cp_comm(plan):
     ring, ring_cp, ring_terms = step_and_cp_exposed(ring_plan)
     hier, hier_cp, hier_terms = step_and_cp_exposed(hier_plan, with_cp_exchange(ring_terms, hier_plan))
     a, p = split
-    numbers = (f"exposed CP {ring_cp:.1f} s per step with the ring vs "
-               f"{hier_cp:.1f} s with a2a over {a} NVLink-local ranks + a ring of {p}")
+    numbers = (f"predicted step {ring:.1f} s with the ring of {lay.cp} (exposed CP {ring_cp:.1f} s) vs {hier:.1f} s "
+               f"with a2a over {a} NVLink-local ranks + a ring of {p} (exposed CP {hier_cp:.1f} s; the ring's merges "
+               "grow with its size, the attention calls with the a2a's sequence)")
     if hier < ring:
         return "a2a+p2p", split, Reason(f"hierarchical a2a+p2p, sizes {a} x {p}: {numbers}", HIERARCHICAL_SOURCE), \
             estimate_step(hier_plan, terms=hier_terms), hier_terms
