@@ -57,6 +57,7 @@ from functools import lru_cache
 from ..catalog import get_hardware
 from ..catalog.kernels import attention_tflops
 from ..catalog.models import SLIDING
+from .comm import cp_groups
 from .shapes import LayerShapes
 
 BACKWARD_FLOPS = 2.5  # backward / forward FLOPs of flash attention (five matmuls to two)
@@ -285,8 +286,7 @@ def layer_attention_seconds(s: LayerShapes, layer: int, hw_key: str, seq_length:
         masked = s.sinks or (s.kind(layer) == SLIDING and 0 < s.window < seq_length)
         return micro_batch_size * _unfused_seconds(hw_key, s.nq / tp, seq_length, seq_length, s.d_qk, s.d_v,
                                                    masked, 2 if recompute else 1)
-    # hierarchical CP: (inner all-to-all, outer ring) sizes, as lcmoe_recipes.cost.comm reads them
-    inner, ring = (hierarchical_cp_sizes if cp_comm_type == "a2a+p2p" and hierarchical_cp_sizes else (1, cp))
+    inner, ring = cp_groups(cp_comm_type, hierarchical_cp_sizes, cp)  # hierarchical CP: (inner all-to-all, ring)
     heads = s.nq / tp / (cp if cp > 1 and cp_comm_type == "a2a" else inner)
     window = s.window if s.kind(layer) == SLIDING and s.window < seq_length else 0
     calls = _calls(seq_length, cp, cp_comm_type if cp > 1 else None, ring, window)

@@ -53,6 +53,12 @@ from .shapes import shapes
 BF16 = 2
 
 
+def cp_groups(cp_comm_type: str | None, hierarchical_cp_sizes: tuple[int, ...] | None, cp: int) -> tuple[int, int]:
+    """(inner all-to-all size, ring size) of a CP exchange: megatron-core's ``hierarchical_context_parallel_sizes``
+    under ``a2a+p2p``, else (1, CP) -- the ring the p2p exchange runs (other exchanges run no ring)."""
+    return tuple(hierarchical_cp_sizes) if cp_comm_type == "a2a+p2p" and hierarchical_cp_sizes else (1, cp)
+
+
 @dataclass(frozen=True)
 class Transfer:
     """One collective's traffic: bytes per GPU over NVLink and over scale-out, and the time they take (s)."""
@@ -131,8 +137,7 @@ def layer_transfers(plan: Plan, layer: int) -> list[Transfer]:
             out.append(_transfer("CP", hw, total, where.cp_nvlink))
         elif s.is_softmax(layer):
             width = s.nq * (s.d_qk + s.d_v) if s.mla else 2 * s.nkv * s.d_qk
-            inner, ring = (plan.hierarchical_cp_sizes if plan.cp_comm_type == "a2a+p2p" and plan.hierarchical_cp_sizes
-                           else (1, cp))
+            inner, ring = cp_groups(plan.cp_comm_type, plan.hierarchical_cp_sizes, cp)
             if inner > 1:
                 # hierarchical (megatron-core cp_comm_type "a2a+p2p"): an all-to-all inside groups of `inner`
                 # consecutive CP ranks swaps sequence for heads (q, k, v in, the output back; dq, dk, dv and the

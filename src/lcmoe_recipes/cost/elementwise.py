@@ -124,9 +124,6 @@ SCORE_PASSES = (3, 3)        # router scores (FP32, E wide): softmax / sigmoid R
 AUX_LOSS_PASSES = (1, 0)
 # bytes per element an FP8 cast kernel moves (read BF16, write both orientations, scales), by precision
 QUANTIZE_BYTES = {"mxfp8": 2 + 2 + 2 / 32, "fp8_blockwise": 2 + 2 + 2 * FP32 / 128, "fp8_cs": 4 + 2}
-KERNELS_SOURCE = ("megatron-core 0.19.2 transformer/transformer_layer.py, transformer/moe/token_dispatcher.py, "
-                  "moe_utils.py; Transformer Engine 2.x pytorch/tensor (MXFP8Quantizer, Float8BlockQuantizer, "
-                  "Float8CurrentScalingQuantizer)")
 
 
 @lru_cache(maxsize=4096)

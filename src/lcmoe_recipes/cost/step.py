@@ -49,7 +49,7 @@ from functools import lru_cache
 from ..core.pipeline import stage_decoder_layers
 from ..core.plan import Plan
 from .attention import layer_attention_seconds
-from .comm import data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
+from .comm import cp_groups, data_parallel_transfers, layer_transfers, pipeline_transfer, rank_layers
 from .efficiency import Constant, constant
 from .elementwise import common_bytes, features as elementwise_features, per_token_bytes as elementwise_bytes
 from .elementwise import cp_ring_bytes, quantize_bytes, recompute_bytes
@@ -207,8 +207,8 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
     share = 1.0 / (lay.tp * lay.cp)
     pp_t = pipeline_transfer(plan)
     # the ring a CP exchange merges over (cost.elementwise.cp_ring_bytes): all of CP for p2p, the outer ring of a2a+p2p
-    ring = 1 if plan.cp_comm_type not in ("p2p", "a2a+p2p") else (
-        plan.hierarchical_cp_sizes[-1] if plan.cp_comm_type == "a2a+p2p" and plan.hierarchical_cp_sizes else lay.cp)
+    ring = cp_groups(plan.cp_comm_type, plan.hierarchical_cp_sizes, lay.cp)[1] if plan.cp_comm_type in (
+        "p2p", "a2a+p2p") else 1
     out = []
     per_kind: dict = {}
     for r in range(lay.pp):
