@@ -88,6 +88,28 @@ def test_bounds_never_exceed_the_prediction(fields):
     assert checked >= 40 * len(ctx.ladder)
 
 
+def test_step_bound_takes_the_faster_of_tp_overlap_on_and_off():
+    """Qwen3-235B 32K on 256 H200, TP2 CP1 EP16 PP1: its TP traffic is small beside the GEMMs it runs with, so the
+    microbatch is slower with tp_comm_overlap on than off (the SMs TE's bulk transfers hold cost the GEMMs more than
+    the traffic takes) and the search keeps it off. The bound of the base (overlap on, where megatron-bridge keeps
+    it) must be at most the plan with it off: the faster of the two, not the on price (which was 0.18% too high)."""
+    from dataclasses import replace
+
+    from lcmoe_recipes.cost.step import microbatch_seconds, step_terms
+    from lcmoe_recipes.planner.search import _base
+
+    request = TrainingRequest(model="qwen3_235b", seq_length=32768, hardware="h200", num_gpus=256)
+    lay = next(lay for lay in enumerate_layouts(request, None) if lay.describe().startswith("TP2 CP1 EP16 ETP1 PP1 "))
+    base = _base(_context(request), lay, 1, {})[0]
+    assert base.tp_comm_overlap
+    terms = step_terms(base)
+    on, off = microbatch_seconds(base, None, terms), microbatch_seconds(base, None, replace(terms, tp_on=False))
+    assert on > off * 1.001  # the overlap is priced slower here
+    factor = base.num_microbatches + (lay.pp - 1) / (lay.vpp or 1)
+    assert step_lower_bound(base) == pytest.approx(factor * off, rel=1e-12)
+    assert step_lower_bound(base) == step_lower_bound(base.with_changes(tp_comm_overlap=False))
+
+
 def test_ties_keep_dp_alive_qwen3_235b_64k_64_gb200():
     """Qwen3-235B at 64K on 64 GB200 (issue 26's planned case, the README's plan example): the band is the median
     error of the held-out GB200 BF16 rows (LC8 0.89, LC10 1.00, HC11 1.08, PS11 1.27, PS24 1.21: ±10.7%), not the

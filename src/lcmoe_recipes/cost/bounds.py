@@ -13,9 +13,12 @@ Why they are bounds, term by term of ``estimate_step`` (cost/step.py)::
   :func:`~lcmoe_recipes.cost.overlap.contended`), so a plan with it on where megatron-core allows it (the search's
   base) has the smaller t_mb of the two. With ``tp_comm_overlap`` a layer's exposed TP falls as its GEMMs grow, but
   by at most the GEMM time recompute adds to that layer (:meth:`~lcmoe_recipes.cost.step.StepTerms.tp_exposed`), so
-  the microbatch still never gets shorter with recompute. So (microbatches + bubble) · t_mb of the plan *without
-  recompute* is a bound
-  (:func:`step_lower_bound`; it prices the communication exactly).
+  the microbatch still never gets shorter with recompute. The search turns ``tp_comm_overlap`` off where the step
+  model prices it no faster, and with it on a layer whose TP traffic is small beside its GEMMs can be slower than
+  with it off (the SMs the transfers hold cost the GEMMs more than the traffic takes:
+  :func:`~lcmoe_recipes.cost.overlap.tp_overlap_exposed`), so the bound takes the faster of the two. So
+  (microbatches + bubble) · t_mb of the plan *without recompute*, with the overlap on or off, whichever is faster, is a
+  bound (:func:`step_lower_bound`; it prices the communication exactly).
 * cheaper, for ordering and skipping layouts before their knobs and checks are worked out: the same without any
   communication (never negative either), from per-rank FLOPs cached per (model, seq_length, PP, VPP), with the
   attention FLOPs at the kernel's best published throughput (no call runs faster, whatever CP exchange the
@@ -30,6 +33,7 @@ builds.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from ..catalog import get_hardware, get_model
@@ -42,7 +46,8 @@ from .attention import BACKWARD_FLOPS
 from .efficiency import constant
 from .memory import rank_memory
 from .shapes import shapes
-from .step import _gdn_seconds, _layer_flops, _rank_kinds, microbatch_seconds, step_terms, with_cp_exchange
+from .step import (_gdn_seconds, _layer_flops, _rank_kinds, microbatch_seconds, step_constants, step_terms,
+                   with_cp_exchange)
 
 
 @lru_cache(maxsize=1024)
@@ -107,16 +112,29 @@ def step_lower_bound(plan: Plan, table: dict[tuple[str, str], float] | None = No
     microbatch time of ``plan`` without recompute (compute and exposed TP / CP / EP / PP communication of its
     slowest rank), times microbatches plus the pipeline bubble. ``exchange``: another CP exchange
     (``cp_comm_type``, ``hierarchical_cp_sizes``) the plan may run instead; the bound is then the smaller of the two
-    (the second priced from the first's once-per-step terms: :func:`~lcmoe_recipes.cost.step.with_cp_exchange`)."""
+    (the second priced from the first's once-per-step terms: :func:`~lcmoe_recipes.cost.step.with_cp_exchange`).
+    With ``tp_comm_overlap`` on, each exchange is priced with it on and off and the faster kept (module doc)."""
     bare = plan if plan.recompute_granularity is None else plan.with_changes(
         recompute_granularity=None, recompute_modules=(), recompute_method=None, recompute_num_layers=None)
     lay = plan.layout
     terms = step_terms(bare)
-    micro = microbatch_seconds(bare, table, terms)
+    options = [(bare, terms)]
     if exchange is not None:
         other = bare.with_changes(cp_comm_type=exchange[0], hierarchical_cp_sizes=exchange[1])
-        micro = min(micro, microbatch_seconds(other, table, with_cp_exchange(terms, other)))
+        options.append((other, with_cp_exchange(terms, other)))
+    if terms.tp_on and _tp_overlap_can_lose(terms, step_constants(bare, table)[0].value):
+        # the search keeps tp_comm_overlap only where it pays: the bound takes the faster of on and off
+        options += [(p, replace(t, tp_on=False)) for p, t in options]
+    micro = min(microbatch_seconds(p, table, t) for p, t in options)
     return (plan.num_microbatches + (lay.pp - 1) / (lay.vpp or 1)) * micro
+
+
+def _tp_overlap_can_lose(terms, gemm_eff: float) -> bool:
+    """Whether some layer's TP traffic is exposed longer with ``tp_comm_overlap`` on than off (its GEMMs lose more
+    to the SMs the transfers hold than the traffic takes: :func:`~lcmoe_recipes.cost.overlap.tp_overlap_exposed`);
+    where none is, the overlap never makes a microbatch slower and pricing it off cannot lower the bound."""
+    rate, share = terms.peak * gemm_eff, terms.tp_sm_share
+    return any(dense / rate * share > c for w in terms.ranks for c, dense, _ in w.tp_layers)
 
 
 def memory_lower_bound(plan: Plan) -> float:
