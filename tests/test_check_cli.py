@@ -38,6 +38,23 @@ def test_failing_yaml_exits_1_with_findings(configs, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_yaml_value_of_the_wrong_type_is_refused(configs, tmp_path, capsys):
+    """A number field holding text (a typo in a hand-edited YAML) is refused by name: omegaconf keeps it as written
+    and megatron would fail on it only once the job runs. The same values given as overrides are refused as well
+    (emit.overrides, tests/test_cli.py test_bad_override)."""
+    from lcmoe_recipes.emit import write_yaml
+
+    _, cfg = configs["qwen3_235b_128k_gb200"]
+    path = write_yaml(cfg, tmp_path / "typo.yaml", {"recipe": "typo", "world_size": 128, "hardware": "gb200"})
+    text = path.read_text()
+    assert "  weight_decay: 0.033\n" in text and "  train_iters: " in text
+    path.write_text(text.replace("  weight_decay: 0.033\n", "  weight_decay: abc\n"))
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "has 1 value(s) of the wrong type: optimizer.weight_decay: expects float, got 'abc'" in err
+
+
+@pytest.mark.slow
 def test_headerless_yaml_needs_a_target(configs, tmp_path, capsys):
     _, cfg = configs["dsv3_128k_h100"]
     path = tmp_path / "user.yaml"

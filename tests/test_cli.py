@@ -88,6 +88,15 @@ def test_bad_request(capsys, tmp_path, args, message, fix):
     # DP1 (CP8): 63 microbatches, not a multiple of PP for the interleaved schedule
     ("train.global_batch_size=63", "needs microbatches per step (GBS/(MBS·DP) = 63) to be a multiple of PP"),
     ("model.recompute_modules=[up_proj,norm]", "unknown recompute module(s) ['up_proj', 'norm']"),
+    # a value of the wrong type, refused before anything is written: megatron-bridge's override flow keeps the
+    # string as typed (a launch used to write it and say "valid", or fail in its own schedule report)
+    ("optimizer.weight_decay=abc", "optimizer.weight_decay expects float, got 'abc'\n  fix: write a float value "
+                                   "(e.g. optimizer.weight_decay=0.033)"),  # the recipe's value
+    ("optimizer.lr=abc", "optimizer.lr expects float, got 'abc'"),
+    ("train.train_iters=abc", "train.train_iters expects int, got 'abc'"),
+    ("model.tensor_model_parallel_size=4.5", "model.tensor_model_parallel_size expects int, got 4.5\n  fix: write an "
+                                             "int value (e.g. model.tensor_model_parallel_size=4)"),
+    ("model.sequence_parallel=yes", "model.sequence_parallel expects bool, got 'yes'"),
     # the published CP4, which the recipe leaves for CP8 (planner/recipes.py QWEN3_235B_CP)
     # (TE userbuffers: tp_comm_overlap at TP4, 12 x 32,768 x 4,096 x 2 bytes = 3 GiB)
     ("model.context_parallel_size=4", "predicted HBM use 172.3 GiB on PP rank 3 (allocator peak 165.9 + 6.4 "

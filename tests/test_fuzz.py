@@ -32,7 +32,8 @@ HARDWARE = st.sampled_from([None, "h100", "gb200", "h200", "H100", "a100"])
 FIELDS = ["model.tensor_model_parallel_size", "model.context_parallel_size", "model.pipeline_model_parallel_size",
           "model.expert_model_parallel_size", "train.global_batch_size", "train.micro_batch_size",
           "model.seq_length", "model.recompute_granularity", "model.context_paralel_size", "optimizer.lr",
-          "model.moe_token_dispatcher_type", "checkpoint.load", "nonsense", "model."]
+          "model.moe_token_dispatcher_type", "checkpoint.load", "nonsense", "model.", "train.train_iters",
+          "optimizer.weight_decay", "model.sequence_parallel"]
 VALUES = st.one_of(st.integers(-2, 300).map(str), st.sampled_from(["null", "full", "selective", "alltoall", "x",
                                                                      "", "[1,2]", "{a: 1}", "1e-5", "true", "'"]))
 OVERRIDES = st.lists(st.builds(lambda k, v: f"{k}={v}", st.sampled_from(FIELDS), VALUES)

@@ -19,6 +19,7 @@ from typing import Any
 from ..catalog.config_fields import closest
 from ..errors import OverrideError
 from .stack import load_bridge
+from .yaml_io import scalar_type_error
 
 
 def _parse(overrides: list[str]):
@@ -63,6 +64,21 @@ def _unknown(obj: Any, part: str, path: str, text: str) -> None:
                         else f"fields of {owner} include: {', '.join(names[:12])} ...")
 
 
+def _check_type(parent: Any, name: str, override) -> None:
+    """OverrideError when ``override`` gives field ``name`` of dataclass ``parent``, which takes only numbers or
+    booleans, a value of another type (megatron-bridge's flow keeps a string as written, and the run fails on it
+    much later, or a report here fails on it first)."""
+    value = override.value()
+    wanted = scalar_type_error(parent, name, value)
+    if wanted:
+        current = getattr(parent, name, None)
+        article = "an" if wanted[0] in "aeiou" else "a"
+        example = f" (e.g. {override.key_or_group}=" + (
+            f"{str(current).lower() if isinstance(current, bool) else current})" if current is not None else "")
+        raise OverrideError(f"override '{override.input_line}': {override.key_or_group} expects {wanted}, got "
+                            f"{value!r}", f"write {article} {wanted} value" + (example if current is not None else ""))
+
+
 def apply_overrides(cfg, overrides: list[str]):
     """Apply Hydra overrides to ``cfg`` in place and return it.
 
@@ -88,6 +104,8 @@ def apply_overrides(cfg, overrides: list[str]):
         present = (last in parent) if isinstance(parent, dict) else hasattr(parent, last)
         if not present and not (isinstance(parent, dict) and override.is_add()):
             _unknown(parent, last, key, override.input_line)
+        if dataclasses.is_dataclass(parent) and not override.is_delete():
+            _check_type(parent, last, override)
 
     omega, excluded = create_omegaconf_dict_config(cfg)
     try:

@@ -203,26 +203,37 @@ def wrong_types(cfg) -> list[str]:
     """'section.field: expects T, got 'text'' for each number or boolean field of ``cfg``'s sections that holds a
     string (what a typo in a YAML gives: omegaconf keeps it as written, megatron fails on it much later)."""
     import dataclasses
-    import types
-    import typing
 
     out = []
     for section in dataclasses.fields(cfg):
         obj = getattr(cfg, section.name, None)
         if not dataclasses.is_dataclass(obj):
             continue
-        try:
-            hints = typing.get_type_hints(type(obj))
-        except Exception:  # unresolvable forward references upstream: nothing to compare against
-            continue
         for field in dataclasses.fields(obj):
             value = getattr(obj, field.name, None)
-            if not isinstance(value, str):
-                continue
-            hint = hints.get(field.name)
-            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-            options = set(typing.get_args(hint)) - {type(None)} if union else {hint}
-            if options and options <= {int, float, bool}:
-                wanted = " or ".join(sorted(t.__name__ for t in options))
+            wanted = scalar_type_error(obj, field.name, value) if isinstance(value, str) else None
+            if wanted:
                 out.append(f"{section.name}.{field.name}: expects {wanted}, got {value!r}")
     return out
+
+
+def scalar_type_error(obj, name: str, value) -> str | None:
+    """The type field ``name`` of dataclass ``obj`` expects ("int", "float or int", "bool"), when it takes only
+    numbers or booleans (None aside) and ``value`` is not one of them -- a string, or a float where only an int will
+    do (megatron-core sizes and counts: ``range`` and divisibility fail on 4.0) -- else None. None too where the
+    field's annotation cannot be resolved (nothing to compare against)."""
+    import types
+    import typing
+
+    try:
+        hint = typing.get_type_hints(type(obj)).get(name)
+    except Exception:  # unresolvable forward references upstream
+        return None
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    options = set(typing.get_args(hint)) - {type(None)} if union else {hint}
+    if not options or not options <= {int, float, bool} or value is None:
+        return None
+    wanted = " or ".join(sorted(t.__name__ for t in options))
+    if isinstance(value, str) or (isinstance(value, float) and float not in options):
+        return wanted
+    return None
