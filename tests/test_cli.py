@@ -77,6 +77,23 @@ def test_bad_request(capsys, tmp_path, args, message, fix):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("overrides,message,fix", [
+    # the section left off: the field's section(s) named, the model's first
+    (["tensor_model_parallel_size=8"], "'tensor_model_parallel_size' is not a section of megatron-bridge's "
+     "ConfigContainer but a field of model and tokenizer", "fix: 'model.tensor_model_parallel_size=8' or "),
+    (["seq_length=65536"], "but a field of model and dataset", "fix: 'model.seq_length=65536' or 'dataset.seq_length"),
+    # key and value typed with a space: two arguments, the first sets nothing
+    (["model.tensor_model_parallel_size", "8"], "override 'model.tensor_model_parallel_size' sets nothing",
+     "fix: write 'model.tensor_model_parallel_size=8' as one argument"),
+])
+def test_override_typos_name_the_fix(capsys, tmp_path, overrides, message, fix):
+    """Refused before megatron-bridge loads (core.request.TrainingRequest.parse), nothing written."""
+    code, out, err = _main(capsys, tmp_path, "qwen3_235b", "--seq", "131072", *overrides, "--dry-run")
+    assert code == 2 and out == "", err
+    assert message in err and fix in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("override,message", [
     ("model.tensor_model_paralel_size=4", "fix: use 'model.tensor_model_parallel_size'"),  # refused before loading
@@ -108,6 +125,17 @@ def test_bad_override(capsys, tmp_path, override, message):
     assert code == 2, err
     assert message in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_an_override_of_a_requested_quantity_is_said(capsys, tmp_path):
+    """--seq 131072 picks the 128K recipe; model.seq_length=65536 then runs it at 64K. Legal (the derived settings
+    follow), but the name and layout were chosen for 128K: said, with how to have them chosen for 64K."""
+    code, out, err = _main(capsys, tmp_path, "qwen3_235b", "--seq", "131072", "model.seq_length=65536", "--dry-run")
+    assert code == 0, err
+    assert ("override/replaces-request: model.seq_length=65536 replaces the request's seq_length 131072: the config "
+            "runs seq_length 65536, but its name and layout were chosen for 131072; to have them chosen for 65536, "
+            "ask for it in the request (seq_length 65536) and drop the override") in out + err
 
 
 @pytest.mark.slow

@@ -82,6 +82,29 @@ def test_job_folder_every_node_sees(tmp_path):
     assert job_folder_findings(home, 4, local_tunnel=False) == []  # ssh: the folder is on the cluster, not here
 
 
+def test_the_nodes_python_must_be_on_shared_storage():
+    """Without a container image the nodes run this virtualenv (NeMo-Run setup_lines: export PATH=BIN:$PATH): a
+    venv under /tmp, as a fresh clone there gets, is only on this machine. Warned, not refused: a test cluster may run
+    its jobs here."""
+    from lcmoe_recipes.jobs.job_checks import python_findings
+
+    warned = python_findings("/tmp/newuser/.venv/bin", 32, local_tunnel=True)
+    assert [(f.severity, f.rule) for f in warned] == [("warning", "job/python-node-local")]
+    assert warned[0].message == ("the Python environment /tmp/newuser/.venv/bin is node-local: the job's 32 nodes "
+                                 "run its torchrun and python")
+    assert warned[0].fix == ("use --container-image IMAGE (the image's Python runs), or --python "
+                             "/shared/envs/ENV/bin/python on storage every node sees")
+    assert python_findings("/tmp/newuser/.venv/bin", 1, local_tunnel=False)[0].rule == "job/python-node-local"
+    home = os.path.expanduser("~/venv/bin")
+    found = filesystem_of(home)
+    local = python_findings(home, 4, local_tunnel=True)
+    if found[1] in ("ext4", "xfs", "overlay", "btrfs", "tmpfs", "zfs"):
+        assert [f.rule for f in local] == ["job/python-local-fs"]
+    else:
+        assert local == []
+    assert python_findings(home, 4, local_tunnel=False) == []  # ssh: the path is the cluster's, not known here
+
+
 def _mounts() -> list[str]:
     with open("/proc/mounts") as handle:
         return [line.split()[1] for line in handle]

@@ -150,8 +150,10 @@ def test_override_naming_no_field_is_refused_before_megatron_loads():
     assert unknown_override("modle.tensor_model_parallel_size=4")[1] == "use 'model.tensor_model_parallel_size'"
     assert unknown_override("~train.trian_iters")[1] == "use 'train.train_iters'"
     for fine in ("model.tensor_model_parallel_size=4", "+env_vars.NCCL_DEBUG=INFO", "~model.recompute_modules",
-                 "model.moe_flex_dispatcher_backend=hybridep", "dataset.seq_length=8192", "model", ""):
+                 "model.moe_flex_dispatcher_backend=hybridep", "dataset.seq_length=8192", ""):
         assert unknown_override(fine) is None, fine
+    # no '=': Hydra's parser would refuse it later, without naming the fix (a key and its value typed apart)
+    assert unknown_override("model")[1] == "write 'model=VALUE' as one argument, without spaces around '='"
     with pytest.raises(OverrideError) as err:
         TrainingRequest.parse(model="qwen3_235b", seq_length=131072, overrides=("train.trian_iters=10",))
     assert "'train.trian_iters' is not a field of any megatron-bridge train config" in err.value.message

@@ -110,10 +110,19 @@ def test_infeasible_request_names_the_constraint():
     with pytest.raises(InfeasibleConfig) as err:
         search_layouts(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=8))
     assert "most rejected by memory/exceeds-hbm" in err.value.message
-    assert err.value.fix.startswith("use 128 GPUs (a layout fits there; no count from 8 to 40 does)")
+    assert err.value.fix.startswith("use 128 GPUs (the smallest count above 8 tried at which a layout fits; 16, 24, "
+                                    "32, 40 and 64 do not), a shorter seq_length")  # nothing below one node
     with pytest.raises(InfeasibleConfig) as err:  # 60 GPUs fold 128 experts into EP 4 at most; 64 fold EP 64
         search_layouts(TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=60))
-    assert err.value.fix.startswith("use 64 GPUs (the fewest whole nodes above 60 with a layout that fits)")
+    assert err.value.fix.startswith("use 48 GPUs (fewer, but a layout fits there: the layouts 60 GPUs fold into do "
+                                    "not) or 64 GPUs (the smallest count above 60 tried at which a layout fits), ")
+    with pytest.raises(InfeasibleConfig) as err:  # a fresh user's case: 100 = 25 nodes of 4 folds TP x CP x PP <= 4
+        search_layouts(TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=100))
+    assert "most rejected by memory/exceeds-hbm" in err.value.message
+    assert err.value.fix.startswith("use 96 GPUs (fewer, but a layout fits there: the layouts 100 GPUs fold into do "
+                                    "not) or 112 GPUs (the smallest count above 100 tried at which a layout fits; "
+                                    "104 and 108 do not), a shorter seq_length, or a GPU with more HBM")
+    search_layouts(TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=96))  # it fits
     with pytest.raises(InfeasibleConfig) as err:  # no layout can be enumerated: the forced one is explained
         search_layouts(TrainingRequest(model="qwen3_next", seq_length=65536, hardware="gb200", num_gpus=32, tp=2, cp=16))
     assert "gated DeltaNet linear heads" in err.value.message and "(divisibility/linear-heads-tp-cp)" in err.value.message
@@ -223,3 +232,12 @@ def test_no_offload_where_the_base_optimizer_is_not_adam():
     assert not best.optimizer_cpu_offload and not best.use_precision_aware_optimizer
     assert "optimizer dist_muon cannot run on the precision-aware" in best.reasons["optimizer_cpu_offload"].why
     assert config_from_plan(best, quiet=True).optimizer.optimizer == "dist_muon"  # megatron-bridge validates it
+
+
+def test_a_length_that_is_not_whole_k_keeps_its_number_in_the_name():
+    """A fresh user asked for --seq 100000 and got a plan named '..._97k_...': the name rounded the length."""
+    from lcmoe_recipes.core.request import seq_tag
+
+    assert (seq_tag(131072), seq_tag(100000), seq_tag(4096)) == ("128k", "100000", "4k")
+    result = search_layouts(TrainingRequest(model="qwen3_235b", seq_length=100000, hardware="gb200", num_gpus=128))
+    assert result.best.plan.name == "qwen3_235b_100000_128xgb200" and result.best.plan.seq_length == 100000

@@ -120,6 +120,16 @@ def test_named_factories_show_their_options():
                             "pretrained_checkpoint", "overrides"]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
     assert "DeepSeek-V3 at 128K on 256 H100" in dsv3_128k_h100.__doc__
+    # a keyword the recipe does not take (a fresh user's gpus=8): the keywords there are, and where another target goes
+    with pytest.raises(TypeError) as err:
+        dsv3_128k_h100(gpus=8)
+    assert str(err.value) == (
+        "dsv3_128k_h100() got an unexpected keyword argument 'gpus': it takes keywords only (precision, rope, "
+        "tokens_per_step, global_batch_size, lr, train_iters, pretrained_checkpoint, overrides); its layout and GPU "
+        "count are the recipe's (256 x h100). For another target plan one: build_recipe(TrainingRequest("
+        "model='dsv3', seq_length=131072, num_gpus=N, hardware='h100'))")
+    with pytest.raises(TypeError, match=r"^dsv3_128k_h100\(\) too many positional arguments: it takes keywords only"):
+        dsv3_128k_h100("fp8_blockwise")
 
 
 @pytest.mark.slow

@@ -127,7 +127,14 @@ def _named_factory(name: str):
         + [inspect.Parameter("overrides", inspect.Parameter.KEYWORD_ONLY, default=())])
 
     def factory(*args, **kwargs):
-        options = signature.bind(*args, **kwargs).arguments  # TypeError for a positional or unknown argument
+        try:
+            options = signature.bind(*args, **kwargs).arguments
+        except TypeError as exc:  # a positional or unknown argument: say which keywords there are, and where to go
+            raise TypeError(
+                f"{name}() {exc}: it takes keywords only ({', '.join(FACTORY_OPTIONS)}, overrides); its layout and "
+                f"GPU count are the recipe's ({recipe.num_gpus} x {recipe.hardware}). For another target plan one: "
+                f"build_recipe(TrainingRequest(model='{recipe.model}', seq_length={recipe.seq_length}, num_gpus=N, "
+                f"hardware='{recipe.hardware}'))") from None
         overrides = options.pop("overrides", ())
         return build_recipe(TrainingRequest.parse(recipe=name, **options), overrides)
 

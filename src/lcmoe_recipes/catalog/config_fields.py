@@ -28,16 +28,31 @@ def override_key(text: str) -> str:
     return text.strip().lstrip("+~").partition("=")[0].strip()
 
 
-def unknown_override(text: str) -> tuple[str, str] | None:
-    """(what is wrong, the fix) when the Hydra override ``text`` (``key=value``, ``+key=value``, ``~key``) names a
-    ConfigContainer section that does not exist, or a field no config of that section has; None otherwise (also
-    for what only Hydra's parser can judge: it runs later)."""
+def unknown_override(text: str, following: str | None = None) -> tuple[str, str] | None:
+    """(what is wrong, the fix) when the Hydra override ``text`` (``key=value``, ``+key=value``, ``~key``) sets
+    nothing (no ``=``), names a ConfigContainer section that does not exist (the fix names the section(s) that have
+    such a field, where one does: ``tensor_model_parallel_size=4`` -> ``model.tensor_model_parallel_size=4``), or a
+    field no config of that section has; None otherwise (also for what only Hydra's parser can judge: it runs
+    later). ``following``: the override after it on the command line (``key value`` typed with a space is two)."""
     key = override_key(text)
     if not key:
         return None
+    stripped = text.strip()
+    if "=" not in stripped and not stripped.startswith("~"):
+        joined = f"{stripped}={following.strip()}" if following and "=" not in following else f"{stripped}=VALUE"
+        return (f"override '{text}' sets nothing: a Hydra override is key=value (or ~key to delete one)",
+                f"write '{joined}' as one argument, without spaces around '='")
     parts = key.split(".")
     doc = _document()
     if parts[0] not in doc["top_level"]:
+        owners = sorted((name for name, fields in doc["sections"].items() if parts[0] in fields),
+                        key=lambda name: name != "model")  # the model's field first: what a layout override means
+        rest = stripped[stripped.index(parts[0]) + len(parts[0]):]
+        lead = stripped[:stripped.index(parts[0])]
+        if owners:
+            return (f"override '{text}': '{parts[0]}' is not a section of megatron-bridge's ConfigContainer but a "
+                    f"field of {' and '.join(owners)}",
+                    " or ".join(f"'{lead}{owner}.{parts[0]}{rest}'" for owner in owners) + " (section.field=value)")
         close = closest(parts[0], doc["top_level"])
         return (f"override '{text}': '{parts[0]}' is not a section of megatron-bridge's ConfigContainer",
                 f"use '{close}{key[len(parts[0]):]}'" if close else

@@ -70,7 +70,8 @@ def request_arguments(parser, target: bool = True, several_gpus: bool = False) -
         else:
             parser.add_argument("--gpus", type=int, metavar="N", help="GPU count (default: the named recipe's)")
         parser.add_argument("--hardware", metavar="NAME", help="GPU type: h100, h200, b200, gb200, gb300" +
-                            (" (or --compare)" if several_gpus else " (default: the named recipe's)"))
+                            (" (required, unless --compare gives several)" if several_gpus else
+                             " (default: the named recipe's)"))
         parser.add_argument("--precision", help="bf16, fp8_blockwise, fp8_cs or mxfp8 (default: the base model's "
                             "training precision on this GPU, else BF16)")
     parser.add_argument("--model-config", metavar="PATH", help="your model's Hugging Face config.json (or a folder "
@@ -79,8 +80,9 @@ def request_arguments(parser, target: bool = True, several_gpus: bool = False) -
     parser.add_argument("--mbs", type=int, help="micro batch size (default: a named recipe's 1; planned: the search "
                         "tries 1, 2 and 4 where memory and shapes allow)")
     parser.add_argument("--dispatcher", help="deepep, hybridep or alltoall (default: by hardware)")
-    for name in ("tp", "pp", "cp", "ep"):
-        parser.add_argument(f"--{name}", type=int, help=f"fix {name.upper()}")
+    for name, what in (("tp", "tensor"), ("pp", "pipeline"), ("cp", "context"), ("ep", "expert")):
+        parser.add_argument(f"--{name}", type=int, metavar="N", help=f"fix the {what}-parallel size {name.upper()} "
+                            "(the search plans the rest around it; default: searched)")
     parser.add_argument("--no-offload", action="store_true", help="never offload optimizer state to the CPU")
     parser.add_argument("--variable-length", action="store_true", help="packed / variable-length batches")
     parser.add_argument("--memory-margin", type=float, metavar="F", help="fraction of HBM the plan keeps free "

@@ -124,8 +124,10 @@ class TrainingRequest(BaseModel):
         for key, lookup in (("model", get_model), ("hardware", get_hardware)):
             if isinstance(fields.get(key), str):
                 lookup(fields[key])
-        for text in fields.get("overrides") or ():  # a key no config has: refused before megatron-bridge loads
-            wrong = unknown_override(text) if isinstance(text, str) else None
+        overrides = list(fields.get("overrides") or ())
+        for i, text in enumerate(overrides):  # a key no config has: refused before megatron-bridge loads
+            following = overrides[i + 1] if i + 1 < len(overrides) and isinstance(overrides[i + 1], str) else None
+            wrong = unknown_override(text, following) if isinstance(text, str) else None
             if wrong:
                 raise OverrideError(*wrong)
         try:
@@ -340,3 +342,18 @@ class TrainingRequest(BaseModel):
             raise ValueError(f"fixed TP·PP·CP = {product} does not divide the {self.num_gpus} GPUs (`num_gpus`)"
                              + (f"; use {'; or '.join(fits)}" if fits else ""))
         return self
+
+
+def seq_tag(seq_length: int) -> str:
+    """``seq_length`` as plan and folder names write it: ``128k`` for a whole number of 1,024 tokens, else the number
+    itself (``100000``: a name must not round a length it does not train at)."""
+    return f"{seq_length // 1024}k" if seq_length % 1024 == 0 else str(seq_length)
+
+
+# override key -> the TrainingRequest field that asks for the same quantity (a launch warns when both are given and
+# the override wins with another value: lcmoe_recipes.jobs.prepare.configure)
+SAME_QUANTITY = {"model.seq_length": "seq_length", "model.tensor_model_parallel_size": "tp",
+                 "model.pipeline_model_parallel_size": "pp", "model.context_parallel_size": "cp",
+                 "model.expert_model_parallel_size": "ep", "train.global_batch_size": "global_batch_size",
+                 "train.micro_batch_size": "micro_batch_size", "optimizer.lr": "lr", "train.train_iters": "train_iters"}
+

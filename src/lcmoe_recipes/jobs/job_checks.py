@@ -216,16 +216,43 @@ def job_folder_findings(job_dir: str, nodes: int, local_tunnel: bool) -> list:
     whose job folder is on a local filesystem type here). Needs no config: checked before one is built."""
     if nodes <= 1:
         return []
-    real = os.path.normpath(job_dir)
     fix = ("a job folder on a shared filesystem, the same path on every node: --job-dir /lustre/$USER/nemorun "
            "(or set NEMORUN_HOME)")
+    return _shared_path_findings(job_dir, "the job folder", "job/folder", "error",
+                                 f"the other {nodes - 1} nodes of this {nodes}-node job cannot read its script and "
+                                 "code", nodes, local_tunnel, fix)
+
+
+def python_findings(bin_dir: str, nodes: int, local_tunnel: bool) -> list:
+    """Without a container image the nodes run the torchrun and python of ``bin_dir`` (this virtualenv's, or
+    ``--python``'s: NeMo-Run's ``setup_lines`` put it first on their PATH), so it must be on a filesystem the nodes
+    see. Rules ``job/python-node-local`` and ``job/python-local-fs``, warnings both (a test cluster may run its jobs
+    on this very machine; on a real one the job fails at its first line): the folder is under
+    :data:`NODE_LOCAL_PREFIXES`, or on a local filesystem type of this machine (submitted from it). Any job: its
+    nodes are the cluster's, not this one."""
+    fix = ("--container-image IMAGE (the image's Python runs), or --python /shared/envs/ENV/bin/python on storage "
+           "every node sees")
+    return _shared_path_findings(bin_dir, "the Python environment", "job/python", "warning",
+                                 f"the job's {_nodes(nodes)} run its torchrun and python", nodes, local_tunnel, fix)
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node" + ("s" if n != 1 else "")
+
+
+def _shared_path_findings(path: str, what: str, rule: str, local_severity: str, consequence: str, nodes: int,
+                          local_tunnel: bool, fix: str) -> list:
+    """[finding] when ``path`` cannot be seen by a job's nodes: ``{rule}-node-local`` (``local_severity``) under
+    :data:`NODE_LOCAL_PREFIXES`, ``{rule}-local-fs`` (warning) on a local filesystem type of this machine (only
+    known when the job is submitted from it: ``local_tunnel``); [] otherwise."""
+    real = os.path.normpath(path)
     if any(_under(real, p) for p in NODE_LOCAL_PREFIXES):
-        return [Finding("error", "job/folder-node-local", f"the job folder {job_dir} is node-local: the other "
-                        f"{nodes - 1} nodes of this {nodes}-node job cannot read its script and code", f"use {fix}")]
-    found = filesystem_of(job_dir) if local_tunnel else None
+        return [Finding(local_severity, f"{rule}-node-local", f"{what} {path} is node-local: {consequence}",
+                        f"use {fix}")]
+    found = filesystem_of(path) if local_tunnel else None
     if found and (found[1] in _LOCAL_FS):
-        return [Finding("warning", "job/folder-local-fs", f"the job folder {job_dir} is on a local {found[1]} "
-                        f"filesystem of this machine (mounted at {found[0]}): the {nodes} nodes must see it too",
+        return [Finding("warning", f"{rule}-local-fs", f"{what} {path} is on a local {found[1]} filesystem of this "
+                        f"machine (mounted at {found[0]}): the {_nodes(nodes)} must see it too",
                         f"unless {found[0]} is exported to the nodes, use {fix}")]
     return []
 

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import shlex
+import sys
 from pathlib import Path
 
 from ..catalog import get_hardware
 from ..checks.known_issues import job_versions
 from ..checks.weights import Weights
 from ..core.plan import Plan, Reason, carry_reasons
-from ..core.request import TrainingRequest
+from ..core.request import SAME_QUANTITY, TrainingRequest, seq_tag
 from ..errors import Finding, LcmoeError
 from ..planner.resolve import Resolution, phase_requests, resolve
 from .executors.common import nodes_for
@@ -129,10 +131,32 @@ def configure(resolution: Resolution, overrides: list[str] = (), container_image
         shown = shown.with_changes(reasons={**carry_reasons(plan, shown), **{d.key: d.reason for d in derived}})
     warnings = validate_for_image(cfg, hw, world, plan.name, container_image, overlay)
     warnings = [Finding("warning", "override/derived", f"{' '.join(d.overrides)}: {d.reason.why}", "override them too "
-                        "to choose other values") for d in derived] + warnings
+                        "to choose other values") for d in derived] + _replaced(resolution.request, overrides) + warnings
     one = Configured(resolution, shown, cfg, overrides, warnings, changes)
     one.meta = _header(one)
     return one
+
+
+def _replaced(request: TrainingRequest, overrides: list[str]) -> list[Finding]:
+    """A warning (``override/replaces-request``) for each override that sets a quantity the request also asks for
+    (:data:`~lcmoe_recipes.core.request.SAME_QUANTITY`) to another value: the override wins, under a name and a plan
+    made for the request's value."""
+    out = []
+    for text in overrides:
+        key, _, value = text.strip().lstrip("+").partition("=")
+        field = SAME_QUANTITY.get(key.strip())
+        asked = getattr(request, field) if field else None
+        try:
+            differs = asked is not None and float(value) != float(asked)
+        except ValueError:
+            differs = False
+        if differs:
+            out.append(Finding("warning", "override/replaces-request", f"{text} replaces the request's {field} "
+                               f"{asked}: the config runs {key.strip().rpartition('.')[2]} {value.strip()}, but its "
+                               f"name and layout were chosen for {asked}",
+                               f"to have them chosen for {value.strip()}, ask for it in the request ({field} "
+                               f"{value.strip()}) and drop the override"))
+    return out
 
 
 def configure_phases(request: TrainingRequest, container_image: str | None = None,
@@ -160,7 +184,7 @@ def configure_phases(request: TrainingRequest, container_image: str | None = Non
         resolution = resolve(phase)
         if before_config is not None:
             before_config(resolution.plan)
-        save_dir = (f"{request.save_dir.rstrip('/')}/phase{index + 1}_{phase.seq_length // 1024}k"
+        save_dir = (f"{request.save_dir.rstrip('/')}/phase{index + 1}_{seq_tag(phase.seq_length)}"
                     if request.save_dir and phased else request.save_dir)
         overrides = (emit.save_overrides(save_dir) + (CALIBRATION_RUN_OVERRIDES if request.calibration_run else [])
                      + list(request.overrides) + emit.data_overrides(list(request.data_path) or None, tokenizer))
@@ -313,12 +337,14 @@ def slurm_job_check(settings: SlurmSettings, meta: dict, smoke: bool = False, sm
         InfeasibleConfig: a node-local job folder for a multi-node job.
     """
     from ..checks import raise_for_errors
-    from .job_checks import job_folder_findings, slurm_job
+    from .job_checks import job_folder_findings, python_findings, slurm_job
 
     nodes = smoke_nodes if smoke else nodes_for(meta["world_size"], get_hardware(meta["hardware"]).gpus_per_node)
     job_dir = job_dir_of(settings)
     folder = job_folder_findings(job_dir, nodes, settings.tunnel == "local")
     raise_for_errors(folder, "the Slurm job")
+    if not settings.container_image:  # the nodes run this Python (jobs.executors.slurm: setup_lines)
+        folder += python_findings(os.path.dirname(settings.python or sys.executable), nodes, settings.tunnel == "local")
 
     def check(cfg):
         job = slurm_job(cfg, settings, job_dir, smoke=smoke)

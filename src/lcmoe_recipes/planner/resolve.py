@@ -32,7 +32,7 @@ from ..catalog import MODELS, get_model
 from ..checks import check_plan, raise_for_errors
 from ..checks.weights import Weights, weights_of
 from ..core.plan import Plan, Reason, carry_reasons
-from ..core.request import RUN_OPTIONS, TrainingRequest
+from ..core.request import RUN_OPTIONS, TrainingRequest, seq_tag
 from ..errors import InfeasibleConfig, LcmoeError, UnknownName
 from .recipes import NAMED_RECIPES, NamedRecipe, find_named_recipe, named_recipe, recipe_plan
 from .retarget import retarget_plan, retarget_request
@@ -231,7 +231,7 @@ def read_source(name: str) -> Source:
 
 def retarget_name(request: TrainingRequest) -> str:
     """The plan name of a retargeted config: ``<source stem>-<seq_length / 1024>k``."""
-    return f"{Path(request.from_config).stem}-{request.seq_length // 1024}k"
+    return f"{Path(request.from_config).stem}-{seq_tag(request.seq_length)}"
 
 
 def _retargeted(request: TrainingRequest) -> tuple[Plan, Source]:

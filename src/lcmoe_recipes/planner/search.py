@@ -61,7 +61,7 @@ from ..checks import check_plan, knob_findings
 from ..checks.memory import host_findings
 from ..core.layout import ParallelLayout
 from ..core.plan import Plan, Reason
-from ..core.request import DEFAULT_MEMORY_MARGIN, TrainingRequest
+from ..core.request import DEFAULT_MEMORY_MARGIN, TrainingRequest, seq_tag
 from ..cost import estimate_step
 from ..cost.bands import MEMORY_ERROR_BAND, band_for
 from ..cost.bounds import compute_lower_bound, memory_lower_bound, step_lower_bound
@@ -797,7 +797,7 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
         + (f" ({pruned} skipped: a lower bound of their step time is slower than every candidate kept)"
            if pruned else ""))
     reasons = {**best.plan.reasons, "layout": Reason(why, SOURCE)}
-    name = f"{request.model}_{request.seq_length // 1024}k_{request.num_gpus}x{request.hardware}"
+    name = f"{request.model}_{seq_tag(request.seq_length)}_{request.num_gpus}x{request.hardware}"
     winner = Candidate(best.plan.with_changes(reasons=reasons, name=name), best.memory, best.step)
     ranked = [winner] + [c for c in ranked_fits if c is not best][: max(0, top - 1)]
     return SearchResult(request, winner, ranked, len(units), {k: v[0] for k, v in rejected.items()}, why,
@@ -913,15 +913,7 @@ def _result_or_raise(ctx: _Request, result) -> SearchResult:
     main = max(rejected, key=lambda k: rejected[k][0])
     split, fix = _seq_split_note(request, ctx.cp_guess[0])
     if fix is None and main == "memory/exceeds-hbm":
-        count, near, highest = _smallest_count_that_fits(ctx)
-        if count and count <= near:
-            fix = (f"use {count} GPUs (the fewest whole nodes above {request.num_gpus} with a layout that fits), "
-                   + MEMORY_FIX_OTHERS)
-        elif count:
-            fix = (f"use {count} GPUs (a layout fits there; no count from {request.num_gpus} to {near} does), "
-                   + MEMORY_FIX_OTHERS)
-        else:
-            fix = f"use more than {highest} GPUs (none of the counts tried up to {highest} fits), " + MEMORY_FIX_OTHERS
+        fix = _memory_fix(ctx)
     raise InfeasibleConfig(
         f"no layout for {asked}: {considered} candidates considered, most rejected by {main} "
         f"({', '.join(f'{k}: {v[0]}' for k, v in sorted(rejected.items(), key=lambda kv: -kv[1][0]))}){split}",
@@ -931,27 +923,50 @@ def _result_or_raise(ctx: _Request, result) -> SearchResult:
 NEXT_COUNTS, SCALED_COUNTS = 4, (1.25, 1.5, 2, 3, 4, 8, 16, 32)  # GPU counts the memory fix tries (below)
 
 
-def _counts_to_try(n: int, node: int) -> tuple[tuple[int, ...], int]:
+def _counts_to_try(n: int, node: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(whole-node GPU counts above ``n`` to try, ascending: the next :data:`NEXT_COUNTS` nodes' worth, then ``n``
-    scaled by :data:`SCALED_COUNTS` rounded up to whole nodes; how many of them are contiguous from ``n``)."""
+    scaled by :data:`SCALED_COUNTS` rounded up to whole nodes; the :data:`NEXT_COUNTS` whole-node counts below ``n``,
+    descending, where ``n`` fills whole nodes)."""
     first = n // node + 1
     near = [(first + i) * node for i in range(NEXT_COUNTS)]
     far = {-(-int(n * f) // node) * node for f in SCALED_COUNTS}
-    return tuple(sorted(set(near) | {c for c in far if c > near[-1]})), NEXT_COUNTS
+    below = tuple(c for c in ((n // node - i) * node for i in range(1, NEXT_COUNTS + 1)) if c > 0) \
+        if n % node == 0 else ()
+    return tuple(sorted(set(near) | {c for c in far if c > near[-1]})), below
 
 
-def _smallest_count_that_fits(ctx: _Request) -> tuple[int | None, int, int]:
-    """(the smallest GPU count of :func:`_counts_to_try` at which the search finds a layout -- the request's wishes
-    kept -- or None, the last of the contiguous whole-node counts tried, the highest count tried)."""
+def _fits_with(ctx: _Request, count: int) -> bool:
+    """Whether the search finds a layout for the request on ``count`` GPUs, its other wishes kept."""
+    wider = ctx.request.replace(num_gpus=count)
+    return isinstance(_search(_context(wider, ctx.table, ctx.memory_constants), enumerate_layouts(wider), 1, False),
+                      SearchResult)
+
+
+def _memory_fix(ctx: _Request) -> str:
+    """The fix when memory rejected most layouts: the nearest GPU counts at which a layout fits (the
+    :func:`_counts_to_try`): above the request, the smallest, with the counts tried on the way that do not; below it,
+    the largest of the next few whole-node counts, where one fits -- a count whose nodes fold into few layouts (100
+    GB200 = 25 nodes of 4: TP x CP x PP at most 4) can fail where a smaller one fits."""
     request = ctx.request
-    counts, contiguous = _counts_to_try(request.num_gpus, ctx.hw.gpus_per_node)
-    near = counts[contiguous - 1]
-    for count in counts:
-        wider = request.replace(num_gpus=count)
-        if isinstance(_search(_context(wider, ctx.table, ctx.memory_constants), enumerate_layouts(wider), 1, False),
-                      SearchResult):
-            return count, near, counts[-1]
-    return None, near, counts[-1]
+    n, node = request.num_gpus, ctx.hw.gpus_per_node
+    above, below = _counts_to_try(n, node)
+    failed, up = [], None
+    for count in above:
+        if _fits_with(ctx, count):
+            up = count
+            break
+        failed.append(count)
+    down = next((count for count in below if _fits_with(ctx, count)), None)
+    options = []
+    if down:
+        options.append(f"{down} GPUs (fewer, but a layout fits there: the layouts {n} GPUs fold into do not)")
+    if up:
+        skipped = (f"; {', '.join(map(str, failed[:-1]))} and {failed[-1]} do not" if len(failed) > 1 else
+                   f"; {failed[0]} does not" if failed else "")
+        options.append(f"{up} GPUs (the smallest count above {n} tried at which a layout fits{skipped})")
+    if options:
+        return "use " + " or ".join(options) + ", " + MEMORY_FIX_OTHERS
+    return f"use more than {above[-1]} GPUs (none of the counts tried up to {above[-1]} fits), " + MEMORY_FIX_OTHERS
 
 
 def _compute_bound(ctx: _Request, layout: ParallelLayout, mbs: int) -> float:
