@@ -47,6 +47,17 @@ def test_layout_wishes_plan_the_named_recipes_target():
     assert plan.reasons["layout"].why.startswith("planned for the named recipe's target (32 x gb200) because the "
                                                  "wishes tp ask for what qwen3_next_8k_gb200 pins")
     assert resolution.recipe is None and resolution.options == {}  # searched: no named recipe's options to record
+    # a named recipe on another GPU count (a fresh user's `launch dsv3_128k_h100 --gpus 512`, refused before): its
+    # model is planned there, as a layout wish would have it
+    moved = resolve(TrainingRequest(recipe="dsv3_128k_h100", num_gpus=512))
+    assert (moved.plan.layout.world, moved.plan.hardware, moved.plan.seq_length, moved.recipe) == (
+        512, "h100", 131072, None)
+    assert moved.plan.reasons["layout"].why.startswith(
+        "planned for 512 x h100 at seq_length 131072: the request asks for num_gpus 512 (the named recipe "
+        "dsv3_128k_h100 is 256 x h100 at 131072, and no named recipe is for this target); ")
+    # where a named recipe is for the target asked, it answers
+    assert resolve(TrainingRequest(recipe="dsv3_128k_h100", seq_length=262144, num_gpus=512)).recipe.name == \
+        "dsv3_256k_h100"
 
 
 def test_a_request_no_recipe_covers_is_searched_or_refused_with_the_fix():

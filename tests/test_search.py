@@ -494,3 +494,12 @@ def test_a_vpp_rung_that_fits_only_without_the_ep_overlap_runs_without_it():
     with_it = plan.with_changes(moe_ep_overlap=True)
     assert estimate_memory(with_it).hbm_total > ctx.limit >= fitted.memory.hbm_total
     assert estimate_memory(with_it).activations > fitted.memory.activations
+
+
+def test_the_table_says_why_a_faster_row_is_below_the_winner(capsys):
+    """A fresh user read rank 1 (53.35 s) above a faster rank 2 (52.83 s) as a sorting error: the header says the
+    winner leads and the faster rows lost the tie-break, by which rule."""
+    assert main(["qwen3_235b", "--seq", "65536", "--gpus", "64", "--hardware", "gb200"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.endswith("5 shown (exposed seconds per step by collective); rank 1 is the winner, the others "
+                           "fastest first: the faster ones lost the tie-break (rule 'headroom', below)")

@@ -73,8 +73,9 @@ def _parser() -> argparse.ArgumentParser:
                         "step, YAML path, cluster command, the effective settings read back from megatron: key "
                         "'effective') instead of text")
     parser.add_argument("--plot", metavar="DIR", help="write memory.png, time.png and sweep.png (4K-256K) into DIR")
-    request_arguments(parser.add_argument_group("target, planning and run options (layout flags on a named recipe "
-                                                "plan its target instead)"))
+    request_arguments(parser.add_argument_group("target, planning and run options (on a named recipe, layout flags "
+                                                "plan its target instead, and another --gpus / --hardware / --seq "
+                                                "plans its model there)"))
     ext = parser.add_argument_group("context extension (where the weights come from, phases, your own config)")
     source = ext.add_mutually_exclusive_group()
     source.add_argument("--from-hf", metavar="DIR", help="start from the weights of a local Hugging Face checkpoint "

@@ -95,9 +95,8 @@ def _matching_recipe(request: TrainingRequest) -> NamedRecipe | None:
             return recipe
         try:
             return find_named_recipe(recipe.model, seq or recipe.seq_length, gpus or recipe.num_gpus, hw or recipe.hardware)
-        except UnknownName as exc:  # the recipe's name cannot be planned: its model can
-            raise LcmoeError(exc.message, f"plan it: give the model ({recipe.model}) with `seq_length`, `num_gpus` "
-                             "and `hardware`", fields=("seq_length", "num_gpus", "hardware")) from None
+        except UnknownName:  # no named recipe for that target: resolve plans the recipe's model there
+            return recipe
     if seq is None:
         raise LcmoeError(f"`seq_length` is required with model '{request.model}'",
                          "e.g. seq_length=131072 (a named recipe sets its own)", fields=("seq_length",))
@@ -169,13 +168,32 @@ def seq_sweep(request: TrainingRequest, seq_lengths: tuple[int, ...] = SWEEP_LEN
     return out
 
 
+def _elsewhere(recipe: NamedRecipe, request: TrainingRequest) -> list[str]:
+    """What of the named recipe's target (seq_length, GPUs, hardware) the request asks to change: a named recipe
+    with GPUs or hardware of its own (``dsv3_128k_h100 --gpus 512``) is its model planned there."""
+    return [f"{name} {asked}" for name, asked, own in (("seq_length", request.seq_length, recipe.seq_length),
+                                                        ("num_gpus", request.num_gpus, recipe.num_gpus),
+                                                        ("hardware", request.hardware, recipe.hardware))
+            if asked is not None and asked != own]
+
+
 def _recipe_target(recipe: NamedRecipe, request: TrainingRequest) -> Plan:
-    """The named recipe's target searched with the request's layout wishes (the recipe pins what they change)."""
-    target = request.replace(recipe=None, model=recipe.model, model_config=None, seq_length=recipe.seq_length,
-                             num_gpus=recipe.num_gpus, hardware=recipe.hardware)
+    """The named recipe's model searched on the target the request asks for (the recipe's own, with the request's
+    seq_length / GPUs / hardware where given) with the request's layout wishes: the recipe pins what they change."""
+    target = request.replace(recipe=None, model=recipe.model, model_config=None,
+                             seq_length=request.seq_length or recipe.seq_length,
+                             num_gpus=request.num_gpus or recipe.num_gpus, hardware=request.hardware or recipe.hardware)
     best = search(target).best.plan
-    note = (f"planned for the named recipe's target ({recipe.num_gpus} x {recipe.hardware}) because the wishes "
-            f"{', '.join(request.layout_wishes())} ask for what {recipe.name} pins; ")
+    moved = _elsewhere(recipe, request)
+    wishes = (f"the wishes {', '.join(request.layout_wishes())} ask for what {recipe.name} pins"
+              if request.layout_wishes() else "")
+    if moved:
+        note = (f"planned for {target.num_gpus} x {target.hardware} at seq_length {target.seq_length}: the request "
+                f"asks for {', '.join(moved)} (the named recipe {recipe.name} is {recipe.num_gpus} x "
+                f"{recipe.hardware} at {recipe.seq_length}, and no named recipe is for this target)"
+                + (f", and {wishes}" if wishes else "") + "; ")
+    else:
+        note = f"planned for the named recipe's target ({recipe.num_gpus} x {recipe.hardware}) because {wishes}; "
     return best.with_changes(reasons={**best.reasons, "layout": Reason(note + best.reasons["layout"].why,
                                                                        best.reasons["layout"].source)})
 
@@ -289,8 +307,8 @@ def resolve(request: TrainingRequest) -> Resolution:
         recipe = _matching_recipe(request)
         if recipe is None:
             plan = search(request).best.plan
-        elif request.layout_wishes():  # the recipe pins what these wishes change: its target is searched instead
-            plan, recipe = _recipe_target(recipe, request), None
+        elif request.layout_wishes() or _elsewhere(recipe, request):  # the recipe pins what these change: its model
+            plan, recipe = _recipe_target(recipe, request), None  # is searched on the target asked for instead
         else:
             plan, options = _named_plan(recipe, request), named_options(request, recipe)
         if weights.reason is not None:

@@ -266,7 +266,10 @@ def format_result(result, citations: Citations | None = None, explain: bool = Fa
     layout = best.plan.reasons.get("layout")
     out = [f"{result.request.model} at seq_length {result.request.seq_length} on {result.request.num_gpus} x "
            f"{result.request.hardware}: {result.considered} layouts considered, {len(result.ranked)} shown "
-           "(exposed seconds per step by collective)", format_table(result, calibrated=calibrated), "",
+           "(exposed seconds per step by collective)" + (
+               f"; rank 1 is the winner, the others fastest first: the faster ones lost the tie-break (rule "
+               f"'{result.rule}', below)" if result.rule != "fastest" else ""),
+           format_table(result, calibrated=calibrated), "",
            f"winner: {result.why} {citations.cite(layout.source) if layout else ''}".rstrip(),
            f"  pipeline layout {best.plan.pipeline_model_parallel_layout or 'none'}, MBS {best.plan.micro_batch_size} "
            f"GBS {best.plan.global_batch_size}, {best.plan.precision}, {best.plan.moe_token_dispatcher_type}"
