@@ -55,6 +55,46 @@ def test_a_yaml_value_of_the_wrong_type_is_refused(configs, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_yaml_without_a_required_section_names_it(configs, tmp_path, capsys):
+    """A YAML with its optimizer section deleted: the message used to stop at hydra's first line ("Error in call to
+    target '...ConfigContainer':"), the cause cut off."""
+    import yaml
+
+    from lcmoe_recipes.emit import write_yaml
+
+    _, cfg = configs["qwen3_235b_128k_gb200"]
+    path = write_yaml(cfg, tmp_path / "cut.yaml", {"recipe": "cut", "world_size": 128, "hardware": "gb200"})
+    header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    tree = yaml.safe_load(path.read_text())
+    del tree["optimizer"]
+    path.write_text(header + yaml.safe_dump(tree, sort_keys=False))
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: '{path}' has no 'optimizer' section: megatron-bridge's ConfigContainer requires it" in err
+    assert "fix: restore it from the YAML `launch --dry-run --output` writes" in err
+
+
+@pytest.mark.slow
+def test_json_of_a_layout_that_does_not_fold_is_json(configs, tmp_path, capsys):
+    """check --json on a YAML whose layout does not fold (CP=48 on 128 GPUs) used to crash pricing its memory (DP
+    does not exist): a CI step calling it failed on exactly the configs it is there to catch."""
+    import copy
+    import json
+
+    from lcmoe_recipes.emit import apply_overrides, write_yaml
+
+    _, cfg = configs["qwen3_235b_128k_gb200"]
+    bad = copy.deepcopy(cfg)
+    apply_overrides(bad, ["model.context_parallel_size=48"])
+    path = write_yaml(bad, tmp_path / "bad.yaml", {"recipe": "bad", "world_size": 128, "hardware": "gb200"})
+    assert main([str(path), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["valid"], doc["priced"], doc["layout"]["cp"], doc["layout"]["dp"]) == (False, False, 48, None)
+    assert doc["findings"][0]["rule"] == "rank-folding/dense" and doc["findings"][0]["fix"] == "use CP=4 or 8"
+    assert "memory_gib" not in doc and doc["not_priced"].startswith("the layout does not fold into the GPUs")
+
+
+@pytest.mark.slow
 def test_headerless_yaml_needs_a_target(configs, tmp_path, capsys):
     _, cfg = configs["dsv3_128k_h100"]
     path = tmp_path / "user.yaml"

@@ -69,7 +69,8 @@ def test_launch_json(capsys, tmp_path, monkeypatch):
 def test_plan_json_failure_is_json(capsys):
     assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "60", "--hardware", "gb200", "--json"]) == 2
     data = json.loads(capsys.readouterr().out)
-    assert data["valid"] is False and data["fix"].startswith("use 64 GPUs")
+    assert data["valid"] is False and data["fix"].startswith("use 48 GPUs (fewer, but a layout fits there") and (
+        "or 64 GPUs (the smallest count above 60" in data["fix"])
 
 
 def test_launch_json_lists_the_effective_settings(capsys, tmp_path, monkeypatch):

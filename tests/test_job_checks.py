@@ -177,10 +177,20 @@ def test_paths_against_container_mounts(fresh_config, tmp_path):
                                                "in the job's code folder, where it does not exist"):
         slurm_job(_paths(cfg, blend=["data/web"], save="/data/ckpt"), SlurmSettings(), "/j")
 
-    # Without a container, no mount rules (the nodes' own filesystem; --smoke checks it there).
-    job = slurm_job(_paths(cfg, blend=["/lustre/data/web"], tokenizer=str(here), save="/lustre/ckpt"),
+    # Without a container, no mount rules (the nodes' own filesystem; --smoke checks it there) ...
+    job = slurm_job(_paths(cfg, blend=["/lustre/data/web"], tokenizer="/lustre/tok", save="/lustre/ckpt"),
                     SlurmSettings(), "/j")
     assert job.findings == []
+    # ... but a path under this machine's /tmp is not the nodes' (a fresh user's relative --from-hf, made absolute
+    # in a clone under /tmp): warned, with the field that names it
+    job = slurm_job(_paths(cfg, blend=["/lustre/data/web"], tokenizer=str(here), save="/tmp/me/ckpt"),
+                    SlurmSettings(), "/j", nodes=8)
+    assert [(f.severity, f.rule) for f in job.findings] == [("warning", "job/path-node-local")] * 2
+    messages = sorted(f.message for f in job.findings)
+    assert messages == sorted([f"tokenizer.tokenizer_model {here} is node-local: the job's nodes look for it on their "
+                               "own disks", "checkpoint.save /tmp/me/ckpt is node-local: each node writes it to its "
+                               "own disk"])
+    assert job.findings[0].fix == "use a folder on storage every node sees (the same path on each)"
 
 
 @pytest.mark.slow
@@ -244,6 +254,20 @@ def test_training_time_against_the_slurm_limit():
     chained = training_time_finding(1000, 279.0, "04:00:00", chained=True)
     assert chained.severity == "error" and "the next phase (afterok) would start from that partly trained" in (
         chained.message)
+    # a fresh user's --time 00:15:00: no room for the exit save (20 min margin), saves every 250 steps, about 20
+    # steps reached: nothing is kept, so resubmitting is not advised (it was, beside job/no-final-save)
+    short = training_time_finding(1000, 45.0, "00:15:00", chained=False, save_interval=250)
+    assert short.message == ("1000 steps x 45 s predicted = 12.5 h, but --time 00:15:00 leaves 15 min of training: it "
+                             "stops after about 20 steps having saved nothing (the limit leaves no room for the exit "
+                             "save, and the first periodic save is at step 250): a resubmitted job would start again "
+                             "from the same weights")
+    assert short.fix == "give --time 12:50:00 or more (20 min for the final save included), or fewer --train-iters"
+    kept = training_time_finding(1000, 45.0, "00:15:00", chained=False, save_interval=10)
+    assert kept.message.endswith("Slurm stops the job after about 20 steps (the limit leaves no room for the exit "
+                                 "save), the last periodic save at step 20")
+    assert kept.fix.startswith("resubmit the same job until it finishes")
+    unsaved = training_time_finding(1000, 279.0, "04:00:00", chained=False, save_interval=250, saves=False)
+    assert "having saved nothing (checkpoint.save is unset)" in unsaved.message
 
 
 def test_parent_mounts_cover_every_folder_with_one_mount_per_top_level_folder():

@@ -125,6 +125,9 @@ def test_dense_model_degenerate_case(tmp_path):
     ("[1, 2]", "holds a JSON list, not an object"),
     (dict(MADE_UP, hidden_size=None), "has no 'hidden_size' (the model width)"),
     (dict(MADE_UP, num_experts_per_tok=None), "has 32 experts but no 'num_experts_per_tok'"),
+    # a fresh user's broken file: a ZeroDivisionError deep in the communication model before
+    (dict(MADE_UP, num_experts_per_tok=200), "'num_experts_per_tok' is 200, more than the 32 routed experts"),
+    (dict(MADE_UP, num_experts_per_tok=2.5), "'num_experts_per_tok' is 2.5, not a positive integer (experts per token)"),
     ({k: v for k, v in MADE_UP.items() if k != "architectures"}, "has no 'architectures' list"),
     (dict(MADE_UP, architectures=["BertForMaskedLM"]), "megatron-bridge cannot build architecture 'BertForMaskedLM'"),
 ])

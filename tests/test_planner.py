@@ -241,3 +241,12 @@ def test_a_length_that_is_not_whole_k_keeps_its_number_in_the_name():
     assert (seq_tag(131072), seq_tag(100000), seq_tag(4096)) == ("128k", "100000", "4k")
     result = search_layouts(TrainingRequest(model="qwen3_235b", seq_length=100000, hardware="gb200", num_gpus=128))
     assert result.best.plan.name == "qwen3_235b_100000_128xgb200" and result.best.plan.seq_length == 100000
+
+
+def test_plot_labels_tell_the_mbs_apart():
+    """--plot showed one layout at MBS 1 and 2 under the same label (a fresh user's two bars 'TP4 CP8 EP64 PP1 DP2')."""
+    from lcmoe_recipes.report.plots import _label
+
+    result = search_layouts(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64), top=8)
+    labels = [_label(c.plan) for c in result.ranked]
+    assert len(set(labels)) == len(labels) and "DP2 MBS1\nno recompute" in labels[0]

@@ -420,3 +420,14 @@ def test_an_override_of_tp_derives_sequence_parallelism_again(tmp_path, capsys):
     (note,) = [w for w in one.warnings if w.rule == "override/derived"]
     assert note.message == ("model.sequence_parallel=true: derived again for TP=2: sequence parallelism on "
                             "(megatron-core warns that expert and tensor parallelism together need it)")
+
+
+def test_a_relative_weights_folder_is_made_absolute(tmp_path, monkeypatch):
+    """`--from-hf relm/q235` was written into the YAML as typed: the ranks, which start elsewhere (a Slurm job's in
+    its code folder), would look for it there. The request makes it absolute where the command runs."""
+    monkeypatch.chdir(tmp_path)
+    request = TrainingRequest(model="qwen3_30b", seq_length=8192, from_hf="relm/q235", convert_to="~/mg/q235")
+    assert request.from_hf == str(tmp_path / "relm" / "q235")
+    assert request.convert_to == str(Path("~/mg/q235").expanduser())
+    assert TrainingRequest(model="qwen3_30b", seq_length=8192, from_checkpoint="ck").from_checkpoint == str(
+        tmp_path / "ck")

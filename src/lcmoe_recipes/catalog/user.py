@@ -118,11 +118,19 @@ def check_values(values: dict[str, Any], where: str) -> None:
             "install megatron-bridge 0.6.2 (scripts/setup.sh)")
     for key, what in _REQUIRED.items():
         _positive_int(values, key, where, what)
-    experts = values.get("n_routed_experts") or values.get("num_experts") or values.get("num_local_experts")
+    experts_key = next((k for k in ("n_routed_experts", "num_experts", "num_local_experts") if values.get(k)), None)
+    experts = values.get(experts_key) if experts_key else None
     if experts:
-        if not (values.get("num_experts_per_tok") or values.get("experts_per_token")):
+        _positive_int(values, experts_key, where, "the routed experts")
+        topk_key = "num_experts_per_tok" if values.get("num_experts_per_tok") else "experts_per_token"
+        if not values.get(topk_key):
             raise ModelConfigError(f"{where} has {experts} experts but no 'num_experts_per_tok' (experts per token)",
                                    "add \"num_experts_per_tok\": <int>")
+        _positive_int(values, topk_key, where, "experts per token")
+        if values[topk_key] > experts:
+            raise ModelConfigError(f"{where}: '{topk_key}' is {values[topk_key]}, more than the {experts} routed "
+                                   f"experts ('{experts_key}'): a token cannot go to more experts than there are",
+                                   f"set \"{topk_key}\" to the model's value (at most {experts})")
         if not (values.get("moe_intermediate_size") or values.get("intermediate_size")):
             raise ModelConfigError(f"{where} has no 'moe_intermediate_size' (the width of one routed expert)",
                                    "add \"moe_intermediate_size\": <int>")

@@ -7,6 +7,8 @@ its job is run (executor settings live with the executors).
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..catalog import get_hardware, get_model
@@ -188,6 +190,13 @@ class TrainingRequest(BaseModel):
     @classmethod
     def _model(cls, value: str | None) -> str | None:
         return None if value is None else get_model(value).key  # UnknownName (a ValueError) lists the valid models
+
+    @field_validator("from_hf", "from_checkpoint", "convert_to")
+    @classmethod
+    def _absolute_folder(cls, value: str | None) -> str | None:
+        """A weights folder given relative to where the command runs, made absolute: the config is read by ranks
+        that start elsewhere (a Slurm job's ranks run in its code folder; torchrun's on other nodes)."""
+        return os.path.abspath(os.path.expanduser(value)) if value else value
 
     @field_validator("hardware")
     @classmethod

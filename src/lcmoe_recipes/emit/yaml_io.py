@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LcmoeError
-from .stack import installed_stack, load_bridge
+from .stack import installed_stack, load_bridge, quiet_upstream
 
 _MARK = "# lcmoe_recipes: "
 TARGET_ATTR = "lcmoe_target"
@@ -172,12 +172,24 @@ def read_yaml(path: str | os.PathLike):
     if unknown:
         raise LcmoeError(f"'{path}' has {len(unknown)} key(s) that are not fields of their section: "
                          f"{'; '.join(unknown)}", "correct or delete them (megatron-bridge would drop them silently)")
-    try:
-        cfg = ConfigContainer.from_yaml(str(path))
-    except Exception as exc:  # omegaconf / instantiate errors of many types
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LcmoeError(f"'{path}' is not a loadable ConfigContainer YAML: {text}", _WRITE_IT) from None
     import dataclasses
+
+    required = [f.name for f in dataclasses.fields(ConfigContainer) if f.init and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in tree]
+    if missing:
+        raise LcmoeError(f"'{path}' has no {', '.join(repr(m) for m in missing)} section"
+                         f"{'s' if len(missing) > 1 else ''}: megatron-bridge's ConfigContainer requires "
+                         f"{'them' if len(missing) > 1 else 'it'}", "restore it from the YAML `launch --dry-run "
+                         "--output` writes for this recipe (each section with its _target_ line)")
+    try:
+        with quiet_upstream():  # its notices describe loading here ("could not determine rank", the deprecation of a
+            cfg = ConfigContainer.from_yaml(str(path))  # field every config carries), not the config
+    except Exception as exc:  # omegaconf / instantiate errors of many types
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        # hydra's instantiate error is "Error in call to target '...':" with the cause on the next line
+        text = " ".join(lines[:2]) if lines and lines[0].endswith(":") else (lines[0] if lines else type(exc).__name__)
+        raise LcmoeError(f"'{path}' is not a loadable ConfigContainer YAML: {text}", _WRITE_IT) from None
 
     data, stated = getattr(cfg, "dataset", None), tree.get("dataset")
     if isinstance(stated, dict) and "mock" in stated and hasattr(data, "mock"):

@@ -11,6 +11,8 @@ Checked before anything is submitted or written (``launch --executor slurm``, ``
   container will not see), and warned about otherwise (it may be inside the image).
 * Relative paths the job reads are refused: the ranks run in the job's code folder, where they do not exist.
   Checkpoints written to a relative path land in that code folder, under the job folder: warned about.
+* Without a container image, a path the config uses under ``/tmp``, ``/var/tmp``, ``/dev/shm`` or ``/run`` is warned
+  about: the nodes look for it on their own disks (and for the Python environment they run: :func:`python_findings`).
 * The job folder (NeMo-Run's experiments folder, holding the script, the code archive and the logs) must be on a
   filesystem every node sees: under ``/tmp``, ``/var/tmp``, ``/dev/shm`` or ``/run`` it is refused for a multi-node
   job; on a filesystem of this machine that is not a network filesystem (``/proc/mounts``) it is warned about.
@@ -182,13 +184,19 @@ def filesystem_of(path: str) -> tuple[str, str] | None:
     return (best[0], best[1]) if best else None
 
 
-def training_time_finding(train_iters: int, step_seconds: float, time_text: str, chained: bool):
+def training_time_finding(train_iters: int, step_seconds: float, time_text: str, chained: bool,
+                          save_interval: int | None = None, saves: bool = True):
     """The job's predicted training time against Slurm's ``--time``: None when it fits; else rule ``job/time-short``
     -- a warning for one job (it saves and exits at the limit, and resumes from its saves when resubmitted), an
     error when phases are chained with ``afterok`` (the next phase would start from a phase that stopped early).
+    Where the limit leaves no room for the exit save (:func:`exit_duration` None) only the periodic saves keep
+    progress: when none falls before the limit, a resubmitted job would start again from the same weights, and the
+    warning says so instead of advising it.
 
     Args:
         train_iters: optimizer steps of the job; step_seconds: the cost model's predicted seconds per step.
+        save_interval: ``checkpoint.save_interval`` (steps between periodic saves; None: none);
+        saves: whether the job saves at all (``checkpoint.save`` set).
     """
     limit = slurm_minutes(time_text)
     usable = exit_duration(limit) or limit
@@ -198,13 +206,29 @@ def training_time_finding(train_iters: int, step_seconds: float, time_text: str,
     steps = int(usable * 60 // step_seconds)
     hours = needed / 60
     enough = suggested_time(needed)  # the exit margin included: this limit passes this check
+    room = exit_duration(limit) is not None
+    kept = 0 if not saves else steps if room else (steps // save_interval * save_interval if save_interval else 0)
+    if saves and room:
+        ending = f"the job saves and exits after about {steps} steps"
+    elif kept:
+        ending = (f"Slurm stops the job after about {steps} steps (the limit leaves no room for the exit save), the "
+                  f"last periodic save at step {kept}")
+    else:
+        why = ("checkpoint.save is unset" if not saves else
+               f"the limit leaves no room for the exit save, and the first periodic save is at step {save_interval}"
+               if save_interval else "the limit leaves no room for the exit save, and no periodic save is set")
+        ending = (f"it stops after about {steps} steps having saved nothing ({why}): a resubmitted job would start "
+                  "again from the same weights")
     told = (f"{train_iters} steps x {step_seconds:.0f} s predicted = {hours:.1f} h, but --time {time_text} leaves "
-            f"{usable} min of training: the job saves and exits after about {steps} steps")
+            f"{usable} min of training: {ending}")
     if chained:
         return Finding("error", "job/time-short", f"{told}, and the next phase (afterok) would start from that "
                        "partly trained checkpoint", f"give --time {enough} or more ({FINAL_SAVE_MARGIN_MIN} min for the "
                        "final save included; the cluster allowing), fewer --train-iters, or launch the phases one at a "
                        "time (a resubmitted job resumes from its own saves)")
+    if not kept:
+        return Finding("warning", "job/time-short", told, f"give --time {enough} or more ({FINAL_SAVE_MARGIN_MIN} min "
+                       "for the final save included), or fewer --train-iters")
     return Finding("warning", "job/time-short", told, f"resubmit the same job until it finishes (it resumes from its "
                    f"saves), or give --time {enough} or more ({FINAL_SAVE_MARGIN_MIN} min for the final save included)")
 
@@ -274,13 +298,16 @@ class JobCheck:
     resilience: object = None
 
 
-def slurm_job(cfg, settings, job_dir: str, smoke: bool = False) -> JobCheck:
+def slurm_job(cfg, settings, job_dir: str, smoke: bool = False, nodes: int = 1) -> JobCheck:
     """Check the job ``cfg`` would run as under ``settings`` (:class:`lcmoe_recipes.jobs.executors.slurm.SlurmSettings`), with
     NeMo-Run's job folder ``job_dir``; see the module doc for every rule (the job folder's own:
     :func:`job_folder_findings`).
 
     Args:
         cfg: the ConfigContainer as the ranks will run it (data, tokenizer and save overrides applied).
+        nodes: the job's nodes (for the warnings' wording). Without a container image, a path the config uses under
+            :data:`NODE_LOCAL_PREFIXES` is warned about (``job/path-node-local``): the nodes look for it on their own
+            disks.
 
     Returns:
         :class:`JobCheck`: the exit-duration override (a training job), warnings, notes.
@@ -302,6 +329,14 @@ def slurm_job(cfg, settings, job_dir: str, smoke: bool = False) -> JobCheck:
     if settings.container_image:
         findings += _mount_findings(items, parse_mounts(settings.container_mounts), settings.container_image,
                                     tuple(settings.container_mounts))
+    else:  # the nodes see the paths as written: one under this machine's /tmp is not theirs
+        for item in items:
+            if item.path.startswith("/") and not is_url(item.path):
+                findings += _shared_path_findings(
+                    item.path, "dataset prefix" if item.files else item.field, "job/path", "warning",
+                    "each node writes it to its own disk" if item.writes else
+                    "the job's nodes look for it on their own disks", nodes, False,
+                    "a folder on storage every node sees (the same path on each)")
     save = getattr(cfg.checkpoint, "save", None)
     if not smoke and save and (not str(save).startswith("/") or _under(str(save), os.path.normpath(job_dir))) \
             and not is_url(str(save)):

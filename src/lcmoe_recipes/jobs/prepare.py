@@ -347,7 +347,7 @@ def slurm_job_check(settings: SlurmSettings, meta: dict, smoke: bool = False, sm
         folder += python_findings(os.path.dirname(settings.python or sys.executable), nodes, settings.tunnel == "local")
 
     def check(cfg):
-        job = slurm_job(cfg, settings, job_dir, smoke=smoke)
+        job = slurm_job(cfg, settings, job_dir, smoke=smoke, nodes=nodes)
         job.findings = folder + job.findings
         return job
 
@@ -367,8 +367,10 @@ def _time_findings(one: Configured, settings, smoke: bool, chained: bool) -> lis
     from ..cost import estimate_step
     from .job_checks import training_time_finding
 
+    checkpoint = one.cfg.checkpoint
     finding = training_time_finding(one.cfg.train.train_iters, estimate_step(one.shown).step_seconds, settings.time,
-                                    chained)
+                                    chained, getattr(checkpoint, "save_interval", None),
+                                    bool(getattr(checkpoint, "save", None)))
     if finding is None:
         return []
     raise_for_errors([finding], one.plan.name)

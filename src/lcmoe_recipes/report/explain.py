@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from ..checks import Finding
+from ..checks.feasibility import layout_is_legal
 from ..checks.findings import all_findings
 from ..core.plan import BASE_NOT_RECORDED, PRECISIONS, Plan
 from ..core.ranks import placement
@@ -95,17 +96,27 @@ def explain_text(plan: Plan, findings: list[Finding] | None = None, citations: C
 
 def explain_json(plan: Plan, findings: list[Finding] | None = None) -> dict[str, Any]:
     """The same content as :func:`explain_text`, as JSON-ready data (host memory: ``host_memory_gib`` per term on
-    node ``host_node``, ``host_ram_gib`` per node)."""
+    node ``host_node``, ``host_ram_gib`` per node). A layout that does not fold into its GPUs (a structural error:
+    :func:`~lcmoe_recipes.checks.feasibility.layout_is_legal`) has no DP, memory or step: its document carries the
+    layout and findings, ``priced`` False and why."""
     findings = all_findings(plan) if findings is None else findings
-    mem, step, hw = estimate_memory(plan), estimate_step(plan), plan.hardware_spec
+    lay, hw = plan.layout, plan.hardware_spec
+    found = [{"severity": f.severity, "rule": f.rule, "message": f.message, "fix": f.fix} for f in findings]
+    head = {"recipe": plan.name, "model": plan.model, "hardware": plan.hardware, "seq_length": plan.seq_length}
+    if not layout_is_legal(findings):  # the layout does not fold: DP, memory and step do not exist yet
+        return {**head, "layout": {"world": lay.world, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp,
+                                   "ep": lay.ep, "etp": lay.etp, "dp": None, "edp": None},
+                "findings": found, "priced": False,
+                "not_priced": "the layout does not fold into the GPUs (the errors in findings): no DP, memory or step "
+                              "exists to price until they are fixed"}
+    mem, step = estimate_memory(plan), estimate_step(plan)
     host = estimate_host_memory(plan)
-    lay = plan.layout
     return {
-        "recipe": plan.name, "model": plan.model, "hardware": plan.hardware, "seq_length": plan.seq_length,
+        **head,
         "layout": {"world": lay.world, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp, "ep": lay.ep,
                    "etp": lay.etp, "dp": lay.dp, "edp": lay.edp},
         "decisions": [{"knob": k, "value": v, "reason": r, "source": s} for k, v, r, s in decisions(plan)],
-        "findings": [{"severity": f.severity, "rule": f.rule, "message": f.message, "fix": f.fix} for f in findings],
+        "findings": found, "priced": True,
         "memory_gib": mem.gib(), "memory_pp_rank": mem.pp_rank, "hbm_gib": hw.hbm_gib,
         "host_memory_gib": host.gib(), "host_node": host.node, "host_ranks": host.ranks,
         "host_ram_gib": hw.host_memory_gib, "host_margin": HOST_MARGIN,

@@ -42,8 +42,8 @@ def _label(plan: Plan) -> str:
     lay = plan.layout
     rec = ("full" if plan.recompute_granularity == "full" else "+".join(plan.recompute_modules) or "no recompute")
     off = f", offload {plan.optimizer_offload_fraction:g}" if plan.optimizer_cpu_offload else ""
-    return (f"TP{lay.tp} CP{lay.cp} EP{lay.ep}\nPP{lay.pp}" + (f" VPP{lay.vpp}" if lay.vpp else "") + f" DP{lay.dp}\n"
-            f"{rec}{off}")
+    return (f"TP{lay.tp} CP{lay.cp} EP{lay.ep}\nPP{lay.pp}" + (f" VPP{lay.vpp}" if lay.vpp else "") + f" DP{lay.dp}"
+            f" MBS{plan.micro_batch_size}\n{rec}{off}")  # MBS: a layout is shown at each MBS the search kept
 
 
 def _stacked_bars(plans: list[Plan], series: list[dict[str, float]], parts: tuple[str, ...], ylabel: str, title: str):
