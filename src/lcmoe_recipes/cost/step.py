@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from ..catalog import get_hardware
 from ..core.pipeline import stage_decoder_layers
 from ..core.plan import Plan
 from .attention import layer_attention_seconds
@@ -67,8 +68,18 @@ BACKWARD_SHARE = 2 / 3  # backward = 2x forward FLOPs: 2/3 of a microbatch's for
 def step_constants(plan: Plan, table: dict[tuple[str, str], float] | None = None) -> tuple[Constant, Constant, Constant]:
     """(GEMM efficiency at the plan's precision, attention scale, gated-DeltaNet chunk seconds) for its GPU, each with
     where it comes from (:func:`lcmoe_recipes.cost.efficiency.constant`; ``table`` default: the fitted one)."""
+    if table is None:
+        return _fitted_constants(plan.hardware, plan.precision)
     hw = plan.hardware_spec.key
     return constant(hw, plan.precision, table), constant(hw, "attention", table), constant(hw, "gdn_step", table)
+
+
+@lru_cache(maxsize=64)
+def _fitted_constants(hardware: str, precision: str) -> tuple[Constant, Constant, Constant]:
+    """:func:`step_constants` at the fitted constants (a module-level table nothing changes), once per GPU x
+    precision: the search asks for them thousands of times."""
+    hw = get_hardware(hardware).key
+    return constant(hw, precision), constant(hw, "attention"), constant(hw, "gdn_step")
 
 
 def _layer_flops(s: LayerShapes, layer: int, seq: int) -> tuple[float, float]:
