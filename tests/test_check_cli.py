@@ -147,6 +147,16 @@ def test_yaml_checked_for_another_target_warns(configs, tmp_path, capsys):
     path.write_text(path.read_text().split("\n", 1)[1])  # drop the header
     assert main([str(path), "--gpus", "256"]) == 2
     assert "fix: give --hardware NAME" in capsys.readouterr().err
+    # a GB200 YAML checked for H100 keeps HybridEP's NVL72 variables: said, with the values launch writes there
+    _, q = configs["qwen3_235b_128k_gb200"]
+    path = write_yaml(q, tmp_path / "q.yaml", {"recipe": "qwen3_235b_128k_gb200", "world_size": 128, "hardware": "gb200"})
+    main([str(path), "--gpus", "128", "--hardware", "h100"])
+    out = capsys.readouterr().out
+    assert ("warning env/nvlink-domain: env_vars NVLINK_DOMAIN_SIZE=72, USE_MNNVL=1 describe another system than H100 "
+            "SXM5 80GB (HGX) (NVLink domain of 8 GPUs), and HybridEP reads them\n        fix: set "
+            "env_vars.NVLINK_DOMAIN_SIZE=8 env_vars.USE_MNNVL=0 (what launch writes for this GPU)") in out
+    main([str(path)])
+    assert "env/nvlink-domain" not in capsys.readouterr().out  # on its own target: nothing to say
 
 
 def test_check_of_a_plan_is_fast_and_light():

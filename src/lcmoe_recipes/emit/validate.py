@@ -88,7 +88,28 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     # 6. Timeouts against the cost model's longest waits (checks/timeouts.py), for a layout the checks accept.
     if not any(f.severity == "error" for f in findings):
         findings += timeout_findings(view, plan_from_config(cfg, hw, world_size, name))
+    findings += hardware_env_findings(cfg, hw)
     return sorted(findings, key=lambda f: f.severity != "error")
+
+
+def hardware_env_findings(cfg, hw: Hardware) -> list:
+    """A warning (``env/nvlink-domain``) when the config runs HybridEP (flex dispatcher) with HybridEP's NVLink-domain
+    variables set for another system than ``hw`` (:data:`~lcmoe_recipes.emit.settings.HARDWARE_ENV`): a GB200 recipe
+    checked for H100 keeps ``NVLINK_DOMAIN_SIZE=72`` and ``USE_MNNVL=1``, which HybridEP reads to size its
+    intra-domain groups and to choose multi-node NVLink."""
+    from .settings import HARDWARE_ENV
+
+    m, env = cfg.model, dict(getattr(cfg, "env_vars", None) or {})
+    if m.moe_token_dispatcher_type != "flex" or getattr(m, "moe_flex_dispatcher_backend", None) != "hybridep":
+        return []
+    wanted = {k: v for k, v in HARDWARE_ENV.get(hw.nvlink_domain, {}).items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    wrong = {k: env[k] for k, v in wanted.items() if k in env and str(env[k]) != str(v)}
+    if not wrong:
+        return []
+    return [Finding("warning", "env/nvlink-domain", "env_vars " + ", ".join(f"{k}={v}" for k, v in wrong.items())
+                    + f" describe another system than {hw.display} (NVLink domain of {hw.nvlink_domain} GPUs), and "
+                    "HybridEP reads them", "set " + " ".join(f"env_vars.{k}={wanted[k]}" for k in wrong)
+                    + " (what launch writes for this GPU)")]
 
 
 def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str, te_version: str | None = None,
