@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from ..catalog import get_hardware
+from ..catalog.config_fields import override_key
 from ..checks.known_issues import job_versions
 from ..checks.weights import Weights
 from ..core.plan import Plan, Reason, carry_reasons
@@ -143,8 +144,8 @@ def _replaced(request: TrainingRequest, overrides: list[str]) -> list[Finding]:
     made for the request's value."""
     out = []
     for text in overrides:
-        key, _, value = text.strip().lstrip("+").partition("=")
-        field = SAME_QUANTITY.get(key.strip())
+        key, value = override_key(text), text.partition("=")[2]
+        field = SAME_QUANTITY.get(key)
         asked = getattr(request, field) if field else None
         try:
             differs = asked is not None and float(value) != float(asked)
@@ -152,7 +153,7 @@ def _replaced(request: TrainingRequest, overrides: list[str]) -> list[Finding]:
             differs = False
         if differs:
             out.append(Finding("warning", "override/replaces-request", f"{text} replaces the request's {field} "
-                               f"{asked}: the config runs {key.strip().rpartition('.')[2]} {value.strip()}, but its "
+                               f"{asked}: the config runs {key.rpartition('.')[2]} {value.strip()}, but its "
                                f"name and layout were chosen for {asked}",
                                f"to have them chosen for {value.strip()}, ask for it in the request ({field} "
                                f"{value.strip()}) and drop the override"))

@@ -101,22 +101,20 @@ def explain_json(plan: Plan, findings: list[Finding] | None = None) -> dict[str,
     layout and findings, ``priced`` False and why."""
     findings = all_findings(plan) if findings is None else findings
     lay, hw = plan.layout, plan.hardware_spec
-    found = [{"severity": f.severity, "rule": f.rule, "message": f.message, "fix": f.fix} for f in findings]
-    head = {"recipe": plan.name, "model": plan.model, "hardware": plan.hardware, "seq_length": plan.seq_length}
-    if not layout_is_legal(findings):  # the layout does not fold: DP, memory and step do not exist yet
-        return {**head, "layout": {"world": lay.world, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp,
-                                   "ep": lay.ep, "etp": lay.etp, "dp": None, "edp": None},
-                "findings": found, "priced": False,
-                "not_priced": "the layout does not fold into the GPUs (the errors in findings): no DP, memory or step "
-                              "exists to price until they are fixed"}
+    legal = layout_is_legal(findings)  # else the layout does not fold: DP, memory and step do not exist yet
+    head = {"recipe": plan.name, "model": plan.model, "hardware": plan.hardware, "seq_length": plan.seq_length,
+            "layout": {"world": lay.world, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp, "ep": lay.ep,
+                       "etp": lay.etp, "dp": lay.dp if legal else None, "edp": lay.edp if legal else None},
+            "findings": [{"severity": f.severity, "rule": f.rule, "message": f.message, "fix": f.fix}
+                         for f in findings], "priced": legal}
+    if not legal:
+        return {**head, "not_priced": "the layout does not fold into the GPUs (the errors in findings): no DP, memory "
+                                      "or step exists to price until they are fixed"}
     mem, step = estimate_memory(plan), estimate_step(plan)
     host = estimate_host_memory(plan)
     return {
         **head,
-        "layout": {"world": lay.world, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp, "ep": lay.ep,
-                   "etp": lay.etp, "dp": lay.dp, "edp": lay.edp},
         "decisions": [{"knob": k, "value": v, "reason": r, "source": s} for k, v, r, s in decisions(plan)],
-        "findings": found, "priced": True,
         "memory_gib": mem.gib(), "memory_pp_rank": mem.pp_rank, "hbm_gib": hw.hbm_gib,
         "host_memory_gib": host.gib(), "host_node": host.node, "host_ranks": host.ranks,
         "host_ram_gib": hw.host_memory_gib, "host_margin": HOST_MARGIN,
