@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import shlex
-import sys
 from pathlib import Path
 
 from ..catalog import get_hardware
@@ -33,7 +31,7 @@ from ..errors import Finding, LcmoeError
 from ..planner.resolve import Resolution, phase_requests, resolve
 from .executors.common import nodes_for
 from .executors.kubeflow import KubeflowSettings, kube_job_overrides
-from .executors.slurm import SlurmSettings, job_dir_of, overlay_step
+from .executors.slurm import SlurmSettings, job_dir_of, nodes_bin_dir, overlay_step
 from .job_checks import JobCheck
 from .start_gate import refuse_to_start
 from .overlay import nearest_image
@@ -345,7 +343,7 @@ def slurm_job_check(settings: SlurmSettings, meta: dict, smoke: bool = False, sm
     folder = job_folder_findings(job_dir, nodes, settings.tunnel == "local")
     raise_for_errors(folder, "the Slurm job")
     if not settings.container_image:  # the nodes run this Python (jobs.executors.slurm: setup_lines)
-        folder += python_findings(os.path.dirname(settings.python or sys.executable), nodes, settings.tunnel == "local")
+        folder += python_findings(str(nodes_bin_dir(settings)), nodes, settings.tunnel == "local")
 
     def check(cfg):
         job = slurm_job(cfg, settings, job_dir, smoke=smoke, nodes=nodes)

@@ -289,7 +289,7 @@ def slurm_executor(meta: dict, env_vars: dict[str, str], settings: SlurmSettings
                        exclusive=True if settings.exclusive else None,
                        segment=nvl72_segment(hw, nodes) if settings.segment else None)
     if not settings.container_image:  # run this virtualenv's (or the given) torchrun and python on the nodes
-        bin_dir = Path(settings.python).parent if settings.python else Path(sys.executable).parent
+        bin_dir = nodes_bin_dir(settings)
         options["setup_lines"] = f"export PATH={shlex.quote(str(bin_dir))}:$PATH"
     if overlay is not None:
         from ..overlay import ENV_VAR
@@ -405,4 +405,10 @@ def run_slurm(yaml: Path, meta: dict, env_vars: dict[str, str], settings: SlurmS
     return LaunchResult("slurm", state, "sbatch --requeue --parsable", yaml, job_id=job_id, exit_code=exit_code,
                         log_path=rank_log or batch_log or exp_dir / name, first_error=first_error,
                         experiment_id=exp_id, notes=notes)
+
+
+def nodes_bin_dir(settings: SlurmSettings) -> Path:
+    """The folder whose torchrun and python a job without a container image runs on its nodes: ``settings.python``'s,
+    else this virtualenv's (NeMo-Run ``setup_lines`` put it first on their PATH)."""
+    return Path(settings.python).parent if settings.python else Path(sys.executable).parent
 
