@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lcmoe_recipes import emit
 from lcmoe_recipes.catalog import get_hardware
 from lcmoe_recipes.cli.launch import main
 from lcmoe_recipes.errors import LcmoeError, OverrideError
@@ -93,10 +94,22 @@ def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
                                    f"{nemorun_home}/experiments/lcmoe-overlays/{key} (~")
     assert ("MiB as installed here: megatron-core 0.19.2, megatron-bridge 0.6.2, hydra-core 1.3.8, multi-storage-client "
             "1.3.1, opentelemetry-api 1.45.2), mounted at /lcmoe_overlay, first on the job's import path") in overlay_note
-    assert re.search(r"torchrun .*--nnodes 32 --nproc-per-node 8 .*-m lcmoe_recipes\.train --config dsv3\.yaml "
-                     r"train\.exit_duration_in_mins=100$", command), command  # --time 02:00:00 minus 20 min
+    # the Python API plans the job's resiliency as launch does (jobs.prepare.job_resilience): the FT launcher, and an
+    # exit moved from --time 02:00:00 minus 20 min (100) to 79 min, leaving room for DeepSeek-V3's final save
+    assert re.search(r"ft_launcher .*--max-restarts 3 .*--nnodes 32 --nproc-per-node 8 .*-m lcmoe_recipes\.train "
+                     r"--config dsv3\.yaml train\.exit_duration_in_mins=79$", command), command
+    assert "train.exit_duration_in_mins=100" not in result.summary()
+    written = emit.read_yaml(tmp_path / "dsv3.yaml")[0]
+    assert written.ft.enable_ft_package and written.inprocess_restart.enabled and written.nvrx_straggler.enabled
+    assert cfg.ft is None and cfg.inprocess_restart is None  # the caller's ConfigContainer is left as it was
+    assert (tmp_path / "dsv3.ft.yaml").read_text().startswith("fault_tolerance:")
+    plain = submit(cfg, settings, dry_run=True, output=tmp_path / "plain.yaml", resiliency=False)
+    line = next(line for line in plain.script.splitlines() if line.startswith("srun --output"))
+    assert re.search(r"torchrun .*--nnodes 32 --nproc-per-node 8 .*-m lcmoe_recipes\.train --config plain\.yaml "
+                     r"train\.exit_duration_in_mins=100$", line), line  # --time 02:00:00 minus 20 min
     assert "note: train.exit_duration_in_mins=100: megatron-bridge ends training after 100 min and then saves a " \
-           "checkpoint, 20 min before --time 02:00:00 (120 min)" in result.summary()
+           "checkpoint, 20 min before --time 02:00:00 (120 min)" in plain.summary()
+    assert emit.read_yaml(tmp_path / "plain.yaml")[0].ft is None and not (tmp_path / "plain.ft.yaml").exists()
     assert f"note: job folder {nemorun_home}/experiments: every node must see it (a shared filesystem)" in result.summary()
     assert "export PATH=" not in result.script  # in a container, the image's torchrun
     header = (tmp_path / "dsv3.yaml").read_text().splitlines()[0]
@@ -260,3 +273,21 @@ def test_save_dir(capsys, tmp_path, nemorun_home, monkeypatch, configs):
     _, built = configs["qwen3_next_8k_gb200"]
     script = submit(built, "slurm", save_dir="/lustre/me/run2", dry_run=True, output=tmp_path / "d.yaml").script
     assert "--config d.yaml --save-dir /lustre/me/run2 train.exit_duration_in_mins=220\n" in script
+
+
+@pytest.mark.slow
+def test_submit_a_written_yaml_to_slurm_adds_the_jobs_resiliency_beside_it(configs, nemorun_home, tmp_path):
+    """A YAML with our header, written for a local run, submitted to Slurm: the job's resiliency sections go into
+    <stem>.slurm.yaml beside it (the file given is not rewritten), which the job runs; that file, submitted again,
+    is run as it is."""
+    _, cfg = configs["dsv3_128k_h100"]
+    local = submit(cfg, "local", dry_run=True, output=tmp_path / "d.yaml")
+    assert local.state == "DRY_RUN" and emit.read_yaml(tmp_path / "d.yaml")[0].ft is None
+    before = (tmp_path / "d.yaml").read_text()
+    settings = SlurmSettings(account="llm", time="02:00:00", container_image="nvcr.io/nvidia/nemo:26.06")
+    first = submit(tmp_path / "d.yaml", settings, dry_run=True)
+    assert (tmp_path / "d.yaml").read_text() == before
+    assert "--config d.slurm.yaml train.exit_duration_in_mins=79" in first.script and "ft_launcher" in first.script
+    assert emit.read_yaml(tmp_path / "d.slurm.yaml")[0].ft.enable_ft_package
+    again = submit(tmp_path / "d.slurm.yaml", settings, dry_run=True)
+    assert "--config d.slurm.yaml " in again.script and not (tmp_path / "d.slurm.slurm.yaml").exists()

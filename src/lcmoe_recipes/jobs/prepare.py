@@ -265,7 +265,7 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
             one.job = checks[index](one.cfg)
             one.warnings = one.warnings + one.job.findings
             if isinstance(settings, SlurmSettings):
-                _resilience(one, settings, smoke, resiliency)
+                job_resilience(one.cfg, one.shown, one.job, settings, smoke, resiliency)
         one.warnings = (one.warnings + list(one.weights.notes)
                         + _time_findings(one, settings, smoke, chained=index < len(configs) - 1)
                         + (phase_findings(one.shown, budget_hours or DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
@@ -275,25 +275,20 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
                         local_ranks=configs[0].plan.layout.world if settings is None else None)
     for one in configs:
         emit.write_yaml(one.cfg, one.output, one.meta)
-        if one.job is not None and one.job.resilience is not None and one.job.resilience.enabled:
-            from .resilience import ft_config_text
-
-            ft_file = one.output.with_name(one.output.stem + ".ft.yaml")
-            ft_file.write_text(ft_config_text(one.job.resilience))
-            one.job.notes.append(f"FT config (ft_launcher --fault-tol-cfg-path): {ft_file}")
+        write_ft_config(one.job, one.output)
         one.command = torchrun_command(one.output, one.plan.layout.world, one.plan.hardware_spec.gpus_per_node)
     return configs
 
 
-def _resilience(one: Configured, settings: SlurmSettings, smoke: bool, enabled: bool) -> None:
-    """Plan the resiliency of ``one``'s Slurm job (:func:`lcmoe_recipes.jobs.resilience.plan_resilience`), set its
-    megatron-bridge sections on the config (validated by megatron-bridge), bound the recovery saves by the time
-    limit, and move the job's exit earlier when the final save needs more room."""
+def job_resilience(cfg, plan: Plan, job: JobCheck, settings: SlurmSettings, smoke: bool, enabled: bool) -> None:
+    """Plan the resiliency of the Slurm job that runs ``cfg`` (read back as ``plan``;
+    :func:`lcmoe_recipes.jobs.resilience.plan_resilience`) into ``job``, set its megatron-bridge sections on ``cfg``
+    (validated by megatron-bridge), bound the recovery saves by the time limit, and move the job's exit earlier when
+    the final save needs more room. ``launch`` and the Python ``submit`` both plan a Slurm job's resiliency here."""
     from ..cost.wallclock import save_intervals
     from .job_checks import exit_duration, slurm_minutes
     from .resilience import apply_resilience, plan_resilience
 
-    plan, job = one.shown, one.job
     limit = slurm_minutes(settings.time) if settings.time and not smoke else None
     prefix = "train.exit_duration_in_mins="
     given = next((int(o[len(prefix):]) for o in job.overrides if o.startswith(prefix)), None)
@@ -304,7 +299,7 @@ def _resilience(one: Configured, settings: SlurmSettings, smoke: bool, enabled: 
     job.notes.extend(res.notes())
     if not res.enabled:
         return
-    apply_resilience(one.cfg, res)
+    apply_resilience(cfg, res)
     if res.exit_duration_in_mins is not None and given is not None:
         job.overrides = [o for o in job.overrides if not o.startswith(prefix)] + [
             f"{prefix}{res.exit_duration_in_mins}"]
@@ -312,10 +307,22 @@ def _resilience(one: Configured, settings: SlurmSettings, smoke: bool, enabled: 
     usable = res.exit_duration_in_mins or given or (exit_duration(limit) if limit else None)
     if usable:
         cadence = save_intervals(plan, time_limit_hours=usable / 60)
-        ckpt = one.cfg.checkpoint
+        ckpt = cfg.checkpoint
         if cadence.bound and cadence.non_persistent and cadence.non_persistent != ckpt.non_persistent_save_interval:
             ckpt.non_persistent_save_interval, ckpt.non_persistent_ckpt_type = cadence.non_persistent, "global"
             job.notes.append(f"checkpoint.non_persistent_save_interval={cadence.non_persistent}: {cadence.bound}")
+
+
+def write_ft_config(job: JobCheck | None, output: Path) -> None:
+    """Beside the YAML ``output``: the FT package's config file of ``job``'s resiliency where it is on
+    (``<stem>.ft.yaml``, :func:`lcmoe_recipes.jobs.resilience.ft_config_text`), named in the job's notes."""
+    if job is None or job.resilience is None or not job.resilience.enabled:
+        return
+    from .resilience import ft_config_text
+
+    ft_file = output.with_name(output.stem + ".ft.yaml")
+    ft_file.write_text(ft_config_text(job.resilience))
+    job.notes.append(f"FT config (ft_launcher --fault-tol-cfg-path): {ft_file}")
 
 
 def _phase_output(output, one: Configured, index: int, phases: int, request: TrainingRequest) -> str | Path | None:

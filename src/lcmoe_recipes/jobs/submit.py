@@ -17,7 +17,7 @@ from .executors.kubeflow import KubeflowSettings, check_kubeflow_settings, kube_
 from .executors.local import run_local
 from .executors.slurm import SlurmSettings, check_settings, run_slurm
 from .job_checks import JobCheck
-from .prepare import Configured, slurm_job_check
+from .prepare import Configured, job_resilience, slurm_job_check, write_ft_config
 from .start_gate import refuse_to_start
 
 
@@ -72,12 +72,14 @@ def _target(found: dict, world_size: int | None, hardware: str | None, where: st
 
 
 def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = (), check_job=None, versions=None,
-                 gate=None):
+                 gate=None, amend=None):
     """(YAML path, env_vars, what ``check_job`` returned) for ``cfg``: validated for its target ``meta`` with the
     ranks' ``extra`` overrides applied (to a copy; they travel on the ranks' command line; known upstream bugs judged
     for ``versions``, default the installed ones), then ``gate(that config)`` (raises to refuse the run) and
-    ``check_job(that config)``, and only then the YAML written (when ``cfg`` is a ConfigContainer or a YAML without our
-    header)."""
+    ``check_job(that config)``, then ``amend(a copy of cfg, that config, the job check)`` (what the job sets on the
+    config it runs: a Slurm job's resiliency; the caller's ``cfg`` is left as it was), and only then the YAML written
+    (when ``cfg`` is a ConfigContainer or a YAML without our header; a YAML with our header that the amendment
+    changes is written beside it as ``<stem>.slurm.yaml``)."""
     import copy
 
     from .. import emit
@@ -89,19 +91,28 @@ def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = 
     if gate is not None:
         gate(effective)
     job = check_job(effective) if check_job else None
+    if amend is not None:
+        loaded = copy.deepcopy(loaded)
+        amend(loaded, effective, job)
     env_vars = dict(loaded.env_vars or {})
     if path:
         if found.get("world_size") and found.get("hardware") and output is None:
+            if amend is None:
+                return path, env_vars, job
+            beside = emit.write_yaml(loaded, path.with_name(f"{path.stem}.slurm.yaml"), meta)
+            if beside.read_text() != path.read_text():
+                return beside, env_vars, job
+            beside.unlink()  # the job changes nothing: run the file as it is
             return path, env_vars, job
         target = Path(output or f"out/{path.stem}.{meta['hardware']}x{meta['world_size']}.yaml")
         return emit.write_yaml(loaded, target, meta), env_vars, job
     if output is None:
-        staged = emit.write_yaml(cfg, Path("out") / f".{meta['recipe']}.staged.yaml", meta)
+        staged = emit.write_yaml(loaded, Path("out") / f".{meta['recipe']}.staged.yaml", meta)
         digest = hashlib.sha1(staged.read_bytes()).hexdigest()[:8]
         target = staged.with_name(f"{meta['recipe']}-{digest}.yaml")
         os.replace(staged, target)
     else:
-        target = emit.write_yaml(cfg, output, meta)
+        target = emit.write_yaml(loaded, output, meta)
     return target, env_vars, job
 
 
@@ -123,7 +134,7 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
            nproc_per_node: int | None = None, smoke_ranks: int = 2, smoke_nodes: int = 1,
            data_path: list[str] | None = None,
            tokenizer: str | None = None, save_dir: str | None = None, replan: bool = False,
-           mock_data: bool = False, from_scratch: bool = False) -> LaunchResult:
+           mock_data: bool = False, from_scratch: bool = False, resiliency: bool = True) -> LaunchResult:
     """Validate ``cfg`` for its target and run it with torchrun here, or as a Slurm or Kubeflow Trainer job through
     NeMo-Run.
 
@@ -147,6 +158,10 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
         mock_data, from_scratch: a run that trains (not ``smoke``, not ``dry_run``) is refused without real data
             and a tokenizer, or for a context extension without pretrained weights, unless these accept mock data /
             random initialisation on purpose (:func:`lcmoe_recipes.jobs.start_gate.start_blockers`).
+        resiliency: a multi-node Slurm training job built from :class:`SlurmSettings` (or ``"slurm"``) gets what
+            ``launch`` gives it (:func:`lcmoe_recipes.jobs.prepare.job_resilience`): the FT launcher, in-job restart,
+            straggler detection and a time-limit exit that leaves room for the final save; False turns them off
+            (``launch --no-resiliency``). A ready ``nemo_run.SlurmExecutor`` keeps its own launcher (a note says so).
 
     Returns:
         :class:`~lcmoe_recipes.jobs.executors.common.LaunchResult`: state, job id, log path, first error line, the command or
@@ -200,10 +215,21 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
         return run_kubeflow(yaml, meta, env_vars, kube, smoke=smoke, smoke_ranks=smoke_ranks, dry_run=dry_run,
                             train_args=args, notes=job.notes)[0]
     check = slurm_job_check(settings or _settings_of(executor), meta, smoke, smoke_nodes)
-    yaml, env_vars, job = _materialize(cfg, meta, output, extra, check, versions, gate)
+    amend = None
+    if settings is not None:  # a job we build: its resiliency, as launch plans it (a ready executor keeps its launcher)
+        def amend(written, effective, job: JobCheck) -> None:
+            plan = emit.plan_from_config(effective, meta["hardware"], meta["world_size"], meta["recipe"])
+            job_resilience(written, plan, job, settings, smoke, resiliency)
+
+    yaml, env_vars, job = _materialize(cfg, meta, output, extra, check, versions, gate, amend)
+    if settings is None:
+        job.notes.append("resiliency not planned: the given nemo_run.SlurmExecutor keeps its own launcher and "
+                         "retries (pass SlurmSettings to get the FT launcher, in-job restart and the sized exit)")
+    write_ft_config(job, Path(yaml))
     args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer, save_dir=save_dir,
                            overrides=job.overrides)
     return run_slurm(yaml, meta, env_vars, settings, smoke=smoke, smoke_ranks=smoke_ranks, smoke_nodes=smoke_nodes,
                      dry_run=dry_run, wait=wait,
                      train_args=args, executor=None if settings is not None else executor,
-                     notes=job.notes + [f"{f.severity}: {f.rule}: {f.message}; fix: {f.fix}" for f in job.findings])
+                     notes=job.notes + [f"{f.severity}: {f.rule}: {f.message}; fix: {f.fix}" for f in job.findings],
+                     resilience=job.resilience)
