@@ -633,6 +633,33 @@ def _distopt_adam(r: Resolved):
             "use optimizer='adam', or use_distributed_optimizer=false"
 
 
+# --- the learning-rate schedule and the training length ---------------------------------------------------------------
+@_rule("scheduler/lr-range", f"{MCORE} optimizer_param_scheduler.py, OptimizerParamScheduler.__init__ (built by "
+                             f"{BRIDGE} training/optim.py, _get_scheduler: max_lr=optimizer.lr, "
+                             "min_lr=optimizer.min_lr, init_lr=scheduler.lr_warmup_init)")
+def _lr_range(r: Resolved):
+    opt, sch = r.cfg.optimizer, r.cfg.scheduler
+    lr, low, init = opt.lr, opt.min_lr, getattr(sch, "lr_warmup_init", 0.0) or 0.0
+    if low is not None and low < 0:
+        yield f"optimizer.min_lr={low} is negative", "set optimizer.min_lr >= 0 (0 decays to zero)"
+    if lr is not None and low is not None and lr < low:
+        yield (f"optimizer.lr={lr} (the peak) is below optimizer.min_lr={low}",
+               f"set optimizer.lr to a positive peak learning rate of at least {max(low, 0.0)}")
+    elif lr is not None and init > lr:
+        yield (f"scheduler.lr_warmup_init={init} is above optimizer.lr={lr} (the warm-up would ramp down)",
+               f"set scheduler.lr_warmup_init <= {lr} (0 starts the warm-up from zero)")
+
+
+@_rule("train/iters-positive", f"{BRIDGE} training/train.py, train (the loop runs while train_state.step < "
+                               "train_iters; TrainingConfig.finalize asserts train_samples > 0 and num_epochs > 0, not "
+                               "train_iters)")
+def _iters_positive(r: Resolved):
+    iters = getattr(r.cfg.train, "train_iters", None)
+    if iters is not None and iters <= 0:
+        yield (f"train.train_iters={iters}: the training loop runs no step, and the job ends having trained nothing",
+               "set train.train_iters to the phase's optimizer steps (1 or more)")
+
+
 # --- CUDA graphs ----------------------------------------------------------------------------------------------------
 @_rule("cuda-graphs/nccl-graph-register", f"{MCORE} transformer/cuda_graphs.py, TECudaGraphHelper.__init__")
 def _graph_register(r: Resolved):
