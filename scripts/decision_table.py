@@ -16,7 +16,7 @@ from pathlib import Path
 from _generated import generated_main
 
 from lcmoe_recipes.errors import InfeasibleConfig
-from lcmoe_recipes.report.text import TABLE_COLUMNS, format_table, table_rows
+from lcmoe_recipes.report.text import csv_table, format_table
 from lcmoe_recipes.core.ranks import placement
 from lcmoe_recipes.core.request import TrainingRequest
 from lcmoe_recipes.planner.search import search_layouts
@@ -34,8 +34,7 @@ def build() -> tuple[str, str]:
     import csv
 
     writer = csv.writer(csv_text, lineterminator="\n")
-    writer.writerow(TABLE_COLUMNS)
-    writer.writerows(table_rows(result))
+    writer.writerows(csv_table(result))
     lay = best.plan.layout
     parts = best.step.parts
     hw = best.plan.hardware_spec

@@ -34,7 +34,7 @@ def test_plan_with_a_calibration_profile_shows_both_fits(profile, capsys, tmp_pa
     out = capsys.readouterr().out
     assert "step s (published)" in out and "TFLOP/s (published)" in out and "decided by:" in out
     header = (tmp_path / "t.csv").read_text().splitlines()[0].split(",")
-    assert header[-2:] == ["step s (published)", "TFLOP/s (published)"] and "MBS" in header
+    assert header[-3:] == ["step s (published)", "TFLOP/s (published)", "tie-break"] and "MBS" in header
 
 
 def test_plan_searches_mbs_unless_given(capsys):

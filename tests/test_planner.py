@@ -141,6 +141,13 @@ def test_plan_cli(capsys, tmp_path):
     assert "winner: TP" in out and "rank  TP  CP  EP  PP" in out
     assert csv_path.read_text().splitlines()[0].startswith("rank,TP,CP,EP,PP,VPP,DP,EDP,recompute,offload")
     assert len(csv_path.read_text().splitlines()) == 4
+    # the CSV says what the tie-break made of each row (rank 1 is the winner, not always the fastest): the README's
+    # plan example, where the fastest tie leaves less than the memory band free
+    assert main(["qwen3_235b", "--seq", "65536", "--gpus", "64", "--hardware", "gb200", "--csv", str(csv_path)]) == 0
+    rows = [line.split(",") for line in csv_path.read_text().splitlines()]
+    assert rows[0][-1] == "tie-break" and rows[1][-1] == "winner (rule headroom)"
+    assert rows[2][-1] == "passed over (headroom)" and float(rows[2][-4]) < float(rows[1][-4])  # faster, passed over
+    assert {r[-1] for r in rows[3:]} == {"tie"}
     assert main(["qwen3_next", "--seq", "32768", "--gpus", "32", "--hardware", "gb201"]) == 2
     assert "did you mean 'gb200'?" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:  # argparse: --gpus and --hardware are required

@@ -299,14 +299,33 @@ def format_result(result, citations: Citations | None = None, explain: bool = Fa
     return "\n".join(out)
 
 
+def tie_outcomes(result) -> list[str]:
+    """Per ranked candidate, what the tie-break made of it (the text's table says it in its header and the winner
+    line): "winner (rule R)" for rank 1, with the rule that decided (:attr:`SearchResult.rule`); "passed over (R)"
+    for a faster tie the rule R passed over; "tie" for a slower one inside the error band; "" outside the band."""
+    ties = {(t.layout, t.mbs): t for t in result.tie_break}
+    out = []
+    for i, c in enumerate(result.ranked):
+        tie = ties.get((c.plan.layout.describe(), c.plan.micro_batch_size))
+        out.append(f"winner (rule {result.rule})" if i == 0 else "" if tie is None else
+                   f"passed over ({tie.passed_over})" if tie.passed_over and tie.step < result.best.step.step_seconds
+                   else "tie")
+    return out
+
+
+def csv_table(result, calibrated: bool = False) -> list[tuple]:
+    """The decision table's CSV rows, header first: :func:`table_columns` and a last column "tie-break"
+    (:func:`tie_outcomes`: rank 1 is the winner, not always the fastest)."""
+    return [table_columns(calibrated) + ("tie-break",)] + [
+        row + (outcome,) for row, outcome in zip(table_rows(result, calibrated), tie_outcomes(result))]
+
+
 def write_csv(result, path, calibrated: bool = False) -> None:
-    """The decision table as CSV (:func:`table_columns`)."""
+    """:func:`csv_table` written to ``path`` (``plan --csv``)."""
     import csv
 
     with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(table_columns(calibrated))
-        writer.writerows(table_rows(result, calibrated))
+        csv.writer(handle).writerows(csv_table(result, calibrated))
 
 
 def format_costs(plan: Plan) -> str:
