@@ -139,6 +139,18 @@ def test_an_override_of_a_requested_quantity_is_said(capsys, tmp_path):
 
 
 @pytest.mark.slow
+def test_an_override_that_changes_nothing_is_said(capsys, tmp_path):
+    """The 128K GB200 recipe runs TP4 already: model.tensor_model_parallel_size=4 changes nothing, and is said to;
+    the override beside it that changes GBS is not."""
+    code, out, err = _main(capsys, tmp_path, "qwen3_235b", "--seq", "131072", "model.tensor_model_parallel_size=4",
+                           "train.global_batch_size=128", "--dry-run")
+    assert code == 0, err
+    assert ("override/no-op: model.tensor_model_parallel_size=4: the planned config has this value already; the "
+            "override changes nothing; drop it, or give another value") in out + err
+    assert "override/no-op: train.global_batch_size" not in out + err
+
+
+@pytest.mark.slow
 def test_without_dry_run_on_a_cpu_machine(capsys, tmp_path):
     """A launch that trains, here: refused before anything is written, the GPU count among its blockers."""
     code, out, err = _main(capsys, tmp_path, "dsv3_256k_h100", "--mock-data", "--from-scratch")

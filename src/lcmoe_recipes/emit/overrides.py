@@ -13,6 +13,7 @@ Two gaps of that flow are closed here, never silently:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -79,8 +80,9 @@ def _check_type(parent: Any, name: str, override) -> None:
                             f"{value!r}", f"write {article} {wanted} value" + (example if current is not None else ""))
 
 
-def apply_overrides(cfg, overrides: list[str]):
-    """Apply Hydra overrides to ``cfg`` in place and return it.
+def apply_overrides(cfg, overrides: list[str], unchanged: list[str] | None = None):
+    """Apply Hydra overrides to ``cfg`` in place and return it. ``unchanged``: a list that receives each override
+    that left its field as it was (it set the value the config had).
 
     Raises:
         OverrideError: bad syntax, an unknown key (with the closest field name), or a value of the wrong type.
@@ -97,11 +99,15 @@ def apply_overrides(cfg, overrides: list[str]):
     )
 
     parsed = _parse(overrides)
+    before = []  # (override, its field's value before any override), for ``unchanged``
     # Check every key against the real objects before anything changes (nothing half-applied).
     for override in parsed:
         key = override.key_or_group
         parent, last = _resolve_parent(cfg, key, override.input_line)
         present = (last in parent) if isinstance(parent, dict) else hasattr(parent, last)
+        if present and unchanged is not None:
+            value = parent.get(last) if isinstance(parent, dict) else getattr(parent, last)
+            before.append((override, copy.deepcopy(value)))
         if not present and not (isinstance(parent, dict) and override.is_add()):
             _unknown(parent, last, key, override.input_line)
         if dataclasses.is_dataclass(parent) and not override.is_delete():
@@ -129,6 +135,10 @@ def apply_overrides(cfg, overrides: list[str]):
                     raise OverrideError(f"override '{override.input_line}': {last} has no default to reset to",
                                         f"set it instead: {override.key_or_group}=VALUE")
                 setattr(parent, last, default)
+    for override, value in before:
+        parent, last = _resolve_parent(cfg, override.key_or_group, override.input_line)
+        if (parent.get(last) if isinstance(parent, dict) else getattr(parent, last, _MISSING)) == value:
+            unchanged.append(override.input_line)
     return cfg
 
 

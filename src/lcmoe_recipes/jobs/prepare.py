@@ -120,9 +120,9 @@ def configure(resolution: Resolution, overrides: list[str] = (), container_image
         cfg, changes = emit.retarget_config(resolution.source.cfg, plan)
     else:
         cfg = emit.config_from_plan(plan, validate=False)  # validated once, below, after the overrides
-    shown, derived = plan, []
+    shown, derived, unchanged = plan, [], []
     if overrides:
-        emit.apply_overrides(cfg, overrides)
+        emit.apply_overrides(cfg, overrides, unchanged)
         shown = emit.plan_from_config(cfg, hw, world, plan.name, plan.base_recipe)
         shown, derived = emit.follow_overrides(cfg, overrides, shown, plan, resolution.request.rope,
                                                lambda c: emit.plan_from_config(c, hw, world, plan.name, plan.base_recipe))
@@ -130,7 +130,10 @@ def configure(resolution: Resolution, overrides: list[str] = (), container_image
         shown = shown.with_changes(reasons={**carry_reasons(plan, shown), **{d.key: d.reason for d in derived}})
     warnings = validate_for_image(cfg, hw, world, plan.name, container_image, overlay)
     warnings = [Finding("warning", "override/derived", f"{' '.join(d.overrides)}: {d.reason.why}", "override them too "
-                        "to choose other values") for d in derived] + _replaced(resolution.request, overrides) + warnings
+                        "to choose other values") for d in derived] + _replaced(resolution.request, overrides) + [
+        Finding("warning", "override/no-op", f"{text}: the planned config has this value already; the override "
+                "changes nothing",
+                "drop it, or give another value") for text in unchanged] + warnings
     one = Configured(resolution, shown, cfg, overrides, warnings, changes)
     one.meta = _header(one)
     return one
