@@ -162,8 +162,15 @@ class Container:
         return self.image.rsplit(":", 1)[-1]
 
 
+# libyaml's C parser where PyYAML has it (its PyPI wheels do): the same documents as yaml.safe_load, about 6x faster.
+# known_issues.yaml (141 KB) then parses in 0.03 s instead of 0.16 s on the 2-core CI machine (2026-12-05), which
+# every plan, check and launch paid once per process (the planner judges open hazards from it).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _read(name: str) -> dict[str, Any]:
-    return yaml.safe_load(resources.files(__package__).joinpath(name).read_text(encoding="utf-8"))
+    text = resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    return yaml.load(text, Loader=_LOADER)  # noqa: S506 -- a safe loader
 
 
 def _source(raw: dict[str, Any], where: str) -> Source:

@@ -268,6 +268,7 @@ def _unfused_seconds(hw_key: str, heads: float, queries: float, keys: float, d_q
     return total
 
 
+@lru_cache(maxsize=16384)  # a pure function of its arguments: layouts that differ outside TP, CP and MBS share it
 def layer_attention_seconds(s: LayerShapes, layer: int, hw_key: str, seq_length: int, micro_batch_size: int, tp: int,
                             cp: int, cp_comm_type: str | None, hierarchical_cp_sizes: tuple[int, ...] | None,
                             recompute: bool, thd: bool = False, cudnn: tuple[int, int, int] | None = None) -> float:

@@ -195,6 +195,17 @@ def _rank_kinds(model_key: str, stages: tuple[int, ...], pp: int, vpp: int, pp_r
     return tuple((kind, layer, n) for kind, (layer, n) in counts.items())
 
 
+@lru_cache(maxsize=4096)
+def _layer_ranks(model_key: str, stages: tuple[int, ...], pp: int, vpp: int) -> tuple[int, ...]:
+    """The first PP rank of each distinct set of decoder layers (kinds and counts; the last rank, which also runs the
+    output layer and MTP, apart): a rank that holds the same layers as a lower one does the same work."""
+    seen: dict[tuple, int] = {}
+    for r in range(pp):
+        held = (tuple((kind, count) for kind, _, count in _rank_kinds(model_key, stages, pp, vpp, r)), r == pp - 1)
+        seen.setdefault(held, r)
+    return tuple(seen.values())
+
+
 def _work(plan: Plan) -> tuple[_RankWork, ...]:
     """Per PP rank, what one microbatch costs (independent of the calibrated constants), each rank whose work equals
     a lower rank's left out (its microbatch takes as long, and the slowest rank is the first on a tie). It reads
@@ -220,29 +231,34 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
     # the ring a CP exchange merges over (cost.elementwise.cp_ring_bytes): all of CP for p2p, the outer ring of a2a+p2p
     ring = cp_groups(plan.cp_comm_type, plan.hierarchical_cp_sizes, lay.cp)[1] if plan.cp_comm_type in (
         "p2p", "a2a+p2p") else 1
-    out = []
-    per_kind: dict = {}
-    for r in range(lay.pp):
+    per_kind: dict = {}  # layers of one kind cost the same, on every rank: priced once
+    distinct: dict[tuple, _RankWork] = {}  # the first rank of each kind of work, keyed by its work
+    for r in _layer_ranks(plan.model, stage_decoder_layers(plan), lay.pp, lay.vpp or 1):
+        kinds = rank_kinds(plan, r)
         gemm = tp = ep = exposed_cp = moved = common = quantized = 0.0
         attention: dict[tuple[float, float], int] = {}
         gdn = 0
         bytes_by: dict[str, float] = {"PP": pp_t.nvlink_bytes + pp_t.scaleout_bytes}
         ep_layers, tp_layers = [], []
-        for kind, i, count in rank_kinds(plan, r):
-            if kind not in per_kind:  # layers of one kind cost the same
-                per_kind[kind] = (_layer_flops(s, i, plan.seq_length), _recompute_flops(s, i, plan),
-                                  layer_transfers(plan, i))
-            (linear, _), (recompute, recompute_attn), transfers = per_kind[kind]
+        for kind, i, count in kinds:
+            one = per_kind.get(kind)
+            if one is None:
+                (linear, _), (recompute, recompute_attn) = _layer_flops(s, i, plan.seq_length), _recompute_flops(s, i, plan)
+                one = per_kind[kind] = (
+                    linear, recompute, layer_transfers(plan, i), sum(elementwise_bytes(s, i, flags)),
+                    sum(common_bytes(s, i)) + cp_ring_bytes(s, i, ring), sum(quantize_bytes(s, i, plan.precision)),
+                    recompute_bytes(s, i, tokens / lay.cp, lay.tp, lay.etp, plan.sequence_parallel, selective,
+                                    pre_mlp_norm) if selective else 0.0,
+                    layer_attention_seconds(s, i, hw, plan.seq_length, plan.micro_batch_size, lay.tp, lay.cp,
+                                            plan.cp_comm_type, plan.hierarchical_cp_sizes, recompute_attn > 0,
+                                            plan.variable_length))
+            linear, recompute, transfers, elementwise, common_one, quantize_one, recomputed, attn = one
             gemm += count * (linear + recompute) * tokens * share
-            moved += count * sum(elementwise_bytes(s, i, flags)) * tokens * share
-            common += count * (sum(common_bytes(s, i)) + cp_ring_bytes(s, i, ring)) * tokens * share
-            quantized += count * sum(quantize_bytes(s, i, plan.precision)) * tokens * share
+            moved += count * elementwise * tokens * share
+            common += count * common_one * tokens * share
+            quantized += count * quantize_one * tokens * share
             if selective:
-                moved += count * recompute_bytes(s, i, tokens / lay.cp, lay.tp, lay.etp, plan.sequence_parallel,
-                                                 selective, pre_mlp_norm)
-            attn = layer_attention_seconds(s, i, hw, plan.seq_length, plan.micro_batch_size, lay.tp, lay.cp,
-                                           plan.cp_comm_type, plan.hierarchical_cp_sizes, recompute_attn > 0,
-                                           plan.variable_length)
+                moved += count * recomputed
             layer_ep = layer_tp = 0.0
             cp = a2a = 0.0
             for t in transfers:
@@ -277,13 +293,12 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
         if r == lay.pp - 1:  # output layer and MTP on the last stage
             gemm += (6 * s.embedding + plan.mtp_num_layers * (sum(_layer_flops(s, s.num_layers - 1, plan.seq_length))
                                                               + 6 * (2 * s.h * s.h + s.embedding))) * tokens * share
-        out.append(_RankWork(r, gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, exposed_cp, tp, ep,
-                             0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items()),
-                             sum(n * f for (f, _), n in attention.items()), tuple(ep_layers), pp_t.seconds,
-                             moved / hbm if moved else 0.0, tuple(tp_layers), common / hbm, quantized / hbm))
-    distinct: dict[_RankWork, _RankWork] = {}
-    for w in out:  # the first rank of each kind of work
-        distinct.setdefault(replace(w, rank=0), w)
+        work = (gemm, tuple((f, c, n) for (f, c), n in attention.items() if n), gdn, exposed_cp, tp, ep,
+                0.0 if (lay.vpp or 1) > 1 else pp_t.seconds, tuple(bytes_by.items()),
+                sum(n * f for (f, _), n in attention.items()), tuple(ep_layers), pp_t.seconds,
+                moved / hbm if moved else 0.0, tuple(tp_layers), common / hbm, quantized / hbm)
+        if work not in distinct:
+            distinct[work] = _RankWork(r, *work)
     return tuple(distinct.values())
 
 
