@@ -150,7 +150,8 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
         dry_run: build the torchrun command / sbatch script and return it without running anything.
         wait: Slurm: wait for the job and read its state and logs.
         output: where to write the YAML (default for a ConfigContainer: ``out/<recipe>-<first 8 hex of the YAML's
-            SHA-1>.yaml``, so two different configs never share a file; for a YAML with our header: that file).
+            SHA-1>.yaml``, so two different configs never share a file; for a YAML with our header: that file, or
+            ``<stem>.slurm.yaml`` beside it when the Slurm job's resiliency changes it).
         nproc_per_node: local: ranks (default the planned world size).
         data_path, tokenizer: real data for the ranks (see :func:`lcmoe_recipes.emit.data_overrides`).
         save_dir: absolute folder for the run's checkpoints and logs (see :func:`lcmoe_recipes.emit.save_overrides`).
