@@ -243,7 +243,8 @@ def _cached_work(plan: Plan, pre_mlp_norm: bool) -> tuple[_RankWork, ...]:
         for kind, i, count in kinds:
             one = per_kind.get(kind)
             if one is None:
-                (linear, _), (recompute, recompute_attn) = _layer_flops(s, i, plan.seq_length), _recompute_flops(s, i, plan)
+                (linear, _), (recompute, recompute_attn) = (_layer_flops(s, i, plan.seq_length),
+                                                            _recompute_flops(s, i, plan))
                 one = per_kind[kind] = (
                     linear, recompute, layer_transfers(plan, i), sum(elementwise_bytes(s, i, flags)),
                     sum(common_bytes(s, i)) + cp_ring_bytes(s, i, ring), sum(quantize_bytes(s, i, plan.precision)),
