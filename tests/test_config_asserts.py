@@ -164,6 +164,8 @@ LATE = [
      "scheduler.lr_warmup_init=1.0 is above optimizer.lr="),
     ("train/iters-positive", QWEN, {"train.train_iters": -5}, "train/iters-positive",
      "train.train_iters=-5: the training loop runs no step"),
+    ("checkpoint/interval-negative", QWEN, {"checkpoint.save_interval": -1}, "checkpoint/interval-negative",
+     "checkpoint.save_interval=-1: step % -1 is 0 at every step"),
     ("cuda-graphs/nccl-graph-register", QWEN, {"env_vars.PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                                                "env_vars.NCCL_GRAPH_REGISTER": "1"},
      "cuda-graphs/nccl-graph-register", "NCCL_GRAPH_REGISTER"),
@@ -317,6 +319,9 @@ MAPPED = [
 ]
 
 OVERRIDES = [
+    ("scheduler/warmup-longer-than-run", QWEN, {"scheduler.lr_warmup_iters": 5000, "train.train_iters": 1000,
+                                                "scheduler.lr_decay_iters": None},
+     "scheduler/warmup-longer-than-run", "scheduler.lr_warmup_iters=5000 is not below the 1000 decay steps"),
     ("override/mixed-precision", QWEN, {"model.fp8": "hybrid"}, "override/mixed-precision",
      "model.fp8='hybrid' is overwritten by the mixed_precision config (MixedPrecisionConfig): the run uses None"),
     ("override/comm-overlap", NEXT, {"ddp.bucket_size": 1_000_000}, "override/comm-overlap",

@@ -291,3 +291,6 @@ def test_submit_a_written_yaml_to_slurm_adds_the_jobs_resiliency_beside_it(confi
     assert emit.read_yaml(tmp_path / "d.slurm.yaml")[0].ft.enable_ft_package
     again = submit(tmp_path / "d.slurm.yaml", settings, dry_run=True)
     assert "--config d.slurm.yaml " in again.script and not (tmp_path / "d.slurm.slurm.yaml").exists()
+    plain = submit(tmp_path / "d.yaml", settings, dry_run=True, resiliency=False)  # runs d.yaml as it is
+    assert "--config d.yaml " in plain.script and (tmp_path / "d.slurm.yaml").exists()  # the other file kept
+    assert not list(tmp_path.glob(".*staged*"))

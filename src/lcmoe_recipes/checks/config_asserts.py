@@ -660,6 +660,30 @@ def _iters_positive(r: Resolved):
                "set train.train_iters to the phase's optimizer steps (1 or more)")
 
 
+@_rule("checkpoint/interval-negative", f"{BRIDGE} training/train.py, train (a save when save_interval and step % "
+                                       "save_interval == 0; the same for non_persistent_save_interval)")
+def _interval_negative(r: Resolved):
+    ckpt = r.cfg.checkpoint
+    for name in ("save_interval", "non_persistent_save_interval"):
+        value = getattr(ckpt, name, None)
+        if value is not None and value < 0:
+            yield (f"checkpoint.{name}={value}: step % {value} is 0 at every step, so the run saves a checkpoint "
+                   "after every step", f"set checkpoint.{name} to the steps between saves (0 or null: none)")
+
+
+@_rule("scheduler/warmup-longer-than-run", f"{BRIDGE} training/config.py, ConfigContainer.validate (lr_warmup_steps "
+                                           ">= lr_decay_steps is capped to lr_decay_steps - 1, with a UserWarning)",
+       severity="warning")
+def _warmup_too_long(r: Resolved):
+    sch, iters = r.before.scheduler, getattr(r.before.train, "train_iters", None)
+    warmup = getattr(sch, "lr_warmup_iters", 0) or 0
+    decay = getattr(sch, "lr_decay_iters", None) or iters
+    if decay and warmup >= decay > 0:
+        yield (f"scheduler.lr_warmup_iters={warmup} is not below the {decay} decay steps: megatron-bridge cuts the "
+               f"warm-up to {decay - 1} steps (its samples), so the peak learning rate is reached only at the end",
+               f"set scheduler.lr_warmup_iters below {decay} (e.g. {max(1, decay // 50)})")
+
+
 # --- CUDA graphs ----------------------------------------------------------------------------------------------------
 @_rule("cuda-graphs/nccl-graph-register", f"{MCORE} transformer/cuda_graphs.py, TECudaGraphHelper.__init__")
 def _graph_register(r: Resolved):

@@ -325,7 +325,9 @@ def write_ft_config(job: JobCheck | None, output: Path) -> None:
 
     ft_file = output.with_name(output.stem + ".ft.yaml")
     ft_file.write_text(ft_config_text(job.resilience))
-    job.notes.append(f"FT config (ft_launcher --fault-tol-cfg-path): {ft_file}")
+    job.notes.append(f"FT config file (the predicted section timeouts, for ft_launcher --fault-tol-cfg-path when "
+                     f"you launch by hand; NeMo-Run's launcher passes only the heartbeat timeouts and restarts above, "
+                     f"and megatron-bridge's ft.calc_ft_timeouts sizes the sections from what it observes): {ft_file}")
 
 
 def _phase_output(output, one: Configured, index: int, phases: int, request: TrainingRequest) -> str | Path | None:

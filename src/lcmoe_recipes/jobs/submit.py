@@ -99,11 +99,13 @@ def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = 
         if found.get("world_size") and found.get("hardware") and output is None:
             if amend is None:
                 return path, env_vars, job
-            beside = emit.write_yaml(loaded, path.with_name(f"{path.stem}.slurm.yaml"), meta)
-            if beside.read_text() != path.read_text():
-                return beside, env_vars, job
-            beside.unlink()  # the job changes nothing: run the file as it is
-            return path, env_vars, job
+            staged = emit.write_yaml(loaded, path.with_name(f".{path.stem}.slurm.staged.yaml"), meta)
+            if staged.read_text() == path.read_text():
+                staged.unlink()  # the job changes nothing: run the file as it is
+                return path, env_vars, job
+            beside = path.with_name(f"{path.stem}.slurm.yaml")
+            os.replace(staged, beside)
+            return beside, env_vars, job
         target = Path(output or f"out/{path.stem}.{meta['hardware']}x{meta['world_size']}.yaml")
         return emit.write_yaml(loaded, target, meta), env_vars, job
     if output is None:
