@@ -34,7 +34,7 @@ def test_failing_yaml_exits_1_with_findings(configs, tmp_path, capsys):
     assert "error   rank-folding/dense: TP=4 · PP=4 · CP=48 = 768 does not divide the world size 128" in out
     assert "error   divisibility/seq-cp: CP=48 does not divide seq_length 131072 into 2·CP chunks" in out
     assert "warning parallel/etp-unset" in out
-    assert "        fix: use CP=4 or 8" in out
+    assert "        fix: use CP=8" in out
 
 
 @pytest.mark.slow
@@ -90,7 +90,7 @@ def test_json_of_a_layout_that_does_not_fold_is_json(configs, tmp_path, capsys):
     assert main([str(path), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert (doc["valid"], doc["priced"], doc["layout"]["cp"], doc["layout"]["dp"]) == (False, False, 48, None)
-    assert doc["findings"][0]["rule"] == "rank-folding/dense" and doc["findings"][0]["fix"] == "use CP=4 or 8"
+    assert doc["findings"][0]["rule"] == "rank-folding/dense" and doc["findings"][0]["fix"] == "use CP=8"
     assert "memory_gib" not in doc and doc["not_priced"].startswith("the layout does not fold into the GPUs")
 
 

@@ -156,8 +156,18 @@ LATE = [
     ("optimizer/distributed-needs-adam", QWEN, {"optimizer.optimizer": "sgd",
                                                 "optimizer.use_precision_aware_optimizer": False},
      "optimizer/distributed-needs-adam", "optimizer='sgd'"),
-    ("scheduler/lr-range", QWEN, {"optimizer.lr": -1e-4}, "scheduler/lr-range",
-     "optimizer.lr=-0.0001 (the peak) is below optimizer.min_lr="),
+    ("scheduler/lr-range", QWEN, {"optimizer.lr": 1e-6, "optimizer.min_lr": 1e-5}, "scheduler/lr-range",
+     "optimizer.lr=1e-06 (the peak) is below optimizer.min_lr=1e-05"),
+    ("scheduler/lr-negative", QWEN, {"optimizer.lr": -1e-5, "optimizer.min_lr": -1e-4}, "scheduler/lr-range",
+     "optimizer.lr=-1e-05 (the peak) is negative: the scheduler asserts max_lr >= min_lr >= 0"),
+    ("scheduler/lr-zero", QWEN, {"optimizer.lr": 0.0, "optimizer.min_lr": 0.0}, "scheduler/lr-range",
+     "optimizer.lr=0.0 (the peak) is zero: every step leaves the weights as they are"),
+    ("scheduler/lr-warmup-init-negative", QWEN, {"scheduler.lr_warmup_init": -1e-6}, "scheduler/lr-range",
+     "scheduler.lr_warmup_init=-1e-06 is negative"),
+    ("optimizer/adam-beta1", QWEN, {"optimizer.adam_beta1": 1.0}, "optimizer/adam-hyperparameters",
+     "optimizer.adam_beta1=1.0 is outside [0, 1)"),
+    ("optimizer/adam-weight-decay", QWEN, {"optimizer.weight_decay": -0.1}, "optimizer/adam-hyperparameters",
+     "optimizer.weight_decay=-0.1 is negative"),
     ("scheduler/lr-min-negative", QWEN, {"optimizer.min_lr": -1e-5, "optimizer.lr": 1e-4}, "scheduler/lr-range",
      "optimizer.min_lr=-1e-05 is negative"),
     ("scheduler/lr-warmup-init", QWEN, {"scheduler.lr_warmup_init": 1.0}, "scheduler/lr-range",
@@ -319,6 +329,9 @@ MAPPED = [
 ]
 
 OVERRIDES = [
+    ("optimizer/weight-decay-not-scheduled", QWEN, {"optimizer.weight_decay": 0.1},
+     "optimizer/weight-decay-not-scheduled", "optimizer.weight_decay=0.1 is not what the run applies: the scheduler "
+     "sets every parameter group's weight decay from scheduler.start_weight_decay=0.033 to end_weight_decay=0.033"),
     ("scheduler/warmup-longer-than-run", QWEN, {"scheduler.lr_warmup_iters": 5000, "train.train_iters": 1000,
                                                 "scheduler.lr_decay_iters": None},
      "scheduler/warmup-longer-than-run", "scheduler.lr_warmup_iters=5000 is not below the 1000 decay steps"),
@@ -343,6 +356,16 @@ def test_late_checks(fresh_config, recipe, changes, rule, fragment):
     findings = _findings(fresh_config, recipe, changes)
     _assert_rule(findings, rule, fragment)
     assert not [f for f in findings if f.rule == "upstream/validate"], "the config must pass upstream validation"
+
+
+@pytest.mark.slow
+def test_a_negative_peak_gets_one_finding_that_names_both_fields(fresh_config):
+    """A negative lr beside a negative min_lr once got "set scheduler.lr_warmup_init <= -1e-05" (a fresh user's
+    trial): the peak's own finding comes alone, and its fix names min_lr too."""
+    hits = [f for f in _findings(fresh_config, QWEN, {"optimizer.lr": -1e-5, "optimizer.min_lr": -1e-4})
+            if f.rule == "scheduler/lr-range"]
+    assert [f.fix for f in hits] == ["set optimizer.lr to a positive peak learning rate (--lr), and optimizer.min_lr "
+                                     "to 0 or a positive floor below it"]
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import copy
 import pytest
 
 from lcmoe_recipes import TrainingRequest
+from lcmoe_recipes.checks.memory import memory_findings
 from lcmoe_recipes.errors import InfeasibleConfig
 from lcmoe_recipes.planner.recipes import recipe_plan
 from lcmoe_recipes.planner.resolve import resolve
@@ -170,7 +171,14 @@ def test_a_cp_fix_is_rechecked_before_it_is_offered():
     qwen = recipe_plan("qwen3_235b_128k_gb200")
     wide = qwen.with_changes(layout=dataclasses.replace(qwen.layout, cp=48))
     fixes = {f.rule: f.fix for f in check_plan(wide) if f.severity == "error"}
-    assert fixes["divisibility/seq-cp"] == fixes["rank-folding/dense"] == "use CP=4 or 8"
-    for cp in (4, 8):
+    assert fixes["divisibility/seq-cp"] == fixes["rank-folding/dense"] == "use CP=8"
+    for cp in (4, 8):  # both pass the layout rules; CP=4 is not named because it is over HBM by the memory model
         assert not [f for f in check_plan(qwen.with_changes(layout=dataclasses.replace(qwen.layout, cp=cp)))
                     if f.severity == "error"]
+    over = {f.rule for f in memory_findings(qwen.with_changes(layout=dataclasses.replace(qwen.layout, cp=4)))}
+    assert "memory/exceeds-hbm" in over
+    cramped = qwen.with_changes(layout=dataclasses.replace(qwen.layout, world=32, cp=48, pp=2, ep=16, vpp=None),
+                                pipeline_model_parallel_layout=None)  # no CP that folds fits: the nearest are named
+    fix = {f.rule: f.fix for f in check_plan(cramped)}["divisibility/seq-cp"]
+    assert fix == ("use CP=2 or 4 (by the memory model neither then fits in HBM, nor does any other value the layout "
+                   "rules allow: see the memory finding's fixes)")

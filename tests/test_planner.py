@@ -112,6 +112,10 @@ def test_infeasible_request_names_the_constraint():
     assert "most rejected by memory/exceeds-hbm" in err.value.message
     assert err.value.fix.startswith("use 128 GPUs (the smallest count above 8 tried at which a layout fits; 16, 24, "
                                     "32, 40 and 64 do not), a shorter seq_length")  # nothing below one node
+    with pytest.raises(InfeasibleConfig) as err:  # a fresh user's 72 H100 were told 1152: powers of two are tried
+        search_layouts(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=72))
+    assert err.value.fix.startswith("use 128 GPUs (the smallest count above 72 tried at which a layout fits; 80, 88, "
+                                    "96, 104 and 112 do not), ")
     with pytest.raises(InfeasibleConfig) as err:  # 60 GPUs fold 128 experts into EP 4 at most; 64 fold EP 64
         search_layouts(TrainingRequest(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=60))
     assert err.value.fix.startswith("use 48 GPUs (fewer, but a layout fits there: the layouts 60 GPUs fold into do "

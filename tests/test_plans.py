@@ -1,5 +1,6 @@
 """Named-recipe plans and the feasibility checks: pure Python, no torch / megatron."""
 
+import shlex
 import subprocess
 import sys
 
@@ -126,8 +127,9 @@ def _bad(name, **changes):
 
 def test_check_rank_folding():
     f = _bad("qwen3_235b_128k_gb200", layout=ParallelLayout(world=128, tp=4, pp=4, cp=48, ep=32, vpp=12))
-    assert "CP=48" in f["rank-folding/dense"].message and f["rank-folding/dense"].fix == "use CP=4 or 8"
-    assert f["divisibility/seq-cp"].fix == "use CP=4 or 8"  # also folds into 128 GPUs with TP4 PP4
+    assert "CP=48" in f["rank-folding/dense"].message and f["rank-folding/dense"].fix == "use CP=8"
+    # CP=4 also folds into 128 GPUs with TP4 PP4, but is over HBM by the memory model (172 of 165 GiB): not named
+    assert f["divisibility/seq-cp"].fix == "use CP=8"
     # PP2 EP8 on 8 GPUs: EP is folded into the dense ranks, but ETP·EP·PP = 16 > 8
     f = _bad("qwen3_next_8k_gb200", layout=ParallelLayout(world=8, tp=1, pp=2, cp=1, ep=8, vpp=4),
              global_batch_size=64)
@@ -224,7 +226,16 @@ def test_check_remaining_kinds():
     f = _bad("qwen3_235b_128k_gb200", seq_length=131080)  # 131080/8 = 16385 does not split over TP=4
     assert f["divisibility/seq-tp-sp"].message.startswith("with sequence parallel, seq_length/CP = 131080/8")
     f = _bad("qwen3_235b_128k_gb200", pipeline_model_parallel_layout=None)  # 94 layers over PP4 x VPP12, no layout
-    assert "94 layers do not split evenly over PP=4·VPP=12" in f["pipeline/even-split"].message
+    assert f["pipeline/even-split"].message == ("94 layers do not split evenly over PP=4·VPP=12 (23.5 per PP rank, "
+                                                "1.96 per virtual stage)")
+    # the fix names the layout string itself, quoted for Hydra and the shell (=null re-derives it only under launch)
+    fix = f["pipeline/even-split"].fix
+    assert fix.startswith("""set "model.pipeline_model_parallel_layout='Et|(tt|)*46tL'" (the even split over PP·VPP = 48""")
+    from lcmoe_recipes.emit.overrides import _parse
+
+    (override,) = _parse([shlex.split(fix)[1]])
+    assert not [e for e in check_plan(recipe_plan("qwen3_235b_128k_gb200").with_changes(
+        pipeline_model_parallel_layout=override.value())) if e.severity == "error"]
     f = _bad("dsv3_128k_h100", use_distributed_optimizer=False)
     assert f["offload/distributed-optimizer"].fix == "set use_distributed_optimizer=True"
     f = _bad("qwen3_next_8k_gb200", layout=ParallelLayout(world=32, tp=1, pp=1, cp=1, ep=16, vpp=4))

@@ -16,6 +16,7 @@ from lcmoe_recipes.catalog import get_model
 from lcmoe_recipes.cli.common import as_flags, request_from_args
 from lcmoe_recipes.cli.launch import _parser as launch_parser, main as launch
 from lcmoe_recipes.cli.plan import main as plan_main
+from lcmoe_recipes.planner.resolve import search
 from lcmoe_recipes.report.text import Citations, split_sources
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -362,7 +363,14 @@ def test_a_gpu_count_alone_takes_the_named_recipes_hardware():
 def test_plan_names_the_named_recipe_launch_would_use(capsys):
     assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", "--top", "1"]) == 0
     assert ("note: the named recipe qwen3_235b_128k_gb200 covers this request, and launch uses it (TP4 CP8 EP32 ETP1 "
-            "PP4 VPP12 -> DP1 EDP1 on 128 GPUs)") in capsys.readouterr().out
+            "PP4 VPP12 -> DP1 EDP1 on 128 GPUs)") in (out := capsys.readouterr().out)
+    # the wishes it names (the search winner's TP, PP, CP, EP and MBS, not a fixed "--tp 2") launch the winner
+    wishes = out.split("give its layout as wishes (")[1].split(")")[0].split()
+    searched = search(_request("qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200")).best.plan
+    assert wishes == ["--tp", str(searched.layout.tp), "--pp", str(searched.layout.pp), "--cp",
+                      str(searched.layout.cp), "--ep", str(searched.layout.ep), "--mbs", "1"]
+    launched = resolve(_request("qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", *wishes)).plan
+    assert (launched.layout, launched.micro_batch_size) == (searched.layout, searched.micro_batch_size)
     assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", "--top", "1",
                       "--tp", "2"]) in (0, 1)
     assert "note: the named recipe" not in capsys.readouterr().out  # a layout wish: launch searches too

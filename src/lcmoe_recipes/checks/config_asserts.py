@@ -640,14 +640,66 @@ def _distopt_adam(r: Resolved):
 def _lr_range(r: Resolved):
     opt, sch = r.cfg.optimizer, r.cfg.scheduler
     lr, low, init = opt.lr, opt.min_lr, getattr(sch, "lr_warmup_init", 0.0) or 0.0
+    if lr is not None and lr <= 0:  # zero passes upstream's asserts, and trains nothing
+        yield (f"optimizer.lr={lr} (the peak) is " + ("negative: the scheduler asserts max_lr >= min_lr >= 0" if lr < 0
+                                                        else "zero: every step leaves the weights as they are"),
+               "set optimizer.lr to a positive peak learning rate (--lr)"
+               + (f", and optimizer.min_lr to 0 or a positive floor below it" if low is not None and low < 0 else ""))
+        return
     if low is not None and low < 0:
         yield f"optimizer.min_lr={low} is negative", "set optimizer.min_lr >= 0 (0 decays to zero)"
+    if init < 0:
+        yield (f"scheduler.lr_warmup_init={init} is negative: the warm-up's first steps would step up the gradient",
+               "set scheduler.lr_warmup_init >= 0 (0 starts the warm-up from zero)")
     if lr is not None and low is not None and lr < low:
         yield (f"optimizer.lr={lr} (the peak) is below optimizer.min_lr={low}",
-               f"set optimizer.lr to a positive peak learning rate of at least {max(low, 0.0)}")
+               f"set optimizer.lr to a peak learning rate of at least {low}, or optimizer.min_lr below {lr} (an "
+               "extension phase's constant schedule sets min_lr to the LR, and --lr sets both)")
     elif lr is not None and init > lr:
         yield (f"scheduler.lr_warmup_init={init} is above optimizer.lr={lr} (the warm-up would ramp down)",
                f"set scheduler.lr_warmup_init <= {lr} (0 starts the warm-up from zero)")
+
+
+@_rule("optimizer/adam-hyperparameters", "torch 2.x torch/optim/adam.py, Adam.__init__ (ValueError unless 0 <= "
+                                         "beta1, beta2 < 1, eps >= 0, weight_decay >= 0): megatron-core 0.19.2 "
+                                         "optimizer/__init__.py builds torch's AdamW for the CPU part under "
+                                         "optimizer CPU offload, and torch's Adam/AdamW where neither Transformer "
+                                         "Engine nor Apex is installed; at beta1 = 1 Adam's bias correction "
+                                         "1 - beta1^t is 0")
+def _adam_hyperparameters(r: Resolved):
+    opt = r.cfg.optimizer
+    if getattr(opt, "optimizer", "adam") != "adam":
+        return
+    for name in ("adam_beta1", "adam_beta2"):
+        value = getattr(opt, name, None)
+        if value is not None and not 0.0 <= value < 1.0:
+            yield (f"optimizer.{name}={value} is outside [0, 1)", f"set optimizer.{name} in [0, 1) (0.9 and 0.95 are "
+                   "the usual beta1 and beta2 of LLM pretraining)")
+    eps = getattr(opt, "adam_eps", None)
+    if eps is not None and eps < 0:
+        yield f"optimizer.adam_eps={eps} is negative", "set optimizer.adam_eps > 0 (1e-8 is Adam's default)"
+    decay = getattr(opt, "weight_decay", None)
+    if decay is not None and decay < 0:
+        yield (f"optimizer.weight_decay={decay} is negative (it would grow the weights)",
+               "set optimizer.weight_decay >= 0, and scheduler.start_weight_decay / end_weight_decay, which are what "
+               "the run applies")
+
+
+@_rule("optimizer/weight-decay-not-scheduled", f"{MCORE} optimizer_param_scheduler.py, OptimizerParamScheduler.step "
+                                               "(called with 0 by __init__: every group's weight_decay is set from "
+                                               f"start_wd/end_wd); {BRIDGE} training/optim.py, _get_scheduler "
+                                               "(start_wd=scheduler.start_weight_decay)", severity="warning")
+def _weight_decay_not_scheduled(r: Resolved):
+    decay = getattr(r.cfg.optimizer, "weight_decay", None)
+    start = getattr(r.cfg.scheduler, "start_weight_decay", None)
+    end = getattr(r.cfg.scheduler, "end_weight_decay", None)
+    if decay is None or start is None or decay < 0:  # a negative one is refused above
+        return
+    if not math.isclose(decay, start) or (end is not None and not math.isclose(decay, end)):
+        yield (f"optimizer.weight_decay={decay} is not what the run applies: the scheduler sets every parameter "
+               f"group's weight decay from scheduler.start_weight_decay={start} to end_weight_decay={end}, from the "
+               "first step on", f"set scheduler.start_weight_decay={decay} scheduler.end_weight_decay={decay} (or "
+               f"optimizer.weight_decay={start} to say what runs)")
 
 
 @_rule("train/iters-positive", f"{BRIDGE} training/train.py, train (the loop runs while train_state.step < "

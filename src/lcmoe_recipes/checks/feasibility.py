@@ -56,12 +56,15 @@ _RECHECKING = [False]  # True while a fix is being re-checked: a fix's own fixes
 
 def _fitting(plan: Plan, candidates: list[int], bad: int, make, n: int = 2) -> str:
     """Like :func:`_near`, but each candidate value is re-checked first: ``make(value)`` is the plan with the fix
-    applied, and a value whose plan the layout rules still refuse is not offered. When none passes, the nearest
-    candidate is named with what else it needs (its first error's fix)."""
+    applied, and a value whose plan the layout rules still refuse is not offered. Of the values that pass, the nearest
+    ones whose plan also fits in HBM by the memory model (:func:`_fits_hbm`) are named -- a fresh user was told "CP=2
+    or 4" for Qwen3-235B at 128K, both over HBM, while CP=8 fits; where none fits, the nearest passing values are named
+    with that said. When none passes, the nearest candidate is named with what else it needs (its first error's
+    fix)."""
     if _RECHECKING[0]:
         return _near(candidates, bad, n)
     ranked = sorted(sorted(set(candidates)), key=lambda c: (abs(c - bad), c))
-    passing, first = [], None
+    passing, fitting, first = [], [], None
     _RECHECKING[0] = True
     try:
         for value in ranked:
@@ -71,18 +74,52 @@ def _fitting(plan: Plan, candidates: list[int], bad: int, make, n: int = 2) -> s
                 errors = [Finding("error", "layout", exc.message, exc.fix)]
             if not errors:
                 passing.append(value)
-                if len(passing) == n:
-                    break
+                if _fits_hbm(make(value)):
+                    fitting.append(value)
+                    if len(fitting) == n:
+                        break
             elif first is None:
                 first = (value, errors[0])
     finally:
         _RECHECKING[0] = False
+    if fitting:
+        return " or ".join(str(c) for c in sorted(fitting))
     if passing:
-        return " or ".join(str(c) for c in sorted(passing))
+        named = sorted(passing[:n])
+        return " or ".join(str(c) for c in named) + (
+            f" (by the memory model {'neither' if len(named) > 1 else 'it'} then fits in HBM, nor does any other value "
+            "the layout rules allow: see the memory finding's fixes)")
     if first is None:
         return "none"
     value, error = first
     return f"{value}, which then also needs: {error.fix} ({error.message})"
+
+
+def _fits_hbm(plan: Plan) -> bool:
+    """Whether ``plan``'s predicted HBM use is within the planning limit (the memory check's own test,
+    :func:`lcmoe_recipes.checks.memory.memory_findings`)."""
+    from ..core.plan import HBM_MARGIN
+    from ..cost.memory import estimate_memory
+
+    try:
+        return estimate_memory(plan).hbm_total <= HBM_MARGIN * plan.hardware_spec.hbm_bytes
+    except InfeasibleConfig:
+        return False
+
+
+def _layout_fix(plan: Plan, stages: int) -> str:
+    """The fix that sets the pipeline layout launch would derive for ``stages`` = PP·VPP chunks
+    (:func:`lcmoe_recipes.core.pipeline.build_pipeline_layout`), quoted for Hydra and the shell. It names the string
+    itself: ``=null`` re-derives a layout only where a plan is built (launch, plan), while ``check`` on a YAML reads
+    the file as it is."""
+    from ..core.pipeline import build_pipeline_layout
+
+    try:
+        text = build_pipeline_layout(plan.model_spec.num_layers, stages, plan.mtp_num_layers)
+    except InfeasibleConfig as exc:
+        return f"lower PP·VPP ({exc.message})"
+    return (f"set \"model.pipeline_model_parallel_layout='{text}'\" (the even split over PP·VPP = {stages} chunks "
+            "that launch derives)")
 
 
 def _nearest_power_of_two(n: int) -> int:
@@ -256,11 +293,12 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
 
     # --- pipeline split without an explicit layout ----------------------------------------------------
     if plan.pipeline_model_parallel_layout is None and pp > 1:
-        per_stage = model.num_layers / pp
         if model.num_layers % pp or (vpp and (model.num_layers // pp) % vpp):
             add("error", "pipeline/even-split",
                 f"{model.num_layers} layers do not split evenly over PP={pp}" + (f"·VPP={vpp}" if vpp else "")
-                + f" ({per_stage:g} per stage)", "set pipeline_model_parallel_layout (see build_pipeline_layout)")
+                + f" ({model.num_layers / pp:g} per PP rank"
+                + (f", {model.num_layers / (pp * vpp):.3g} per virtual stage" if vpp else "") + ")",
+                _layout_fix(plan, lay.num_pipeline_stages))
     if plan.pipeline_model_parallel_layout is not None:
         text = plan.pipeline_model_parallel_layout
         try:
@@ -273,14 +311,14 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
             add("error", "pipeline/layout-stages",
                 f"pipeline_model_parallel_layout '{text}' has {len(stages)} stages but PP={pp} x VPP={vpp or 1} = "
                 f"{lay.num_pipeline_stages}", f"keep PP·VPP = {len(stages)} (PP in {fits}, VPP = {len(stages)}/PP), or "
-                "set model.pipeline_model_parallel_layout=null to have the layout re-derived for the new PP·VPP")
+                + _layout_fix(plan, lay.num_pipeline_stages))
         elif stages is not None:
             decoders, mtps = layout_layer_counts(text)
             if decoders != model.num_layers or mtps != plan.mtp_num_layers:
                 add("error", "pipeline/layout-layers",
                     f"pipeline_model_parallel_layout '{text}' places {decoders} decoder and {mtps} MTP layers; the model "
-                    f"has {model.num_layers} and {plan.mtp_num_layers}", "give a layout with every layer once, or "
-                    "model.pipeline_model_parallel_layout=null")
+                    f"has {model.num_layers} and {plan.mtp_num_layers}", "give a layout with every layer once: "
+                    + _layout_fix(plan, lay.num_pipeline_stages))
 
     # --- positions (RoPE / YaRN) --------------------------------------------------------------------
     findings.extend(position_findings(plan))

@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     if named is not None and not args.json:
         print(f"\nnote: the named recipe {named.name} covers this request, and launch uses it "
               f"({recipe_plan(named.name).layout.describe()}): it follows upstream's recipe, where this table ranks "
-              "layouts by the cost model alone; add a layout wish (e.g. --tp 2) to launch the search's answer")
+              "layouts by the cost model alone; to launch the search's answer instead, give its layout as wishes "
+              f"({_wishes(result.best.plan)})")
     if args.explain and not args.json:
         from ..report.explain import explain_text
 
@@ -101,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
             return report_error(exc)
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _wishes(plan) -> str:
+    """The layout wishes that make launch search for ``plan``'s layout (TP, PP, CP, EP and MBS; VPP, ETP and the
+    rest follow from them as the search decides them)."""
+    lay = plan.layout
+    return f"--tp {lay.tp} --pp {lay.pp} --cp {lay.cp} --ep {lay.ep} --mbs {plan.micro_batch_size}"
 
 
 def _hardware_list(args) -> list[str]:
