@@ -99,6 +99,12 @@ def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
     assert re.search(r"ft_launcher .*--max-restarts 3 .*--nnodes 32 --nproc-per-node 8 .*-m lcmoe_recipes\.train "
                      r"--config dsv3\.yaml train\.exit_duration_in_mins=79$", command), command
     assert "train.exit_duration_in_mins=100" not in result.summary()
+    # and judges the time as launch does: against that earlier exit, with the start-up the exit clock counts; the
+    # config's own warnings come with it (they were dropped)
+    short = next(n for n in result.notes if n.startswith("warning: job/time-short: "))
+    assert "predicted + 13 min of start-up" in short and "--time 02:00:00 leaves 79 min of training" in short
+    assert short.endswith("(41 min for the final save included)")  # 120 - 79: the suggested --time keeps that exit
+    assert any(n.startswith("warning: time/phase-long: ") for n in result.notes)
     written = emit.read_yaml(tmp_path / "dsv3.yaml")[0]
     assert written.ft.enable_ft_package and written.inprocess_restart.enabled and written.nvrx_straggler.enabled
     assert cfg.ft is None and cfg.inprocess_restart is None  # the caller's ConfigContainer is left as it was
@@ -293,4 +299,11 @@ def test_submit_a_written_yaml_to_slurm_adds_the_jobs_resiliency_beside_it(confi
     assert "--config d.slurm.yaml " in again.script and not (tmp_path / "d.slurm.slurm.yaml").exists()
     plain = submit(tmp_path / "d.yaml", settings, dry_run=True, resiliency=False)  # runs d.yaml as it is
     assert "--config d.yaml " in plain.script and (tmp_path / "d.slurm.yaml").exists()  # the other file kept
+    # the resilient job's own YAML with resiliency off: its sections are removed from the config the job runs
+    off = submit(tmp_path / "d.slurm.yaml", settings, dry_run=True, resiliency=False)
+    assert "--config d.slurm.slurm.yaml " in off.script and "ft_launcher" not in off.script
+    written = emit.read_yaml(tmp_path / "d.slurm.slurm.yaml")[0]
+    assert (written.ft, written.inprocess_restart, written.nvrx_straggler) == (None, None, None)
+    assert ("resiliency off: the config's ft, inprocess_restart, nvrx_straggler section(s) removed from the job's "
+            "config") in off.notes
     assert not list(tmp_path.glob(".*staged*"))

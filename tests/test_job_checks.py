@@ -251,6 +251,14 @@ def test_training_time_against_the_slurm_limit():
     assert suggested_time(180) == "03:20:00"  # 3 h of training: 3:00:00 would leave only 2 h 40 min
     assert training_time_finding(180, 60.0, suggested_time(180), chained=True) is None
     assert training_time_finding(180, 60.0, "03:10:00", chained=True).severity == "error"
+    # a resilient job exits earlier (its final save needs 41 min here), and megatron-bridge's exit clock counts the
+    # start-up before the first step (10 min here): both shorten the training, and the suggested --time covers both
+    late = training_time_finding(1000, 279.0, "04:00:00", chained=False, margin=41, startup_seconds=600)
+    assert late.message == ("1000 steps x 279 s predicted + 10 min of start-up = 77.7 h, but --time 04:00:00 leaves "
+                            "199 min of training: the job saves and exits after about 40 steps")
+    assert late.fix.endswith("give --time 3-06:30:00 or more (41 min for the final save included)")
+    assert training_time_finding(1000, 279.0, "3-06:30:00", chained=True, margin=41, startup_seconds=600) is None
+    assert training_time_finding(1000, 279.0, "3-06:20:00", chained=True, margin=41, startup_seconds=600)
     chained = training_time_finding(1000, 279.0, "04:00:00", chained=True)
     assert chained.severity == "error" and "the next phase (afterok) would start from that partly trained" in (
         chained.message)

@@ -142,6 +142,17 @@ def test_bad_config_refused_cleanly(tmp_path, content, message):
         get_model(str(tmp_path / "nowhere" / "config.json"))
 
 
+def test_a_yaml_given_as_the_model_names_the_commands_that_take_it(tmp_path):
+    """A fresh user's `launch out/x.yaml` was told the YAML "is not valid JSON": it is a ConfigContainer, and the
+    error now says which commands run, re-plan and check one."""
+    path = tmp_path / "x.yaml"
+    path.write_text("# lcmoe_recipes: {}\nmodel: {}\n")
+    with pytest.raises(ModelConfigError) as err:
+        get_model(str(path))
+    assert err.value.message == f"'{path}' is a YAML file, not a model's config.json"
+    assert f"lcmoe_recipes.submit('{path}', executor)" in err.value.fix and f"--from {path} --seq N" in err.value.fix
+
+
 def test_cli_refuses_bad_config_with_exit_2(tmp_path):
     folder = _write(tmp_path, dict(MADE_UP, hidden_size=None))
     out = subprocess.run([sys.executable, "-m", "lcmoe_recipes.plan", "--model-config", str(folder), "--seq", "4096",

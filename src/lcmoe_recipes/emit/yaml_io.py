@@ -25,6 +25,11 @@ from .stack import installed_stack, load_bridge, quiet_upstream
 
 _MARK = "# lcmoe_recipes: "
 TARGET_ATTR = "lcmoe_target"
+RESILIENCY_KEY = "slurm_resiliency"
+"""The header's mark of a YAML that carries a Slurm job's resiliency (``lcmoe_recipes.jobs.prepare.job_resilience``):
+the fields :data:`RESILIENCY_FIELDS` then hold what the job set, not edits of the named recipe."""
+RESILIENCY_FIELDS = ("ft", "inprocess_restart", "nvrx_straggler", "checkpoint.non_persistent_save_interval",
+                     "checkpoint.non_persistent_ckpt_type")
 
 
 def target_meta(plan, overrides=()) -> dict[str, Any]:

@@ -84,17 +84,18 @@ def slurm_minutes(text: str) -> int:
     return minutes
 
 
-def exit_duration(limit_minutes: int) -> int | None:
-    """``train.exit_duration_in_mins`` for a job of ``limit_minutes``: the limit minus
-    :data:`FINAL_SAVE_MARGIN_MIN`, or None when the limit is not longer than the margin."""
-    return limit_minutes - FINAL_SAVE_MARGIN_MIN if limit_minutes > FINAL_SAVE_MARGIN_MIN else None
+def exit_duration(limit_minutes: int, margin: int = FINAL_SAVE_MARGIN_MIN) -> int | None:
+    """``train.exit_duration_in_mins`` for a job of ``limit_minutes``: the limit minus the exit ``margin`` (default
+    :data:`FINAL_SAVE_MARGIN_MIN`; a resilient Slurm job's is :func:`lcmoe_recipes.jobs.resilience.exit_margin_minutes`),
+    or None when the limit is not longer than the margin."""
+    return limit_minutes - margin if limit_minutes > margin else None
 
 
-def suggested_time(training_minutes: float) -> str:
-    """The shortest ``--time``, in whole 10 minutes, that leaves ``training_minutes`` of training after the
-    :data:`FINAL_SAVE_MARGIN_MIN` exit margin (``3:20:00`` for 3 hours of training); ``D-HH:MM:SS`` from a day on.
-    :func:`training_time_finding` accepts it."""
-    total = math.ceil((math.ceil(training_minutes) + FINAL_SAVE_MARGIN_MIN) / 10) * 10
+def suggested_time(training_minutes: float, margin: int = FINAL_SAVE_MARGIN_MIN) -> str:
+    """The shortest ``--time``, in whole 10 minutes, that leaves ``training_minutes`` of training after the exit
+    ``margin`` (``3:20:00`` for 3 hours of training at the default :data:`FINAL_SAVE_MARGIN_MIN`); ``D-HH:MM:SS`` from
+    a day on. :func:`training_time_finding` accepts it."""
+    total = math.ceil((math.ceil(training_minutes) + margin) / 10) * 10
     days, rest = divmod(total, 24 * 60)
     hours, minutes = divmod(rest, 60)
     return f"{days}-{hours:02d}:{minutes:02d}:00" if days else f"{hours:02d}:{minutes:02d}:00"
@@ -185,7 +186,8 @@ def filesystem_of(path: str) -> tuple[str, str] | None:
 
 
 def training_time_finding(train_iters: int, step_seconds: float, time_text: str, chained: bool,
-                          save_interval: int | None = None, saves: bool = True):
+                          save_interval: int | None = None, saves: bool = True, margin: int = FINAL_SAVE_MARGIN_MIN,
+                          startup_seconds: float = 0.0):
     """The job's predicted training time against Slurm's ``--time``: None when it fits; else rule ``job/time-short``
     -- a warning for one job (it saves and exits at the limit, and resumes from its saves when resubmitted), an
     error when phases are chained with ``afterok`` (the next phase would start from a phase that stopped early).
@@ -197,16 +199,20 @@ def training_time_finding(train_iters: int, step_seconds: float, time_text: str,
         train_iters: optimizer steps of the job; step_seconds: the cost model's predicted seconds per step.
         save_interval: ``checkpoint.save_interval`` (steps between periodic saves; None: none);
         saves: whether the job saves at all (``checkpoint.save`` set).
+        margin: minutes between the job's exit (``train.exit_duration_in_mins``) and the limit: the default
+            :data:`FINAL_SAVE_MARGIN_MIN`, or the larger one a resilient Slurm job plans for its final save.
+        startup_seconds: what megatron-bridge's exit clock counts before the first step (it starts when the
+            training state is made, before the model is built and the checkpoint read; the first step's extra).
     """
     limit = slurm_minutes(time_text)
-    usable = exit_duration(limit) or limit
-    needed = train_iters * step_seconds / 60
+    usable = exit_duration(limit, margin) or limit
+    needed = (train_iters * step_seconds + startup_seconds) / 60
     if needed <= usable:
         return None
-    steps = int(usable * 60 // step_seconds)
+    steps = max(0, int((usable * 60 - startup_seconds) // step_seconds))
     hours = needed / 60
-    enough = suggested_time(needed)  # the exit margin included: this limit passes this check
-    room = exit_duration(limit) is not None
+    enough = suggested_time(needed, margin)  # the exit margin included: this limit passes this check
+    room = exit_duration(limit, margin) is not None
     kept = 0 if not saves else steps if room else (steps // save_interval * save_interval if save_interval else 0)
     if saves and room:
         ending = f"the job saves and exits after about {steps} steps"
@@ -219,18 +225,19 @@ def training_time_finding(train_iters: int, step_seconds: float, time_text: str,
                if save_interval else "the limit leaves no room for the exit save, and no periodic save is set")
         ending = (f"it stops after about {steps} steps having saved nothing ({why}): a resubmitted job would start "
                   "again from the same weights")
-    told = (f"{train_iters} steps x {step_seconds:.0f} s predicted = {hours:.1f} h, but --time {time_text} leaves "
-            f"{usable} min of training: {ending}")
+    told = (f"{train_iters} steps x {step_seconds:.0f} s predicted" + (
+        f" + {startup_seconds / 60:.0f} min of start-up" if startup_seconds else "")
+        + f" = {hours:.1f} h, but --time {time_text} leaves {usable} min of training: {ending}")
     if chained:
         return Finding("error", "job/time-short", f"{told}, and the next phase (afterok) would start from that "
-                       "partly trained checkpoint", f"give --time {enough} or more ({FINAL_SAVE_MARGIN_MIN} min for the "
+                       "partly trained checkpoint", f"give --time {enough} or more ({margin} min for the "
                        "final save included; the cluster allowing), fewer --train-iters, or launch the phases one at a "
                        "time (a resubmitted job resumes from its own saves)")
     if not kept:
-        return Finding("warning", "job/time-short", told, f"give --time {enough} or more ({FINAL_SAVE_MARGIN_MIN} min "
+        return Finding("warning", "job/time-short", told, f"give --time {enough} or more ({margin} min "
                        "for the final save included), or fewer --train-iters")
     return Finding("warning", "job/time-short", told, f"resubmit the same job until it finishes (it resumes from its "
-                   f"saves), or give --time {enough} or more ({FINAL_SAVE_MARGIN_MIN} min for the final save included)")
+                   f"saves), or give --time {enough} or more ({margin} min for the final save included)")
 
 
 def job_folder_findings(job_dir: str, nodes: int, local_tunnel: bool) -> list:

@@ -27,6 +27,7 @@ from ..checks.known_issues import job_versions
 from ..checks.weights import Weights
 from ..core.plan import Plan, Reason, carry_reasons
 from ..core.request import SAME_QUANTITY, TrainingRequest, seq_tag
+from ..emit.yaml_io import RESILIENCY_KEY
 from ..errors import Finding, LcmoeError
 from ..planner.resolve import Resolution, phase_requests, resolve
 from .executors.common import nodes_for
@@ -82,16 +83,18 @@ def torchrun_command(yaml_path: str | Path, world_size: int, gpus_per_node: int)
             f"--config {shlex.quote(str(yaml_path))}")
 
 
-def _output(plan: Plan, overrides: list[str], output: str | Path | None) -> Path:
+def _output(plan: Plan, overrides: list[str], output: str | Path | None, resilient: bool = False) -> Path:
     """Where the YAML goes: ``output``, else ``out/<plan>.yaml`` (``out/<plan>+<hash of the overrides>.yaml`` with
-    overrides, so the plain recipe's file is never overwritten by an overridden one).
+    overrides, so the plain recipe's file is never overwritten by an overridden one; ``.slurm.yaml`` where a
+    ``resilient`` Slurm job added its sections, so a local dry run's file is not overwritten by the job's either).
 
     Raises:
         LcmoeError: ``output`` is a directory.
     """
     if output is None:
         digest = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:8]
-        output = Path(f"out/{plan.name}+{digest}.yaml" if overrides else f"out/{plan.name}.yaml")
+        suffix = ".slurm.yaml" if resilient else ".yaml"
+        output = Path(f"out/{plan.name}+{digest}{suffix}" if overrides else f"out/{plan.name}{suffix}")
     output = Path(output)
     if output.exists() and output.is_dir():
         raise LcmoeError(f"`output` {output} is a directory", f"give a file name, e.g. {output / (plan.name + '.yaml')}",
@@ -266,13 +269,17 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
     for index, one in enumerate(configs):  # every check first: nothing is written for a request that is refused
         if settings is not None:
             one.job = checks[index](one.cfg)
-            one.warnings = one.warnings + one.job.findings
             if isinstance(settings, SlurmSettings):
                 job_resilience(one.cfg, one.shown, one.job, settings, smoke, resiliency)
+                if one.job.resilience.enabled:  # the job's sections are in the YAML: its header and name say so
+                    one.meta = {**one.meta, RESILIENCY_KEY: True}
+            one.warnings = one.warnings + one.job.findings
         one.warnings = (one.warnings + list(one.weights.notes)
-                        + _time_findings(one, settings, smoke, chained=index < len(configs) - 1)
+                        + time_findings(one.cfg, one.shown, one.job, settings, smoke, index < len(configs) - 1,
+                                        one.plan.name)
                         + (phase_findings(one.shown, budget_hours or DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
-        one.output = _output(one.plan, one.overrides, _phase_output(output, one, index, len(configs), request))
+        one.output = _output(one.plan, one.overrides, _phase_output(output, one, index, len(configs), request),
+                             bool(one.meta.get(RESILIENCY_KEY)))
     if start:  # every phase runs on the same target: a local run needs its ranks' GPUs here
         refuse_to_start([one.cfg for one in configs], mock_data=mock_data, from_scratch=from_scratch,
                         local_ranks=configs[0].plan.layout.world if settings is None else None)
@@ -294,19 +301,26 @@ def job_resilience(cfg, plan: Plan, job: JobCheck, settings: SlurmSettings, smok
 
     limit = slurm_minutes(settings.time) if settings.time and not smoke else None
     prefix = "train.exit_duration_in_mins="
-    given = next((int(o[len(prefix):]) for o in job.overrides if o.startswith(prefix)), None)
+    given = next((int(o[len(prefix):]) for o in job.overrides if o.startswith(prefix)),
+                 getattr(cfg.train, "exit_duration_in_mins", None))  # the job's exit, else the config's own
     res = plan_resilience(plan, nodes=nodes_for(plan.layout.world, plan.hardware_spec.gpus_per_node),
                           executor="slurm", smoke=smoke, enabled=enabled, time_limit_minutes=limit,
                           exit_minutes=given)
     job.resilience = res
     job.notes.extend(res.notes())
+    if not enabled and (parts := [name for name in ("ft", "inprocess_restart", "nvrx_straggler")
+                                  if getattr(cfg, name, None) is not None]):
+        for name in parts:  # a YAML an earlier resilient job wrote: --no-resiliency means none of it runs
+            setattr(cfg, name, None)
+        job.notes.append(f"resiliency off: the config's {', '.join(parts)} section(s) removed from the job's config")
     if not res.enabled:
         return
     apply_resilience(cfg, res)
-    if res.exit_duration_in_mins is not None and given is not None:
+    if res.exit_duration_in_mins is not None:  # the sized exit replaces the job's (or the config's, or none at all)
         job.overrides = [o for o in job.overrides if not o.startswith(prefix)] + [
             f"{prefix}{res.exit_duration_in_mins}"]
         job.notes = [n for n in job.notes if not n.startswith(prefix)]
+        job.findings = [f for f in job.findings if f.rule not in ("job/no-final-save", "job/exit-after-limit")]
     usable = res.exit_duration_in_mins or given or (exit_duration(limit) if limit else None)
     if usable:
         cadence = save_intervals(plan, time_limit_hours=usable / 60)
@@ -365,26 +379,41 @@ def slurm_job_check(settings: SlurmSettings, meta: dict, smoke: bool = False, sm
     return check
 
 
-def _time_findings(one: Configured, settings, smoke: bool, chained: bool) -> list:
+def time_findings(cfg, plan: Plan, job: JobCheck | None, settings, smoke: bool, chained: bool, name: str) -> list:
     """A Slurm or Kubernetes training job's predicted time against its time limit (:func:`lcmoe_recipes.jobs.job_checks.
-    training_time_finding`): [] or one warning.
+    training_time_finding`): [] or one warning. ``cfg`` is the config the job runs, ``plan`` it read back, ``job``
+    its job check. The exit it judges is the job's own (a resilient job's earlier one, read after
+    :func:`job_resilience`), and the start-up megatron-bridge's exit clock counts (the first step's extra, and the
+    checkpoint read where the job loads one) is added to the steps. ``launch`` and the Python ``submit`` both judge
+    a job's time here.
 
     Raises:
         InfeasibleConfig: a phase that would stop early while the next one waits on it (``afterok``).
     """
-    if settings is None or smoke or not one.cfg.train.train_iters or not settings.time:
+    if settings is None or smoke or not cfg.train.train_iters or not getattr(settings, "time", None):
         return []
     from ..checks import raise_for_errors
     from ..cost import estimate_step
-    from .job_checks import training_time_finding
+    from ..cost.wallclock import write_seconds
+    from .job_checks import FINAL_SAVE_MARGIN_MIN, slurm_minutes, training_time_finding
+    from .resilience import FIRST_STEP_EXTRA_SECONDS, exit_margin_minutes
 
-    checkpoint = one.cfg.checkpoint
-    finding = training_time_finding(one.cfg.train.train_iters, estimate_step(one.shown).step_seconds, settings.time,
+    checkpoint = cfg.checkpoint
+    limit = slurm_minutes(settings.time)
+    prefix = "train.exit_duration_in_mins="  # the job's exit where it set one (resiliency's), else the config's own
+    exit_at = next((int(o[len(prefix):]) for o in (job.overrides if job else ()) if o.startswith(prefix)),
+                   getattr(cfg.train, "exit_duration_in_mins", None))
+    resilient = bool(job and job.resilience and job.resilience.enabled)
+    margin = (limit - exit_at if exit_at and exit_at < limit else
+              exit_margin_minutes(plan) if resilient else FINAL_SAVE_MARGIN_MIN)  # what a longer --time must leave
+    loads = bool(getattr(checkpoint, "load", None) or getattr(checkpoint, "pretrained_checkpoint", None))
+    startup = FIRST_STEP_EXTRA_SECONDS + (write_seconds(plan) if loads else 0.0)  # inside megatron's exit clock
+    finding = training_time_finding(cfg.train.train_iters, estimate_step(plan).step_seconds, settings.time,
                                     chained, getattr(checkpoint, "save_interval", None),
-                                    bool(getattr(checkpoint, "save", None)))
+                                    bool(getattr(checkpoint, "save", None)), margin, startup)
     if finding is None:
         return []
-    raise_for_errors([finding], one.plan.name)
+    raise_for_errors([finding], name)
     return [finding]
 
 

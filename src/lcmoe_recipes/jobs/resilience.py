@@ -234,8 +234,14 @@ def plan_resilience(plan: Plan, *, nodes: int, executor: str, smoke: bool = Fals
     if time_limit_minutes:
         need = exit_margin_minutes(plan, fs_gbps)
         latest = time_limit_minutes - need
-        if exit_minutes is None or exit_minutes > latest:
-            res.exit_duration_in_mins = max(1, latest)
+        if latest < 1:  # the limit is shorter than the final save needs: no exit can leave room for it
+            items.append(Item("train.exit_duration_in_mins", exit_minutes or "not set",
+                              f"the {time_limit_minutes}-min limit is shorter than the {need} min the final save "
+                              "needs after the exit: " + ("the final save may not finish before Slurm stops the job"
+                                                           if exit_minutes else "Slurm stops the run wherever it is")
+                              + " (give a longer --time)"))
+        elif exit_minutes is None or exit_minutes > latest:
+            res.exit_duration_in_mins = latest
             items.append(Item("train.exit_duration_in_mins", res.exit_duration_in_mins, f"the final save completes "
                               f"before the {time_limit_minutes}-min limit: {need} min = the step in flight "
                               f"{step:.0f} s + the asynchronous write in flight and the final save (2 x {write:.0f} "

@@ -17,7 +17,8 @@ from .executors.kubeflow import KubeflowSettings, check_kubeflow_settings, kube_
 from .executors.local import run_local
 from .executors.slurm import SlurmSettings, check_settings, run_slurm
 from .job_checks import JobCheck
-from .prepare import Configured, job_resilience, slurm_job_check, write_ft_config
+from ..emit.yaml_io import RESILIENCY_KEY
+from .prepare import Configured, job_resilience, slurm_job_check, time_findings, write_ft_config
 from .start_gate import refuse_to_start
 
 
@@ -72,14 +73,16 @@ def _target(found: dict, world_size: int | None, hardware: str | None, where: st
 
 
 def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = (), check_job=None, versions=None,
-                 gate=None, amend=None):
-    """(YAML path, env_vars, what ``check_job`` returned) for ``cfg``: validated for its target ``meta`` with the
-    ranks' ``extra`` overrides applied (to a copy; they travel on the ranks' command line; known upstream bugs judged
-    for ``versions``, default the installed ones), then ``gate(that config)`` (raises to refuse the run) and
+                 gate=None, amend=None, judge=None):
+    """(YAML path, env_vars, what ``check_job`` returned, warnings) for ``cfg``: validated for its target ``meta``
+    with the ranks' ``extra`` overrides applied (to a copy; they travel on the ranks' command line; known upstream bugs
+    judged for ``versions``, default the installed ones), then ``gate(that config)`` (raises to refuse the run) and
     ``check_job(that config)``, then ``amend(a copy of cfg, that config, the job check)`` (what the job sets on the
-    config it runs: a Slurm job's resiliency; the caller's ``cfg`` is left as it was), and only then the YAML written
-    (when ``cfg`` is a ConfigContainer or a YAML without our header; a YAML with our header that the amendment
-    changes is written beside it as ``<stem>.slurm.yaml``)."""
+    config it runs: a Slurm job's resiliency; the caller's ``cfg`` is left as it was), then ``judge(that config, the
+    job check)`` (more warnings: the job's time), and only then the YAML written (when ``cfg`` is a ConfigContainer
+    or a YAML without our header; a YAML with our header that the amendment changes is written beside it as
+    ``<stem>.slurm.yaml``). The warnings are the validation's (known upstream bugs, settings upstream overrides, ...)
+    and the judge's: what ``launch`` prints."""
     import copy
 
     from .. import emit
@@ -87,27 +90,29 @@ def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = 
     path = Path(cfg) if isinstance(cfg, (str, os.PathLike)) else None
     loaded, found = emit.read_yaml(path) if path else (cfg, {})
     effective = emit.apply_overrides(copy.deepcopy(loaded), list(extra)) if extra else loaded
-    emit.validate_config(effective, meta["hardware"], meta["world_size"], meta["recipe"], versions)
+    warnings = emit.validate_config(effective, meta["hardware"], meta["world_size"], meta["recipe"], versions)
     if gate is not None:
         gate(effective)
     job = check_job(effective) if check_job else None
     if amend is not None:
         loaded = copy.deepcopy(loaded)
         amend(loaded, effective, job)
+    if judge is not None:
+        warnings = warnings + judge(effective, job)
     env_vars = dict(loaded.env_vars or {})
     if path:
         if found.get("world_size") and found.get("hardware") and output is None:
             if amend is None:
-                return path, env_vars, job
+                return path, env_vars, job, warnings
             staged = emit.write_yaml(loaded, path.with_name(f".{path.stem}.slurm.staged.yaml"), meta)
             if staged.read_text() == path.read_text():
                 staged.unlink()  # the job changes nothing: run the file as it is
-                return path, env_vars, job
+                return path, env_vars, job, warnings
             beside = path.with_name(f"{path.stem}.slurm.yaml")
             os.replace(staged, beside)
-            return beside, env_vars, job
+            return beside, env_vars, job, warnings
         target = Path(output or f"out/{path.stem}.{meta['hardware']}x{meta['world_size']}.yaml")
-        return emit.write_yaml(loaded, target, meta), env_vars, job
+        return emit.write_yaml(loaded, target, meta), env_vars, job, warnings
     if output is None:
         staged = emit.write_yaml(loaded, Path("out") / f".{meta['recipe']}.staged.yaml", meta)
         digest = hashlib.sha1(staged.read_bytes()).hexdigest()[:8]
@@ -115,7 +120,12 @@ def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = 
         os.replace(staged, target)
     else:
         target = emit.write_yaml(loaded, output, meta)
-    return target, env_vars, job
+    return target, env_vars, job, warnings
+
+
+def _finding_notes(findings) -> list[str]:
+    """Findings as the result's note lines (``warning: rule: message; fix: ...``)."""
+    return [f"{f.severity}: {f.rule}: {f.message}; fix: {f.fix}" for f in findings]
 
 
 def _settings_of(executor) -> SlurmSettings:
@@ -168,8 +178,10 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
 
     Returns:
         :class:`~lcmoe_recipes.jobs.executors.common.LaunchResult`: state, job id, log path, first error line, the command or
-        sbatch script; for Slurm, ``notes`` (the exit duration from ``time``, the job folder rule, warnings about
-        the job's paths).
+        sbatch script; ``notes``: the config's warnings as ``launch`` prints them (known upstream bugs, settings
+        upstream overrides, ...), and for Slurm the exit duration from ``time``, the job folder rule and warnings
+        about the job's paths; for Slurm and Kubernetes also the job's predicted time against its limit
+        (``job/time-short``) and the phase's wall clock (``time/phase-long``).
 
     Raises:
         LcmoeError: the config fails validation for its target, its target is unknown, an unknown executor, a GPU
@@ -206,25 +218,42 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
         gate = lambda c: refuse_to_start([c], mock_data=mock_data, from_scratch=from_scratch,  # noqa: E731
                                          local_ranks=meta["world_size"] if local else None)
     if executor == "local":
-        yaml, env_vars, _ = _materialize(cfg, meta, output, extra, versions=versions, gate=gate)
+        yaml, env_vars, _, warnings = _materialize(cfg, meta, output, extra, versions=versions, gate=gate)
         args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer, save_dir=save_dir)
-        return run_local(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, nproc_per_node=nproc_per_node,
-                         dry_run=dry_run, train_args=args)
+        result = run_local(yaml, meta, env_vars, smoke=smoke, smoke_ranks=smoke_ranks, nproc_per_node=nproc_per_node,
+                           dry_run=dry_run, train_args=args)
+        result.notes = _finding_notes(warnings) + result.notes
+        return result
+
+    def judge(effective, job: JobCheck) -> list:  # what launch also says of a job: its time, each phase's wall clock
+        from ..checks.wallclock import phase_findings
+        from ..cost.wallclock import DEFAULT_PHASE_BUDGET_HOURS
+
+        plan = emit.plan_from_config(effective, meta["hardware"], meta["world_size"], meta["recipe"])
+        return (time_findings(effective, plan, job, kube or settings or _settings_of(executor), smoke, False,
+                              meta["recipe"])
+                + (phase_findings(plan, DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
+
     if kube is not None:
-        yaml, env_vars, job = _materialize(cfg, meta, output, extra, lambda c: JobCheck(*kube_job_overrides(c, kube, smoke)),
-                                           versions, gate)
+        yaml, env_vars, job, warnings = _materialize(
+            cfg, meta, output, extra, lambda c: JobCheck(*kube_job_overrides(c, kube, smoke)), versions, gate,
+            judge=judge)
         args = train_arguments(smoke=smoke, replan=replan, data_path=data_path, tokenizer=tokenizer,
                                save_dir=save_dir, overrides=job.overrides)
         return run_kubeflow(yaml, meta, env_vars, kube, smoke=smoke, smoke_ranks=smoke_ranks, dry_run=dry_run,
-                            train_args=args, notes=job.notes)[0]
+                            train_args=args, notes=job.notes + _finding_notes(warnings))[0]
     check = slurm_job_check(settings or _settings_of(executor), meta, smoke, smoke_nodes)
     amend = None
     if settings is not None:  # a job we build: its resiliency, as launch plans it (a ready executor keeps its launcher)
         def amend(written, effective, job: JobCheck) -> None:
             plan = emit.plan_from_config(effective, meta["hardware"], meta["world_size"], meta["recipe"])
             job_resilience(written, plan, job, settings, smoke, resiliency)
+            if job.resilience.enabled:  # the header says the job's sections are in the YAML (check reads it)
+                meta[RESILIENCY_KEY] = True
+            else:
+                meta.pop(RESILIENCY_KEY, None)
 
-    yaml, env_vars, job = _materialize(cfg, meta, output, extra, check, versions, gate, amend)
+    yaml, env_vars, job, warnings = _materialize(cfg, meta, output, extra, check, versions, gate, amend, judge)
     if settings is None:
         job.notes.append("resiliency not planned: the given nemo_run.SlurmExecutor keeps its own launcher and "
                          "retries (pass SlurmSettings to get the FT launcher, in-job restart and the sized exit)")
@@ -234,5 +263,5 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
     return run_slurm(yaml, meta, env_vars, settings, smoke=smoke, smoke_ranks=smoke_ranks, smoke_nodes=smoke_nodes,
                      dry_run=dry_run, wait=wait,
                      train_args=args, executor=None if settings is not None else executor,
-                     notes=job.notes + [f"{f.severity}: {f.rule}: {f.message}; fix: {f.fix}" for f in job.findings],
+                     notes=job.notes + _finding_notes(job.findings + warnings),
                      resilience=job.resilience)

@@ -44,12 +44,14 @@ class Examination:
 def edits_of_named_recipe(cfg, meta: dict) -> list[tuple[str, object, object]]:
     """(field path, the named recipe's value, this config's) for every field of ``cfg`` that differs from the named
     recipe its header names, built with the header's options and with its overrides applied ([] for a YAML of no
-    named recipe)."""
+    named recipe). A header that marks a Slurm job's resiliency (``slurm_resiliency``) leaves out the fields the job
+    set."""
     name = meta.get("recipe")
     if name not in NAMED_RECIPES or meta.get("retargeted_from"):
         return []
     from .. import emit
     from ..emit.settings import flat_fields
+    from ..emit.yaml_io import RESILIENCY_FIELDS, RESILIENCY_KEY
 
     try:
         reference = emit.config_from_plan(recipe_plan(name, **meta.get("options", {})), validate=False)
@@ -59,8 +61,10 @@ def edits_of_named_recipe(cfg, meta: dict) -> list[tuple[str, object, object]]:
         emit.apply_overrides(reference, list(meta["overrides"]))
     ours, theirs = flat_fields(cfg), flat_fields(reference)
     missing = "(absent)"
+    job = RESILIENCY_FIELDS if meta.get(RESILIENCY_KEY) else ()  # what a Slurm job set: not an edit
     return [(path, theirs.get(path, missing), ours.get(path, missing)) for path in sorted(set(ours) | set(theirs))
-            if str(ours.get(path, missing)) != str(theirs.get(path, missing))]
+            if str(ours.get(path, missing)) != str(theirs.get(path, missing))
+            and not any(path == f or path.startswith(f + ".") for f in job)]
 
 
 def _not_found(config: str) -> LcmoeError:
