@@ -143,11 +143,15 @@ def test_an_override_that_changes_nothing_is_said(capsys, tmp_path):
     """The 128K GB200 recipe runs TP4 already: model.tensor_model_parallel_size=4 changes nothing, and is said to;
     the override beside it that changes GBS is not."""
     code, out, err = _main(capsys, tmp_path, "qwen3_235b", "--seq", "131072", "model.tensor_model_parallel_size=4",
-                           "train.global_batch_size=128", "--dry-run")
+                           "train.global_batch_size=256", "train.global_batch_size=128", "--dry-run")
     assert code == 0, err
     assert ("override/no-op: model.tensor_model_parallel_size=4: the planned config has this value already; the "
             "override changes nothing; drop it, or give another value") in out + err
     assert "override/no-op: train.global_batch_size" not in out + err
+    # a key given twice: the last one wins, and that is said (it was not)
+    assert ("override/repeated: train.global_batch_size is given 2 times (train.global_batch_size=256, "
+            "train.global_batch_size=128): the last one, train.global_batch_size=128, is what runs; give it once"
+            ) in out + err
 
 
 @pytest.mark.slow

@@ -363,7 +363,7 @@ def test_a_gpu_count_alone_takes_the_named_recipes_hardware():
 def test_plan_names_the_named_recipe_launch_would_use(capsys):
     assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", "--top", "1"]) == 0
     assert ("note: the named recipe qwen3_235b_128k_gb200 covers this request, and launch uses it (TP4 CP8 EP32 ETP1 "
-            "PP4 VPP12 -> DP1 EDP1 on 128 GPUs)") in (out := capsys.readouterr().out)
+            "PP4 VPP12 -> DP1 EDP1 on 128 GPUs, predicted ") in (out := capsys.readouterr().out)
     # the wishes it names (the search winner's TP, PP, CP, EP and MBS, not a fixed "--tp 2") launch the winner
     wishes = out.split("give its layout as wishes (")[1].split(")")[0].split()
     searched = search(_request("qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200")).best.plan
@@ -371,6 +371,12 @@ def test_plan_names_the_named_recipe_launch_would_use(capsys):
                       str(searched.layout.cp), "--ep", str(searched.layout.ep), "--mbs", "1"]
     launched = resolve(_request("qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", *wishes)).plan
     assert (launched.layout, launched.micro_batch_size) == (searched.layout, searched.micro_batch_size)
+    # a named recipe the cost model predicts much slower than the winner is said to be (a fresh user found 4x unsaid)
+    assert plan_main(["qwen3_next", "--seq", "65536", "--gpus", "32", "--hardware", "gb200", "--top", "1"]) == 0
+    note = capsys.readouterr().out.split("note: the named recipe qwen3_next_64k_gb200 covers this request")[1]
+    slower = float(note.split("the cost model predicts it ")[1].split("x slower per sequence")[0])
+    assert slower >= 1.5 and "measure both before a long run" in note
+    assert "x slower" not in out  # qwen3_235b's recipe is within 1.5x of its winner
     assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", "--top", "1",
                       "--tp", "2"]) in (0, 1)
     assert "note: the named recipe" not in capsys.readouterr().out  # a layout wish: launch searches too

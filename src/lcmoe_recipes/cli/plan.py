@@ -82,10 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(format_result(result, citations, args.explain, calibrated))
     if named is not None and not args.json:
-        print(f"\nnote: the named recipe {named.name} covers this request, and launch uses it "
-              f"({recipe_plan(named.name).layout.describe()}): it follows upstream's recipe, where this table ranks "
-              "layouts by the cost model alone; to launch the search's answer instead, give its layout as wishes "
-              f"({_wishes(result.best.plan)})")
+        print("\n" + _named_note(named.name, result.best))
     if args.explain and not args.json:
         from ..report.explain import explain_text
 
@@ -102,6 +99,28 @@ def main(argv: list[str] | None = None) -> int:
             return report_error(exc)
         print("plots: " + ", ".join(str(p) for p in written), file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+SLOWER_NOTED = 1.5  # a named recipe predicted this many times the winner's step is called out (a fresh user's 4x)
+
+
+def _named_note(name: str, best) -> str:
+    """The note that the named recipe ``name`` answers the request at launch, with its predicted step beside the
+    search winner's ``best``; where it is predicted :data:`SLOWER_NOTED` times slower or more, that is said first."""
+    from ..cost import estimate_step
+
+    plan = recipe_plan(name)
+    ours, theirs = best.step.step_seconds, estimate_step(plan).step_seconds
+    gbs, own_gbs = best.plan.global_batch_size, plan.global_batch_size
+    slower = (theirs / own_gbs) / (ours / gbs)  # per sequence: the two may batch differently
+    text = (f"note: the named recipe {name} covers this request, and launch uses it ({plan.layout.describe()}, "
+            f"predicted {theirs:.2f} s per step against the search winner's {ours:.2f} s"
+            + (f", at GBS {own_gbs} against {gbs}" if own_gbs != gbs else "")
+            + "): it follows upstream's recipe, where this table ranks layouts by the cost model alone")
+    if slower >= SLOWER_NOTED:
+        text += (f"; the cost model predicts it {slower:.1f}x slower per sequence than the winner -- measure both "
+                 "before a long run (the model's error on held-out rows: docs/accuracy.md)")
+    return text + f"; to launch the search's answer instead, give its layout as wishes ({_wishes(best.plan)})"
 
 
 def _wishes(plan) -> str:

@@ -118,6 +118,7 @@ def configure(resolution: Resolution, overrides: list[str] = (), container_image
     plan = resolution.plan
     hw, world = plan.hardware_spec, plan.layout.world
     overrides = list(overrides)
+    repeated = _repeated(overrides)  # the user's own, before the derived ones are added
     changes: list = []
     if resolution.source is not None:
         cfg, changes = emit.retarget_config(resolution.source.cfg, plan)
@@ -136,10 +137,21 @@ def configure(resolution: Resolution, overrides: list[str] = (), container_image
                         "to choose other values") for d in derived] + _replaced(resolution.request, overrides) + [
         Finding("warning", "override/no-op", f"{text}: the planned config has this value already; the override "
                 "changes nothing",
-                "drop it, or give another value") for text in unchanged] + warnings
+                "drop it, or give another value") for text in unchanged] + repeated + warnings
     one = Configured(resolution, shown, cfg, overrides, warnings, changes)
     one.meta = _header(one)
     return one
+
+
+def _repeated(overrides: list[str]) -> list[Finding]:
+    """A warning (``override/repeated``) for each key set more than once: megatron-bridge's parser applies them in
+    order, so the last one wins."""
+    seen: dict[str, list[str]] = {}
+    for text in overrides:
+        seen.setdefault(override_key(text), []).append(text)
+    return [Finding("warning", "override/repeated", f"{key} is given {len(texts)} times ({', '.join(texts)}): the "
+                    f"last one, {texts[-1]}, is what runs", "give it once") for key, texts in seen.items()
+            if len(texts) > 1]
 
 
 def _replaced(request: TrainingRequest, overrides: list[str]) -> list[Finding]:
