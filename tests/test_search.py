@@ -503,3 +503,30 @@ def test_the_table_says_why_a_faster_row_is_below_the_winner(capsys):
     header = capsys.readouterr().out.splitlines()[0]
     assert header.endswith("5 shown (exposed seconds per step by collective); rank 1 is the winner, the others "
                            "fastest first: the faster ones lost the tie-break (rule 'headroom', below)")
+    # where different rules passed over the faster rows shown, the header names each, as the CSV's column does
+    assert main(["glm45", "--seq", "65536", "--gpus", "128", "--hardware", "h100"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(
+        "the faster ones lost the tie-break (rules 'data parallel' and 'headroom', below)")
+    assert main(["glm45", "--seq", "65536", "--gpus", "128", "--hardware", "h100", "--csv", "-"]) == 0  # CSV alone
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].startswith("rank,TP,CP,") and rows[0].endswith(",tie-break") and len(rows) == 6
+    assert {r.rsplit(",", 1)[1] for r in rows[1:]} >= {"passed over (data parallel)", "passed over (headroom)"}
+
+
+def test_plan_piped_into_head_keeps_its_csv(tmp_path):
+    """`plan --csv FILE | head -1`: a fresh user lost the CSV (the closed pipe raised before it was written) and got
+    a BrokenPipeError traceback; the file is written first, and a closed pipe ends the command quietly. The pipe
+    here is closed before the command writes (its read end shut), so every write fails."""
+    import os
+
+    csv_file = tmp_path / "t.csv"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "lcmoe_recipes.plan", "glm45", "--seq", "65536", "--gpus", "128",
+                               "--hardware", "h100", "--csv", str(csv_file)], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert csv_file.read_text().splitlines()[0].endswith(",tie-break") and len(csv_file.read_text().splitlines()) == 6

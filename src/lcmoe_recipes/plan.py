@@ -5,4 +5,10 @@ if __name__ == "__main__":
 
     from .cli.plan import main
 
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `plan ... | head`: the reader has what it wanted; no traceback
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

@@ -14,7 +14,8 @@ import sys
 from ..errors import LcmoeError
 from ..planner.recipes import recipe_plan
 from ..planner.resolve import covering_recipe, search
-from ..report.text import Citations, aligned, format_result, json_records, table_columns, table_rows, write_csv
+from ..report.text import (Citations, aligned, csv_table, format_result, json_records, table_columns, table_rows,
+                           write_csv)
 from .common import ArgumentParser, model_argument, report_error, request_arguments, request_from_args, write_plot_files
 
 
@@ -37,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", metavar="HW[,HW...]", help="GPU types to plan side by side (instead of "
                         "--hardware), at one precision: e.g. h100,gb200")
     parser.add_argument("--top", type=int, default=5, help="candidates to show (default 5)")
-    parser.add_argument("--csv", metavar="FILE", help="also write the decision table as CSV")
+    parser.add_argument("--csv", metavar="FILE", help="also write the decision table as CSV (written before "
+                        "anything is printed; '-': the CSV alone on stdout, for a pipe)")
     parser.add_argument("--explain", action="store_true", help="print every reason of the winner in full (the default "
                         "shows the decisions that matter, one line each), every finding with its fix, placement, "
                         "memory and time breakdowns")
@@ -57,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         named = covering_recipe(request)
     except LcmoeError as exc:
         return report_error(exc, args.json)  # --json: the error and its fix as JSON on stdout
+    if args.csv == "-":  # the CSV alone, for a pipe
+        import csv
+
+        csv.writer(sys.stdout, lineterminator="\n").writerows(csv_table(result, calibrated))
+        return 0
+    if args.csv:  # first: a reader that closes the pipe early (| head) does not lose the file
+        write_csv(result, args.csv, calibrated)
     citations = Citations()
     if args.json:
         import json
@@ -90,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json and (sources := citations.listing()):
         print(sources)
     if args.csv:
-        write_csv(result, args.csv, calibrated)
         print(f"\nCSV: {args.csv}", file=sys.stderr if args.json else sys.stdout)
     if args.plot:
         try:

@@ -264,11 +264,15 @@ def format_result(result, citations: Citations | None = None, explain: bool = Fa
     best = result.best
     citations = citations if citations is not None else Citations()
     layout = best.plan.reasons.get("layout")
+    # the rules that passed over the faster rows shown (the CSV's tie-break column), the deciding one first
+    passed = sorted({o[len("passed over ("):-1] for o in tie_outcomes(result) if o.startswith("passed over (")},
+                    key=lambda r: (r != result.rule, r))
+    rules = " and ".join(f"'{r}'" for r in passed or [result.rule])
     out = [f"{result.request.model} at seq_length {result.request.seq_length} on {result.request.num_gpus} x "
            f"{result.request.hardware}: {result.considered} layouts considered, {len(result.ranked)} shown "
            "(exposed seconds per step by collective)" + (
-               f"; rank 1 is the winner, the others fastest first: the faster ones lost the tie-break (rule "
-               f"'{result.rule}', below)" if result.rule != "fastest" else ""),
+               f"; rank 1 is the winner, the others fastest first: the faster ones lost the tie-break (rule"
+               f"{'s' if len(passed) > 1 else ''} {rules}, below)" if result.rule != "fastest" else ""),
            format_table(result, calibrated=calibrated), "",
            f"winner: {result.why} {citations.cite(layout.source) if layout else ''}".rstrip(),
            f"  pipeline layout {best.plan.pipeline_model_parallel_layout or 'none'}, MBS {best.plan.micro_batch_size} "
