@@ -51,6 +51,10 @@ def _counts(text: str) -> list[int]:
     if not counts or min(counts) < 1:
         raise argparse.ArgumentTypeError(f"'{text}' is not a GPU count or a comma-separated list of them "
                                          "(e.g. 256 or 256,512)")
+    if len(set(counts)) < len(counts):  # 256,256 planned the same target twice, side by side
+        twice = sorted({c for c in counts if counts.count(c) > 1})
+        raise argparse.ArgumentTypeError(f"'{text}' lists {', '.join(map(str, twice))} more than once "
+                                         f"(give each once: {','.join(map(str, dict.fromkeys(counts)))})")
     return counts
 
 

@@ -19,6 +19,7 @@ from ..report.text import (Citations, aligned, csv_table, format_result, json_re
 from .common import ArgumentParser, model_argument, report_error, request_arguments, request_from_args, write_plot_files
 
 
+TOP = 5  # candidates shown by default
 TIE_KEYS = ("layout", "mbs", "step_seconds", "headroom_gib", "keeps_memory_band", "winner", "dp", "passed_over")
 
 
@@ -37,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     request_arguments(parser, several_gpus=True)
     parser.add_argument("--compare", metavar="HW[,HW...]", help="GPU types to plan side by side (instead of "
                         "--hardware), at one precision: e.g. h100,gb200")
-    parser.add_argument("--top", type=int, default=5, help="candidates to show (default 5)")
+    parser.add_argument("--top", type=int, help=f"candidates to show (default {TOP}; one target only: a comparison "
+                        "shows each target's winner)")
     parser.add_argument("--csv", metavar="FILE", help="also write the decision table as CSV (written before "
                         "anything is printed; '-': the CSV alone on stdout, for a pipe)")
     parser.add_argument("--explain", action="store_true", help="print every reason of the winner in full (the default "
@@ -48,11 +50,12 @@ def main(argv: list[str] | None = None) -> int:
                         "side) and sweep.png (4K-256K) into DIR")
     args = parser.parse_args(argv)
     try:
-        if args.top < 1:
+        if args.top is not None and args.top < 1:
             raise LcmoeError(f"--top {args.top} shows nothing", "use --top 1 or more")
         hardware = _hardware_list(args)
         if len(hardware) * len(args.gpus) > 1:
             return _compare_main(args, hardware)
+        args.top = args.top or TOP
         request = request_from_args(args, hardware=hardware[0], num_gpus=args.gpus[0])
         result = search(request, top=args.top)
         calibrated = request.calibration is not None
@@ -160,7 +163,8 @@ def _compare_main(args, hardware: list[str]) -> int:
     from ..catalog import get_hardware, get_model
     from ..report.compare import column_record, common_precision, compare, format_columns
 
-    for flag, given in (("--csv", args.csv), ("--plot", args.plot), ("--explain", args.explain)):
+    for flag, given in (("--csv", args.csv), ("--plot", args.plot), ("--explain", args.explain),
+                        ("--top", args.top is not None)):
         if given:
             raise LcmoeError(f"{flag} works on one target, not on a comparison",
                              f"drop {flag}, or plan one --hardware and one --gpus count with it")
