@@ -261,3 +261,9 @@ def test_plot_labels_tell_the_mbs_apart():
     result = search_layouts(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64), top=8)
     labels = [_label(c.plan) for c in result.ranked]
     assert len(set(labels)) == len(labels) and "DP2 MBS1\nno recompute" in labels[0]
+    # a fresh user's memory bars stopped at the allocator's peak: each bar is the HBM use the table and the fit use
+    from lcmoe_recipes.report.plots import memory_parts
+
+    for c in result.ranked:
+        parts = memory_parts(c.memory)
+        assert parts["nccl"] > 0 and sum(parts.values()) == pytest.approx(c.memory.hbm_total / 2**30)

@@ -11,14 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cost import estimate_memory, estimate_step
-from ..cost.memory import COMPONENTS as MEMORY_PARTS  # the allocator-peak components, in order
+from ..cost.memory import COMPONENTS, OUTSIDE
 from ..core.plan import Plan
 
+MEMORY_PARTS = COMPONENTS + OUTSIDE  # the allocator-peak components, then the HBM outside the allocator, in order
 TIME_PARTS = ("gemm", "attention", "tp_exposed", "cp_exposed", "ep_exposed", "pp_exposed", "dp_exposed", "bubble",
               "optimizer_offload", "elementwise", "memory_bound", "fp8_quantize")
 # one fixed colour per component, the same in every file
 COLOURS = {**dict(zip(MEMORY_PARTS, ["#4c72b0", "#a6c8e8", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#da8bc3",
-                                     "#8c8c8c", "#937860"])),
+                                     "#8c8c8c", "#937860", "#d9d9d9", "#ffd92f", "#a65628", "#e5c494"])),
            **dict(zip(TIME_PARTS, ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#da8bc3", "#8c8c8c",
                                    "#ccb974", "#64b5cd", "#b07aa1", "#ff9da7", "#9c755f"]))}
 
@@ -46,15 +47,17 @@ def _label(plan: Plan) -> str:
             f" MBS{plan.micro_batch_size}\n{rec}{off}")  # MBS: a layout is shown at each MBS the search kept
 
 
-def _stacked_bars(plans: list[Plan], series: list[dict[str, float]], parts: tuple[str, ...], ylabel: str, title: str):
-    """A figure of one stacked bar per plan (``series[i][part]`` per segment); returns (plt, fig, ax, bar tops)."""
+def _stacked_bars(plans: list[Plan], series: list[dict[str, float]], parts: tuple[str, ...], ylabel: str, title: str,
+                  labels: dict[str, str] | None = None):
+    """A figure of one stacked bar per plan (``series[i][part]`` per segment, in the legend as ``labels[part]`` or
+    the part's name); returns (plt, fig, ax, bar tops)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(plans) + 3), 5))
     tops = [0.0] * len(plans)
     for part in parts:
         values = [values_of.get(part, 0.0) for values_of in series]
         if any(values):
-            ax.bar(range(len(plans)), values, bottom=tops, label=part, color=COLOURS[part])
+            ax.bar(range(len(plans)), values, bottom=tops, label=(labels or {}).get(part, part), color=COLOURS[part])
             tops = [x + y for x, y in zip(tops, values)]
     ax.set_xticks(range(len(plans)), [_label(p) for p in plans], fontsize=8)
     ax.set_ylabel(ylabel)
@@ -70,13 +73,22 @@ def _save(plt, fig, ax, path: Path) -> Path:
     return path
 
 
+def memory_parts(mem) -> dict[str, float]:
+    """GiB per :data:`MEMORY_PARTS` of a ``MemoryBreakdown``: its bar sums to ``hbm_total``, not to the allocator's
+    peak alone."""
+    return {n: getattr(mem, n) / 2**30 for n in MEMORY_PARTS}
+
+
 def plot_memory(plans: list[Plan], path: Path, limit: float, title: str = "") -> Path:
-    """Stacked bars of each plan's per-GPU memory (GiB, most loaded rank) with the HBM line and the planning limit
-    (``limit``, bytes)."""
+    """Stacked bars of each plan's predicted HBM use (GiB, most loaded rank: the allocator's components, then the
+    buffers outside the allocator -- the ``hbm_total`` the table shows and the planning limit judges) with the HBM
+    line and the planning limit (``limit``, bytes)."""
     hw = plans[0].hardware_spec
     plt, fig, ax, _ = _stacked_bars(
-        plans, [estimate_memory(p).gib() for p in plans], MEMORY_PARTS, "GiB per GPU (most loaded pipeline rank)",
-        title or f"{plans[0].model_spec.display}, seq {plans[0].seq_length}, {plans[0].layout.world} x {hw.key}")
+        plans, [memory_parts(estimate_memory(p)) for p in plans], MEMORY_PARTS,
+        "GiB of HBM per GPU (most loaded pipeline rank)",
+        title or f"{plans[0].model_spec.display}, seq {plans[0].seq_length}, {plans[0].layout.world} x {hw.key}",
+        {n: f"{n} (outside the allocator)" for n in OUTSIDE})
     ax.axhline(hw.hbm_gib, color="black", linestyle="-", linewidth=1.2, label=f"HBM {hw.hbm_gib:.0f} GiB")
     ax.axhline(limit / 2**30, color="red", linestyle="--", linewidth=1,
                label=f"planning limit {limit / 2**30:.0f} GiB ({limit / hw.hbm_bytes:.0%} of HBM)")
