@@ -310,3 +310,13 @@ def test_an_hbm_fix_is_priced_before_it_is_offered():
     fitting = {k for k, v in parts.items() if v.endswith(", fits")}
     assert fitting == {"PP=8 x VPP=4 (model.pipeline_model_parallel_size=8 model.virtual_pipeline_model_parallel_size=4)"}
     assert parts["CP=64 (model.context_parallel_size=64)"].endswith("still over the 70.8 GiB limit")
+
+
+@pytest.mark.slow
+def test_check_says_it_is_loading_megatron_bridge():
+    """A fresh user's `check` sat silent for 20 s while megatron-bridge loaded (launch said so; check, launch --from
+    and Slurm dry runs did not): the commands announce the load on stderr."""
+    done = subprocess.run([sys.executable, "-m", "lcmoe_recipes.check", "dsv3_128k_h100"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode in (0, 1), done.stderr
+    assert "Loading Megatron-Bridge (" in done.stderr and "done in " in done.stderr

@@ -20,6 +20,7 @@ from ..catalog import HARDWARE
 from ..catalog.known_issues import STACK_COMPONENTS
 from ..checks.feasibility import layout_is_legal
 from ..checks.known_issues import catalogue_rows, stack_versions
+from ..emit.stack import announce_loading
 from ..errors import LcmoeError
 from ..planner.examine import examine
 from ..planner.recipes import NAMED_RECIPES
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.config is None:
             raise LcmoeError("no CONFIG given", "give a ConfigContainer YAML or a named recipe, or --known-issues")
+        announce_loading()  # megatron-bridge loads on the way (10-40 s): say so
         found = examine(args.config, args.gpus, args.hardware, args.container_image, args.model_config,
                         overlay=not args.no_overlay)
     except LcmoeError as exc:

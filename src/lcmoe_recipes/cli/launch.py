@@ -18,6 +18,7 @@ import sys
 
 from ..cost import estimate_memory, estimate_step
 from ..cost.wallclock import failure_cost, phase_time, save_intervals
+from ..emit.stack import announce_loading
 from ..errors import LcmoeError
 from ..jobs.executors.common import EXECUTORS
 from ..jobs.executors.kubeflow import KubeflowSettings, check_kubeflow_settings
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             check_settings(settings)  # before megatron-bridge loads (15-40 s), and before anything is written
         elif settings is not None:
             check_kubeflow_settings(settings)
+        announce_loading()  # megatron-bridge loads on the way (10-40 s): say so
         request = request_from_args(args, named=tuple(NAMED_RECIPES))
         configs = prepare(request, container_image=args.container_image, output=args.output, settings=settings,
                       smoke=args.smoke or bool(args.drill), smoke_nodes=args.smoke_nodes,

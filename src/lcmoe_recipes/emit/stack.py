@@ -144,10 +144,20 @@ def installed_stack() -> dict[str, str | None]:
 
 
 _loaded = False
+_announce = False
+
+
+def announce_loading() -> None:
+    """Have the first :func:`load_bridge` print its progress line even where the caller asked for quiet: the
+    commands call this, so a user waiting 10-40 s for ``check``, ``launch --from`` or a Slurm dry run is told why
+    (the Python API stays quiet unless asked)."""
+    global _announce
+    _announce = True
 
 
 def load_bridge(quiet: bool = False) -> None:
-    """Import megatron-bridge's config machinery once, with the light-environment guard and a progress line.
+    """Import megatron-bridge's config machinery once, with the light-environment guard and a progress line (on
+    stderr; not when ``quiet``, unless a command called :func:`announce_loading`).
 
     Raises:
         ModuleNotFoundError: megatron-bridge / megatron-core are not installed (run ``scripts/setup.sh``).
@@ -157,7 +167,7 @@ def load_bridge(quiet: bool = False) -> None:
         return
     install_te_guard()
     mode = "full, with Transformer Engine" if te_installed() else "light, no Transformer Engine"
-    with _Progress(f"Loading Megatron-Bridge ({mode})", quiet=quiet), quiet_upstream():
+    with _Progress(f"Loading Megatron-Bridge ({mode})", quiet=quiet and not _announce), quiet_upstream():
         import megatron.bridge.training.config  # noqa: F401
     _loaded = True
 
