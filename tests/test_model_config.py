@@ -150,7 +150,7 @@ def test_a_yaml_given_as_the_model_names_the_commands_that_take_it(tmp_path):
     with pytest.raises(ModelConfigError) as err:
         get_model(str(path))
     assert err.value.message == f"'{path}' is a YAML file, not a model's config.json"
-    assert f"lcmoe_recipes.submit('{path}', executor)" in err.value.fix and f"--from {path} --seq N" in err.value.fix
+    assert f"lcmoe_recipes.launch.submit('{path}', executor)" in err.value.fix and f"--from {path} --seq N" in err.value.fix
 
 
 def test_cli_refuses_bad_config_with_exit_2(tmp_path):

@@ -78,7 +78,7 @@ def read_config_json(path: str | os.PathLike) -> dict[str, Any]:
     if file.suffix in (".yaml", ".yml"):  # a fresh user's `launch out/x.yaml`: a ConfigContainer, not a model
         raise ModelConfigError(
             f"'{path}' is a YAML file, not a model's config.json",
-            f"to run a ConfigContainer YAML as written: lcmoe_recipes.submit('{path}', executor) in Python, or "
+            f"to run a ConfigContainer YAML as written: lcmoe_recipes.launch.submit('{path}', executor) in Python, or "
             f"torchrun ... -m lcmoe_recipes.train --config {path}; to re-plan it for another length: python -m "
             f"lcmoe_recipes.launch --from {path} --seq N; to check it: python -m lcmoe_recipes.check {path}")
     try:

@@ -701,6 +701,26 @@ def _shard(lay, dense: float, experts: float) -> float:
     return dense / (lay.dp * lay.cp) + experts / lay.edp
 
 
+_FIXED: dict[tuple, dict[str, float]] = {}
+
+
+def _fixed_buffers(plan: Plan) -> dict[str, float]:
+    """The buffers of ``plan`` that no recompute or offload choice changes -- cuBLAS workspaces, the dispatcher's,
+    NCCL's and the userbuffers (:func:`workspace_bytes`, :func:`dispatcher_buffer_bytes`, :func:`nccl_buffer_bytes`,
+    :func:`userbuffer_bytes`) -- priced once per layout and the settings they read (the search prices every rung
+    of a layout's ladder on every pipeline rank)."""
+    key = (plan.model, plan.layout, plan.micro_batch_size, plan.seq_length, plan.sequence_parallel,
+           plan.moe_token_dispatcher_type, plan.moe_flex_dispatcher_backend, plan.cp_comm_type, plan.tp_comm_overlap,
+           plan.precision)
+    found = _FIXED.get(key)
+    if found is None:
+        if len(_FIXED) > 65536:  # a long-lived process planning many targets: start again
+            _FIXED.clear()
+        found = _FIXED[key] = {"workspace": workspace_bytes(plan), "dispatcher": dispatcher_buffer_bytes(plan),
+                               "nccl": nccl_buffer_bytes(plan), "userbuffers": userbuffer_bytes(plan)}
+    return found
+
+
 def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATED) -> MemoryBreakdown:
     """Memory breakdown of pipeline rank ``pp_rank``."""
     spec = plan.model_spec
@@ -730,9 +750,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
         optimizer=shard * state_bytes * on_gpu, activations=activations, transient=transient,
         overhead=constants.overhead_bytes,
         weight_cache=2 * gemm_weights if plan.precision in FP8_CACHED else 0.0,
-        cuda_graphs=cuda_graph_bytes(plan, graphed), workspace=workspace_bytes(plan),
-        dispatcher=dispatcher_buffer_bytes(plan), cuda_context=CUDA_CONTEXT, nccl=nccl_buffer_bytes(plan),
-        userbuffers=userbuffer_bytes(plan),
+        cuda_graphs=cuda_graph_bytes(plan, graphed), **_fixed_buffers(plan), cuda_context=CUDA_CONTEXT,
         detail={"listed_activations": listed, "largest_layer": largest_layer, "dense_params": dense,
                 "expert_params": experts, "optimizer_shard_params": shard, "chunks_in_flight": float(sum(in_flight)),
                 "logits_bytes": logits},
