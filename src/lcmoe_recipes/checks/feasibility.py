@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import lru_cache
 
 from ..errors import Finding, InfeasibleConfig, raise_for_errors  # noqa: F401 (re-exported by checks)
 from ..core.plan import PRECISIONS, Plan
@@ -214,7 +215,7 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         add("error", "parallel/ep-dense-model", f"EP={ep} on {model.display}, which has no experts",
             "use EP=1 (megatron-core: expert_model_parallel_size > 1 needs num_moe_experts)")
     if cp > 1 and any(k != "gdn" for k in model.layer_attention):
-        _cp_exchange_checks(plan, model, tp, cp, add)
+        findings.extend(_cp_exchange_findings(plan.model, tp, cp, plan.cp_comm_type))
     if cp > 1 and plan.seq_length % (2 * cp):
         ok = [c for c in (2**i for i in range(1, 12)) if plan.seq_length % (2 * c) == 0]
         folds = [c for c in ok if world % (tp * pp * c) == 0]
@@ -448,29 +449,33 @@ def layout_is_legal(findings: list[Finding]) -> bool:
     return not any(f.severity == "error" and f.rule.startswith(STRUCTURAL) for f in findings)
 
 
-def _cp_exchange_checks(plan: Plan, model, tp: int, cp: int, add) -> None:
+@lru_cache(maxsize=1024)
+def _cp_exchange_findings(model_key: str, tp: int, cp: int, kind: str) -> tuple[Finding, ...]:
     """Transformer Engine's context-parallel attention rules (context_parallel.py, attn_forward_func_with_cp and
     AttnFuncWithCPAndQKVOA2A): sliding windows only over a2a / all_gather, learnable softmax (sinks) only over a2a,
-    and a2a splits this TP rank's query and K/V heads over CP."""
+    and a2a splits this TP rank's query and K/V heads over CP. One (model, TP, CP, ``cp_comm_type``) at a time: the
+    same for every layout sharing them."""
+    from ..catalog import get_model
     from ..rules.cp import a2a_heads_fit
 
-    kind = plan.cp_comm_type
+    model = get_model(model_key)
     if kind not in ("p2p", "a2a", "all_gather", "a2a+p2p"):
-        add("error", "cp/comm-type", f"cp_comm_type={kind!r}", "use p2p, a2a, all_gather or a2a+p2p")
-        return
+        return (Finding("error", "cp/comm-type", f"cp_comm_type={kind!r}", "use p2p, a2a, all_gather or a2a+p2p"),)
+    out = []
     if model.sliding_window and kind not in ("a2a", "all_gather"):
-        add("error", "cp/sliding-window-exchange", f"{model.display}'s sliding-window layers with CP={cp} over "
-            f"cp_comm_type={kind}: Transformer Engine runs sliding windows only over a2a or all_gather",
-            "set model.cp_comm_type=a2a (or all_gather)")
+        out.append(Finding("error", "cp/sliding-window-exchange", f"{model.display}'s sliding-window layers with "
+                           f"CP={cp} over cp_comm_type={kind}: Transformer Engine runs sliding windows only over a2a "
+                           "or all_gather", "set model.cp_comm_type=a2a (or all_gather)"))
     if model.attention_sinks and kind != "a2a":
-        add("error", "cp/attention-sinks-exchange", f"{model.display}'s learnable softmax offsets (attention sinks) "
-            f"with CP={cp} over cp_comm_type={kind}: Transformer Engine supports them only over a2a",
-            "set model.cp_comm_type=a2a")
+        out.append(Finding("error", "cp/attention-sinks-exchange", f"{model.display}'s learnable softmax offsets "
+                           f"(attention sinks) with CP={cp} over cp_comm_type={kind}: Transformer Engine supports them "
+                           "only over a2a", "set model.cp_comm_type=a2a"))
     if kind == "a2a" and not a2a_heads_fit(model, tp, cp):
         ok = [c for c in (1, 2, 4, 8, 16, 32, 64) if a2a_heads_fit(model, tp, c)]
-        add("error", "divisibility/heads-cp-a2a", f"cp_comm_type=a2a splits heads over CP: {model.num_attention_heads} "
-            f"query and {model.num_query_groups} K/V heads over TP={tp} do not divide by CP={cp}",
-            f"use CP in {ok} at TP={tp}, or lower TP")
+        out.append(Finding("error", "divisibility/heads-cp-a2a", f"cp_comm_type=a2a splits heads over CP: "
+                           f"{model.num_attention_heads} query and {model.num_query_groups} K/V heads over TP={tp} do "
+                           f"not divide by CP={cp}", f"use CP in {ok} at TP={tp}, or lower TP"))
+    return tuple(out)
 
 
 _YARN_FIELDS = (("factor", "rotary_scaling_factor"), ("original_max_position_embeddings", "original_max_position_embeddings"),
@@ -481,28 +486,35 @@ _YARN_FIELDS = (("factor", "rotary_scaling_factor"), ("original_max_position_emb
 def position_findings(plan: Plan) -> list[Finding]:
     """RoPE covers seq_length, and a YaRN setting is complete (megatron-core's YaRN code computes its correction
     range from every one of its fields: a None among them is a TypeError when the model is built)."""
+    if plan.positions is None:
+        return []
+    return list(_position_findings(plan.model, plan.seq_length, plan.positions))
+
+
+@lru_cache(maxsize=1024)
+def _position_findings(model_key: str, seq_length: int, p) -> tuple[Finding, ...]:
+    """:func:`position_findings` of one (model, seq_length, positions): the same for every layout the search builds."""
+    from ..catalog import get_model
     from ..rules.positions import choose_positions, coverage
 
-    p, spec = plan.positions, plan.model_spec
-    if p is None:
-        return []
+    spec = get_model(model_key)
     prefix = "model." if spec.multi_latent_attention else "model.yarn_"
     if p.scaling == "yarn":
         missing = [name for attr, name in _YARN_FIELDS if getattr(p, attr) is None]
         if missing:
-            full, _ = choose_positions(spec, plan.seq_length, "yarn")
+            full, _ = choose_positions(spec, seq_length, "yarn")
             values = {name: getattr(full, attr) for attr, name in _YARN_FIELDS}
-            return [Finding("error", "positions/yarn-incomplete",
+            return (Finding("error", "positions/yarn-incomplete",
                             f"YaRN is on but {', '.join(prefix + m for m in missing)} "
                             f"{'is' if len(missing) == 1 else 'are'} unset: megatron-core fails building the model",
                             "set all of them, e.g. " + " ".join(f"{prefix}{k}={v:g}" for k, v in values.items())
-                            + " (or launch --rope yarn, which writes a complete setting)")]
+                            + " (or launch --rope yarn, which writes a complete setting)"),)
     covered = coverage(spec, p)
-    if plan.seq_length <= covered:
-        return []
-    yarn, _ = choose_positions(spec, plan.seq_length, "yarn")
-    return [Finding("error", "positions/not-covered",
-                    f"seq_length {plan.seq_length:,} exceeds the positions RoPE covers ({p.describe()}: {covered:,})",
+    if seq_length <= covered:
+        return ()
+    yarn, _ = choose_positions(spec, seq_length, "yarn")
+    return (Finding("error", "positions/not-covered",
+                    f"seq_length {seq_length:,} exceeds the positions RoPE covers ({p.describe()}: {covered:,})",
                     f"YaRN factor {yarn.factor:g} over {yarn.original_max_position_embeddings:,} covers it: launch "
                     f"--rope yarn (or auto), or set {prefix}rotary_scaling_factor={yarn.factor:g} with the other YaRN "
-                    "fields")]
+                    "fields"),)
