@@ -302,6 +302,16 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
     return configs
 
 
+EXIT_OVERRIDE = "train.exit_duration_in_mins="
+
+
+def job_exit(cfg, job: JobCheck | None) -> int | None:
+    """Minutes after which the job's training exits: the ``train.exit_duration_in_mins`` override on its command line
+    (the time limit's, or resiliency's), else the config's own (None: no exit set)."""
+    return next((int(o[len(EXIT_OVERRIDE):]) for o in (job.overrides if job else ()) if o.startswith(EXIT_OVERRIDE)),
+                getattr(cfg.train, "exit_duration_in_mins", None))
+
+
 def job_resilience(cfg, plan: Plan, job: JobCheck, settings: SlurmSettings, smoke: bool, enabled: bool) -> None:
     """Plan the resiliency of the Slurm job that runs ``cfg`` (read back as ``plan``;
     :func:`lcmoe_recipes.jobs.resilience.plan_resilience`) into ``job``, set its megatron-bridge sections on ``cfg``
@@ -312,9 +322,8 @@ def job_resilience(cfg, plan: Plan, job: JobCheck, settings: SlurmSettings, smok
     from .resilience import apply_resilience, plan_resilience
 
     limit = slurm_minutes(settings.time) if settings.time and not smoke else None
-    prefix = "train.exit_duration_in_mins="
-    given = next((int(o[len(prefix):]) for o in job.overrides if o.startswith(prefix)),
-                 getattr(cfg.train, "exit_duration_in_mins", None))  # the job's exit, else the config's own
+    prefix = EXIT_OVERRIDE
+    given = job_exit(cfg, job)
     res = plan_resilience(plan, nodes=nodes_for(plan.layout.world, plan.hardware_spec.gpus_per_node),
                           executor="slurm", smoke=smoke, enabled=enabled, time_limit_minutes=limit,
                           exit_minutes=given)
@@ -412,9 +421,7 @@ def time_findings(cfg, plan: Plan, job: JobCheck | None, settings, smoke: bool, 
 
     checkpoint = cfg.checkpoint
     limit = slurm_minutes(settings.time)
-    prefix = "train.exit_duration_in_mins="  # the job's exit where it set one (resiliency's), else the config's own
-    exit_at = next((int(o[len(prefix):]) for o in (job.overrides if job else ()) if o.startswith(prefix)),
-                   getattr(cfg.train, "exit_duration_in_mins", None))
+    exit_at = job_exit(cfg, job)
     resilient = bool(job and job.resilience and job.resilience.enabled)
     margin = (limit - exit_at if exit_at and exit_at < limit else
               exit_margin_minutes(plan) if resilient else FINAL_SAVE_MARGIN_MIN)  # what a longer --time must leave
