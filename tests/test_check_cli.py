@@ -293,6 +293,10 @@ def test_the_hbm_fix_offers_only_what_the_plan_has_not_done():
     assert ("offload the whole optimizer state (optimizer.optimizer_cpu_offload=true "
             "optimizer.optimizer_offload_fraction=1.0 optimizer.use_precision_aware_optimizer=true)") in over.fix
     assert "; all of them together: " in over.fix and "nothing fits on 64 GPUs" in over.fix
+    # already selective (moe_act): the next rung names only the modules; granularity=selective would be a no-op
+    moe_act = bare.with_changes(recompute_granularity="selective", recompute_modules=("moe_act",))
+    (over,) = [f for f in memory_findings(moe_act) if f.rule == "memory/exceeds-hbm"]
+    assert "selective recompute of layernorm, moe_act (model.recompute_modules=[layernorm,moe_act])" in over.fix
 
 
 def test_an_hbm_fix_is_priced_before_it_is_offered():

@@ -182,3 +182,34 @@ def test_a_cp_fix_is_rechecked_before_it_is_offered():
     fix = {f.rule: f.fix for f in check_plan(cramped)}["divisibility/seq-cp"]
     assert fix == ("use CP=2 or 4 (by the memory model neither then fits in HBM, nor does any other value the layout "
                    "rules allow: see the memory finding's fixes)")
+
+
+def test_pp_and_cp_together_derive_the_layout_before_the_cp_exchange():
+    """qwen3_235b_128k_gb200 (PP4 x VPP12, 48 stages) with PP=8, CP=4 and EP=16: the CP exchange is priced on the
+    layers of each stage, so the 96-stage layout is derived first ('E|(t|)*94L': a decoder layer per middle stage).
+    Before, the exchange was priced on the stale 48-stage string and the launch died with an IndexError."""
+    one = _configure("qwen3_235b_128k_gb200", ["model.pipeline_model_parallel_size=8", "model.context_parallel_size=4",
+                                               "model.expert_model_parallel_size=16",  # and the HBM fix it names:
+                                               "optimizer.optimizer_cpu_offload=true",
+                                               "optimizer.optimizer_offload_fraction=1.0",
+                                               "optimizer.use_precision_aware_optimizer=true"])
+    assert one.cfg.model.pipeline_model_parallel_layout == "E|(t|)*94L"
+    assert "model.pipeline_model_parallel_layout='E|(t|)*94L'" in one.overrides
+    from lcmoe_recipes.emit.derived import PAIRS
+
+    order = [pair.setting for pair in PAIRS]  # a stale string now refuses pricing: derived first, or CP's is skipped
+    assert order.index("pipeline_model_parallel_layout") < min(order.index(s) for s in ("cp_comm_type", "dispatcher"))
+
+
+def test_a_stale_layout_string_is_refused_by_name_when_priced():
+    """A plan whose layout string has fewer stages than PP·VPP (48 for PP8 x VPP12 = 96) is refused with the fix,
+    not an IndexError, wherever the step is priced on it."""
+    import dataclasses
+
+    from lcmoe_recipes.core.pipeline import stage_decoder_layers
+
+    plan = recipe_plan("qwen3_235b_128k_gb200")
+    stale = plan.with_changes(layout=dataclasses.replace(plan.layout, pp=8, cp=4, ep=16))
+    with pytest.raises(InfeasibleConfig, match=r"'Et\|\(tt\|\)\*46tL' has 48 stages, but PP=8 x VPP=12 needs 96") as err:
+        stage_decoder_layers(stale)
+    assert "model.pipeline_model_parallel_layout=null" in err.value.fix

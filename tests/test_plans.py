@@ -1,5 +1,6 @@
 """Named-recipe plans and the feasibility checks: pure Python, no torch / megatron."""
 
+import dataclasses
 import shlex
 import subprocess
 import sys
@@ -239,4 +240,15 @@ def test_check_remaining_kinds():
     f = _bad("dsv3_128k_h100", use_distributed_optimizer=False)
     assert f["offload/distributed-optimizer"].fix == "set use_distributed_optimizer=True"
     f = _bad("qwen3_next_8k_gb200", layout=ParallelLayout(world=32, tp=1, pp=1, cp=1, ep=16, vpp=4))
-    assert f["pipeline/vpp-needs-pp"].severity == "error"
+    assert f["pipeline/vpp-needs-pp"].fix == ("interleaving needs PP > 1: set model.virtual_pipeline_model_parallel_size="
+                                              "null, or PP >= 2")  # the Hydra spelling the launch command takes
+    # a layout string of 48 stages under PP2 x VPP12: the PPs that keep it exclude PP=1 (VPP needs PP > 1) and PP=8
+    # (TP4 x PP8 x CP8 = 256 does not fold into 128 GPUs)
+    plan = recipe_plan("qwen3_235b_128k_gb200")
+    f = _bad("qwen3_235b_128k_gb200", layout=dataclasses.replace(plan.layout, pp=2))
+    assert f["pipeline/layout-stages"].fix.startswith("keep PP·VPP = 48 (PP in [2, 4], VPP = 48/PP), or set")
+    # a string with a layer missing and the wrong stage count: both said at once, and only the fix that mends both
+    f = _bad("qwen3_235b_128k_gb200", pipeline_model_parallel_layout="Et|(tt|)*45tL")
+    assert f["pipeline/layout-layers"].message.endswith("places 92 decoder and 0 MTP layers; the model has 94 and 0")
+    assert f["pipeline/layout-stages"].fix == ("""set "model.pipeline_model_parallel_layout='Et|(tt|)*46tL'" (the even """
+                                               "split over PP·VPP = 48 chunks that launch derives)")

@@ -190,7 +190,7 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
                                                   f"use {_multiples(folds, world)} GPUs (TP·PP·CP and ETP·EP·PP "
                                                   "divide them)"))
     if vpp is not None and vpp > 1 and pp == 1:
-        add("error", "pipeline/vpp-needs-pp", f"VPP={vpp} with PP=1", "interleaving needs PP > 1: set VPP to None or PP >= 2")
+        add("error", "pipeline/vpp-needs-pp", f"VPP={vpp} with PP=1", "interleaving needs PP > 1: set model.virtual_pipeline_model_parallel_size=null, or PP >= 2")
 
     # --- divisibility -------------------------------------------------------------------------------
     if model.num_moe_experts % ep:
@@ -307,19 +307,24 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
         except InfeasibleConfig as exc:
             add("error", "pipeline/layout", exc.message, exc.fix)
             stages = None
-        if stages is not None and len(stages) != lay.num_pipeline_stages:
-            fits = [p for p in range(1, len(stages) + 1) if len(stages) % p == 0 and world % p == 0]
-            add("error", "pipeline/layout-stages",
-                f"pipeline_model_parallel_layout '{text}' has {len(stages)} stages but PP={pp} x VPP={vpp or 1} = "
-                f"{lay.num_pipeline_stages}", f"keep PP·VPP = {len(stages)} (PP in {fits}, VPP = {len(stages)}/PP), or "
-                + _layout_fix(plan, lay.num_pipeline_stages))
-        elif stages is not None:
+        layers_ok = True
+        if stages is not None:
             decoders, mtps = layout_layer_counts(text)
-            if decoders != model.num_layers or mtps != plan.mtp_num_layers:
+            layers_ok = decoders == model.num_layers and mtps == plan.mtp_num_layers
+            if not layers_ok:
                 add("error", "pipeline/layout-layers",
                     f"pipeline_model_parallel_layout '{text}' places {decoders} decoder and {mtps} MTP layers; the model "
                     f"has {model.num_layers} and {plan.mtp_num_layers}", "give a layout with every layer once: "
                     + _layout_fix(plan, lay.num_pipeline_stages))
+        if stages is not None and len(stages) != lay.num_pipeline_stages:
+            # PPs that keep the string: PP·VPP = its stage count, VPP > 1 only with PP > 1, and the ranks still fold
+            fits = [p for p in range(1, len(stages) + 1) if len(stages) % p == 0 and (p > 1 or len(stages) == 1)
+                    and world % (tp * p * cp) == 0 and world % (etp * ep * p) == 0]
+            keep = (f"keep PP·VPP = {len(stages)} (PP in {fits}, VPP = {len(stages)}/PP), or "
+                    if fits and layers_ok else "")
+            add("error", "pipeline/layout-stages",
+                f"pipeline_model_parallel_layout '{text}' has {len(stages)} stages but PP={pp} x VPP={vpp or 1} = "
+                f"{lay.num_pipeline_stages}", keep + _layout_fix(plan, lay.num_pipeline_stages))
 
     # --- positions (RoPE / YaRN) --------------------------------------------------------------------
     findings.extend(position_findings(plan))

@@ -154,7 +154,8 @@ def _candidates(plan: Plan):
                                                  "model.recompute_num_layers=1")
         else:
             label = f"selective recompute of {', '.join(modules)}"
-            override = f"model.recompute_granularity=selective model.recompute_modules=[{','.join(modules)}]"
+            override = (("" if plan.recompute_granularity == "selective" else "model.recompute_granularity=selective ")
+                        + f"model.recompute_modules=[{','.join(modules)}]")  # a value already set is no override
         candidate = plan.with_changes(**changes)
         if plan.cuda_graph_impl != "none":  # derived again with the recompute, as an override would have it
             (impl, graphs), _ = choose_cuda_graphs(plan.hardware_spec, plan.variable_length, granularity, modules,

@@ -63,9 +63,20 @@ def layout_stages(layout: str) -> tuple[str, ...]:
 
 def stage_decoder_layers(plan: "Plan") -> tuple[int, ...]:
     """Decoder layers in each of the plan's PP·VPP chunks: its layout string's, else the even split of
-    :func:`pipeline_stage_layers`."""
+    :func:`pipeline_stage_layers`.
+
+    Raises:
+        InfeasibleConfig: the layout string's stage count is not PP·VPP, or the even split cannot fill the stages.
+    """
     if plan.pipeline_model_parallel_layout:
-        return _decoders_per_stage(plan.pipeline_model_parallel_layout)
+        stages = _decoders_per_stage(plan.pipeline_model_parallel_layout)
+        if len(stages) != plan.layout.num_pipeline_stages:
+            lay = plan.layout
+            raise InfeasibleConfig(
+                f"pipeline layout '{plan.pipeline_model_parallel_layout}' has {len(stages)} stages, but PP={lay.pp} x "
+                f"VPP={lay.vpp or 1} needs {lay.num_pipeline_stages}",
+                "write a layout with PP·VPP stages, or set model.pipeline_model_parallel_layout=null for an even split")
+        return stages
     return _even_stages(plan.model_spec.num_layers, plan.layout.num_pipeline_stages, plan.mtp_num_layers)
 
 

@@ -228,19 +228,20 @@ PAIRS: tuple[_Pair, ...] = (
     _Pair(("model.seq_length", "dataset.seq_length"), "seq_length", _seq_both, guards=()),
     _Pair(("model.seq_length", "dataset.seq_length"), "positions", _positions),
     _Pair(("model.seq_length", "dataset.seq_length"), "global_batch_size", _batch),
+    _Pair((_LAYOUT.format("pipeline_model"), "model.virtual_pipeline_model_parallel_size"),
+          "pipeline_model_parallel_layout", _pipeline_layout),
     _Pair((_LAYOUT.format("tensor_model"),), "sequence_parallel", _sp),
     _Pair((_LAYOUT.format("context"), _LAYOUT.format("tensor_model")), "cp_comm_type", _cp_comm),
     _Pair((_LAYOUT.format("expert_model"), _LAYOUT.format("expert_tensor"), "model.moe_token_dispatcher_type",
            "model.moe_flex_dispatcher_backend"), "dispatcher", _dispatcher,
           guards=("model.moe_expert_rank_capacity_factor", "model.moe_paged_stash", "model.moe_shared_expert_overlap",
                   *(f"env_vars.{name}" for name in HYBRID_EP_ENV))),
-    _Pair((_LAYOUT.format("pipeline_model"), "model.virtual_pipeline_model_parallel_size"),
-          "pipeline_model_parallel_layout", _pipeline_layout),
     _Pair(("mixed_precision",), "precision", _padding, guards=("model.moe_router_padding_for_quantization",)),
     _Pair(("model.recompute_granularity", "model.recompute_modules", "model.recompute_method",
            "model.recompute_num_layers"), "cuda_graphs", _graphs),
 )
-"""Every pair, in the order they are derived (a later pair sees the earlier pairs' values)."""
+"""Every pair, in the order they are derived (a later pair sees the earlier pairs' values: the pipeline layout comes
+before the pairs whose rule prices the step, which reads the layers of each pipeline stage)."""
 
 
 def follow_overrides(cfg, overrides: list[str], shown: Plan, old: Plan, rope: str = "auto",
