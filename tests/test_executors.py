@@ -102,7 +102,7 @@ def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
     # and judges the time as launch does: against that earlier exit, with the start-up the exit clock counts; the
     # config's own warnings come with it (they were dropped)
     short = next(n for n in result.notes if n.startswith("warning: job/time-short: "))
-    assert "predicted + 13 min of start-up" in short and "--time 02:00:00 leaves 79 min of training" in short
+    assert "predicted + 13 min of start-up + " in short and "--time 02:00:00 has the job exit after 79 min" in short
     assert short.endswith("(41 min for the final save included)")  # 120 - 79: the suggested --time keeps that exit
     assert any(n.startswith("warning: time/phase-long: ") for n in result.notes)
     written = emit.read_yaml(tmp_path / "dsv3.yaml")[0]

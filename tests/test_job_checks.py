@@ -240,8 +240,8 @@ def test_training_time_against_the_slurm_limit():
     assert training_time_finding(100, 60.0, "04:00:00", chained=True) is None  # 100 min of 220
     one = training_time_finding(1000, 279.0, "04:00:00", chained=False)
     assert one.severity == "warning" and one.rule == "job/time-short"
-    assert one.message == ("1000 steps x 279 s predicted = 77.5 h, but --time 04:00:00 leaves 220 min of training: "
-                           "the job saves and exits after about 47 steps")
+    assert one.message == ("1000 steps x 279 s predicted = 77.5 h, but --time 04:00:00 has the job exit after 220 min "
+                           "(20 min before the limit, for the final save): the job saves and exits after about 47 steps")
     # 77.5 h of training + the 20-minute exit margin = 77 h 50 min: a limit the same check accepts
     assert one.fix == ("resubmit the same job until it finishes (it resumes from its saves), or give --time "
                        "3-05:50:00 or more (20 min for the final save included)")
@@ -254,18 +254,25 @@ def test_training_time_against_the_slurm_limit():
     # a resilient job exits earlier (its final save needs 41 min here), and megatron-bridge's exit clock counts the
     # start-up before the first step (10 min here): both shorten the training, and the suggested --time covers both
     late = training_time_finding(1000, 279.0, "04:00:00", chained=False, margin=41, startup_seconds=600)
-    assert late.message == ("1000 steps x 279 s predicted + 10 min of start-up = 77.7 h, but --time 04:00:00 leaves "
-                            "199 min of training: the job saves and exits after about 40 steps")
+    assert late.message == ("1000 steps x 279 s predicted + 10 min of start-up = 77.7 h, but --time 04:00:00 has the "
+                            "job exit after 199 min (41 min before the limit, for the final save): the job saves and "
+                            "exits after about 40 steps")
     assert late.fix.endswith("give --time 3-06:30:00 or more (41 min for the final save included)")
     assert training_time_finding(1000, 279.0, "3-06:30:00", chained=True, margin=41, startup_seconds=600) is None
     assert training_time_finding(1000, 279.0, "3-06:20:00", chained=True, margin=41, startup_seconds=600)
+    # the phase's evaluations (18 min here) run before the job ends: a limit that covers only the steps is short
+    assert training_time_finding(100, 60.0, "02:10:00", chained=True) is None  # 100 min of 110
+    evals = training_time_finding(100, 60.0, "02:10:00", chained=True, eval_seconds=18 * 60)
+    assert evals.message.startswith("100 steps x 60 s predicted + 18 min of evaluation = 2.0 h, but --time 02:10:00 "
+                                    "has the job exit after 110 min")
+    assert "give --time 02:20:00 or more" in evals.fix  # 118 min + 20 for the final save, in whole 10 minutes
     chained = training_time_finding(1000, 279.0, "04:00:00", chained=True)
     assert chained.severity == "error" and "the next phase (afterok) would start from that partly trained" in (
         chained.message)
     # a fresh user's --time 00:15:00: no room for the exit save (20 min margin), saves every 250 steps, about 20
     # steps reached: nothing is kept, so resubmitting is not advised (it was, beside job/no-final-save)
     short = training_time_finding(1000, 45.0, "00:15:00", chained=False, save_interval=250)
-    assert short.message == ("1000 steps x 45 s predicted = 12.5 h, but --time 00:15:00 leaves 15 min of training: it "
+    assert short.message == ("1000 steps x 45 s predicted = 12.5 h, but --time 00:15:00 stops the job at 15 min: it "
                              "stops after about 20 steps having saved nothing (the limit leaves no room for the exit "
                              "save, and the first periodic save is at step 250): a resubmitted job would start again "
                              "from the same weights")

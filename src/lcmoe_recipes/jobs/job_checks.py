@@ -187,7 +187,7 @@ def filesystem_of(path: str) -> tuple[str, str] | None:
 
 def training_time_finding(train_iters: int, step_seconds: float, time_text: str, chained: bool,
                           save_interval: int | None = None, saves: bool = True, margin: int = FINAL_SAVE_MARGIN_MIN,
-                          startup_seconds: float = 0.0):
+                          startup_seconds: float = 0.0, eval_seconds: float = 0.0):
     """The job's predicted training time against Slurm's ``--time``: None when it fits; else rule ``job/time-short``
     -- a warning for one job (it saves and exits at the limit, and resumes from its saves when resubmitted), an
     error when phases are chained with ``afterok`` (the next phase would start from a phase that stopped early).
@@ -203,13 +203,15 @@ def training_time_finding(train_iters: int, step_seconds: float, time_text: str,
             :data:`FINAL_SAVE_MARGIN_MIN`, or the larger one a resilient Slurm job plans for its final save.
         startup_seconds: what megatron-bridge's exit clock counts before the first step (it starts when the
             training state is made, before the model is built and the checkpoint read; the first step's extra).
+        eval_seconds: the phase's evaluations (:func:`lcmoe_recipes.cost.wallclock.phase_time`): those during
+            training run on the exit clock, and the validation and test after it before the job ends.
     """
     limit = slurm_minutes(time_text)
     usable = exit_duration(limit, margin) or limit
-    needed = (train_iters * step_seconds + startup_seconds) / 60
+    needed = (train_iters * step_seconds + startup_seconds + eval_seconds) / 60
     if needed <= usable:
         return None
-    steps = max(0, int((usable * 60 - startup_seconds) // step_seconds))
+    steps = max(0, int((usable * 60 - startup_seconds - eval_seconds) // step_seconds))
     hours = needed / 60
     enough = suggested_time(needed, margin)  # the exit margin included: this limit passes this check
     room = exit_duration(limit, margin) is not None
@@ -226,8 +228,11 @@ def training_time_finding(train_iters: int, step_seconds: float, time_text: str,
         ending = (f"it stops after about {steps} steps having saved nothing ({why}): a resubmitted job would start "
                   "again from the same weights")
     told = (f"{train_iters} steps x {step_seconds:.0f} s predicted" + (
-        f" + {startup_seconds / 60:.0f} min of start-up" if startup_seconds else "")
-        + f" = {hours:.1f} h, but --time {time_text} leaves {usable} min of training: {ending}")
+        f" + {startup_seconds / 60:.0f} min of start-up" if startup_seconds else "") + (
+        f" + {eval_seconds / 60:.0f} min of evaluation" if eval_seconds else "")
+        + f" = {hours:.1f} h, but --time {time_text} " + (
+            f"has the job exit after {usable} min ({limit - usable} min before the limit, for the final save)"
+            if room else f"stops the job at {usable} min") + f": {ending}")
     if chained:
         return Finding("error", "job/time-short", f"{told}, and the next phase (afterok) would start from that "
                        "partly trained checkpoint", f"give --time {enough} or more ({margin} min for the "

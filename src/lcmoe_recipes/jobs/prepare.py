@@ -405,7 +405,7 @@ def time_findings(cfg, plan: Plan, job: JobCheck | None, settings, smoke: bool, 
     training_time_finding`): [] or one warning. ``cfg`` is the config the job runs, ``plan`` it read back, ``job``
     its job check. The exit it judges is the job's own (a resilient job's earlier one, read after
     :func:`job_resilience`), and the start-up megatron-bridge's exit clock counts (the first step's extra, and the
-    checkpoint read where the job loads one) is added to the steps. ``launch`` and the Python ``submit`` both judge
+    checkpoint read where the job loads one) and the phase's evaluations are added to the steps. ``launch`` and the Python ``submit`` both judge
     a job's time here.
 
     Raises:
@@ -415,7 +415,7 @@ def time_findings(cfg, plan: Plan, job: JobCheck | None, settings, smoke: bool, 
         return []
     from ..checks import raise_for_errors
     from ..cost import estimate_step
-    from ..cost.wallclock import write_seconds
+    from ..cost.wallclock import phase_time, write_seconds
     from .job_checks import FINAL_SAVE_MARGIN_MIN, slurm_minutes, training_time_finding
     from .resilience import FIRST_STEP_EXTRA_SECONDS, exit_margin_minutes
 
@@ -429,7 +429,8 @@ def time_findings(cfg, plan: Plan, job: JobCheck | None, settings, smoke: bool, 
     startup = FIRST_STEP_EXTRA_SECONDS + (write_seconds(plan) if loads else 0.0)  # inside megatron's exit clock
     finding = training_time_finding(cfg.train.train_iters, estimate_step(plan).step_seconds, settings.time,
                                     chained, getattr(checkpoint, "save_interval", None),
-                                    bool(getattr(checkpoint, "save", None)), margin, startup)
+                                    bool(getattr(checkpoint, "save", None)), margin, startup,
+                                    phase_time(plan).evaluation)
     if finding is None:
         return []
     raise_for_errors([finding], name)
