@@ -115,15 +115,20 @@ def test_phases_on_slurm_chain_name_and_time(tmp_path, monkeypatch, capsys, nemo
 def test_a_resilient_slurm_dry_run_writes_its_own_yaml_that_check_accepts(tmp_path, monkeypatch, capsys, nemorun_home):
     """A fresh user's trial: the Slurm dry run wrote out/dsv3_128k_h100.yaml, the local dry run's name, with the
     job's resiliency sections in it, and `check` then called it an edited named recipe. The job's YAML is now
-    out/<plan>.slurm.yaml, its header marks the sections as the job's, and `check` reports no edit."""
+    out/<plan>+<hash>.slurm.yaml, its header marks the sections as the job's, and `check` reports no edit. The hash
+    covers the sections' values, which follow --time: another limit's job (a second trial) overwrote the first's."""
     monkeypatch.chdir(tmp_path)
     assert launch(["dsv3", "--seq", "131072", "--executor", "slurm", "--time", "04:00:00", "--job-dir",
                    str(nemorun_home), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    written = tmp_path / "out" / "dsv3_128k_h100.slurm.yaml"
-    assert written.is_file() and not (tmp_path / "out" / "dsv3_128k_h100.yaml").exists()
+    (written,) = (tmp_path / "out").glob("dsv3_128k_h100+*.slurm.yaml")
+    assert not (tmp_path / "out" / "dsv3_128k_h100.yaml").exists()
     assert '"slurm_resiliency": true' in written.read_text().splitlines()[0] and "enable_ft_package: true" in (
         written.read_text())
-    assert "--config dsv3_128k_h100.slurm.yaml" in out
+    assert f"--config {written.name}" in out
     assert check([str(written)]) in (0, 1)
     assert "config/edited-named-recipe" not in capsys.readouterr().out
+    first = written.read_text()
+    assert launch(["dsv3", "--seq", "131072", "--executor", "slurm", "--time", "12:00:00", "--job-dir",
+                   str(nemorun_home), "--dry-run"]) == 0
+    assert written.read_text() == first and len(list((tmp_path / "out").glob("dsv3_128k_h100+*.slurm.yaml"))) == 2

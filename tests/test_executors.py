@@ -104,6 +104,9 @@ def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
     short = next(n for n in result.notes if n.startswith("warning: job/time-short: "))
     assert "predicted + 13 min of start-up + " in short and "--time 02:00:00 has the job exit after 79 min" in short
     assert short.endswith("(41 min for the final save included)")  # 120 - 79: the suggested --time keeps that exit
+    # the recovery saves come at least once in the job's steps: 79 min less the 13 min of start-up, over ~874 s steps
+    assert "note: checkpoint.non_persistent_save_interval=4: lowered to the job's usable 1.1 h (4 steps)" in (
+        result.summary())
     assert any(n.startswith("warning: time/phase-long: ") for n in result.notes)
     written = emit.read_yaml(tmp_path / "dsv3.yaml")[0]
     assert written.ft.enable_ft_package and written.inprocess_restart.enabled and written.nvrx_straggler.enabled

@@ -211,7 +211,7 @@ def training_time_finding(train_iters: int, step_seconds: float, time_text: str,
     needed = (train_iters * step_seconds + startup_seconds + eval_seconds) / 60
     if needed <= usable:
         return None
-    steps = max(0, int((usable * 60 - startup_seconds - eval_seconds) // step_seconds))
+    steps = max(0, int((usable * 60 - startup_seconds) // step_seconds))  # (evaluations are far apart: not here)
     hours = needed / 60
     enough = suggested_time(needed, margin)  # the exit margin included: this limit passes this check
     room = exit_duration(limit, margin) is not None

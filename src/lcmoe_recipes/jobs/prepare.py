@@ -83,18 +83,27 @@ def torchrun_command(yaml_path: str | Path, world_size: int, gpus_per_node: int)
             f"--config {shlex.quote(str(yaml_path))}")
 
 
-def _output(plan: Plan, overrides: list[str], output: str | Path | None, resilient: bool = False) -> Path:
+def _output(plan: Plan, overrides: list[str], output: str | Path | None, cfg=None) -> Path:
     """Where the YAML goes: ``output``, else ``out/<plan>.yaml`` (``out/<plan>+<hash of the overrides>.yaml`` with
-    overrides, so the plain recipe's file is never overwritten by an overridden one; ``.slurm.yaml`` where a
-    ``resilient`` Slurm job added its sections, so a local dry run's file is not overwritten by the job's either).
+    overrides, so the plain recipe's file is never overwritten by an overridden one). Where a resilient Slurm job
+    added its sections to ``cfg`` (given only then), ``out/<plan>+<hash>.slurm.yaml``, the hash also over those
+    sections' values (:data:`lcmoe_recipes.emit.yaml_io.RESILIENCY_FIELDS`: they follow the time limit), so neither
+    a local dry run's file nor another time limit's is overwritten.
 
     Raises:
         LcmoeError: ``output`` is a directory.
     """
     if output is None:
-        digest = hashlib.sha1("\0".join(overrides).encode()).hexdigest()[:8]
-        suffix = ".slurm.yaml" if resilient else ".yaml"
-        output = Path(f"out/{plan.name}+{digest}{suffix}" if overrides else f"out/{plan.name}{suffix}")
+        job = []
+        if cfg is not None:
+            from ..emit.settings import flat_fields
+            from ..emit.yaml_io import RESILIENCY_FIELDS
+
+            job = [f"{key}={value!r}" for key, value in sorted(flat_fields(cfg).items())
+                   if any(key == f or key.startswith(f + ".") for f in RESILIENCY_FIELDS)]
+        digest = hashlib.sha1("\0".join([*overrides, *job]).encode()).hexdigest()[:8]
+        suffix = ".slurm.yaml" if cfg is not None else ".yaml"
+        output = Path(f"out/{plan.name}+{digest}{suffix}" if overrides or job else f"out/{plan.name}{suffix}")
     output = Path(output)
     if output.exists() and output.is_dir():
         raise LcmoeError(f"`output` {output} is a directory", f"give a file name, e.g. {output / (plan.name + '.yaml')}",
@@ -291,7 +300,7 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
                                         one.plan.name)
                         + (phase_findings(one.shown, budget_hours or DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
         one.output = _output(one.plan, one.overrides, _phase_output(output, one, index, len(configs), request),
-                             bool(one.meta.get(RESILIENCY_KEY)))
+                             one.cfg if one.meta.get(RESILIENCY_KEY) else None)
     if start:  # every phase runs on the same target: a local run needs its ranks' GPUs here
         refuse_to_start([one.cfg for one in configs], mock_data=mock_data, from_scratch=from_scratch,
                         local_ranks=configs[0].plan.layout.world if settings is None else None)
@@ -310,6 +319,18 @@ def job_exit(cfg, job: JobCheck | None) -> int | None:
     (the time limit's, or resiliency's), else the config's own (None: no exit set)."""
     return next((int(o[len(EXIT_OVERRIDE):]) for o in (job.overrides if job else ()) if o.startswith(EXIT_OVERRIDE)),
                 getattr(cfg.train, "exit_duration_in_mins", None))
+
+
+def startup_seconds(cfg, plan: Plan) -> float:
+    """Seconds megatron-bridge's exit clock counts before the first step ends beyond a step's own time: the first
+    step's extra (:data:`lcmoe_recipes.jobs.resilience.FIRST_STEP_EXTRA_SECONDS`) and, where ``cfg`` loads a
+    checkpoint, its read (:func:`lcmoe_recipes.cost.wallclock.write_seconds`: a read as long as a write)."""
+    from ..cost.wallclock import write_seconds
+    from .resilience import FIRST_STEP_EXTRA_SECONDS
+
+    checkpoint = cfg.checkpoint
+    loads = bool(getattr(checkpoint, "load", None) or getattr(checkpoint, "pretrained_checkpoint", None))
+    return FIRST_STEP_EXTRA_SECONDS + (write_seconds(plan) if loads else 0.0)
 
 
 def job_resilience(cfg, plan: Plan, job: JobCheck, settings: SlurmSettings, smoke: bool, enabled: bool) -> None:
@@ -343,8 +364,8 @@ def job_resilience(cfg, plan: Plan, job: JobCheck, settings: SlurmSettings, smok
         job.notes = [n for n in job.notes if not n.startswith(prefix)]
         job.findings = [f for f in job.findings if f.rule not in ("job/no-final-save", "job/exit-after-limit")]
     usable = res.exit_duration_in_mins or given or (exit_duration(limit) if limit else None)
-    if usable:
-        cadence = save_intervals(plan, time_limit_hours=usable / 60)
+    if usable and (training := usable * 60 - startup_seconds(cfg, plan)) > 0:  # the steps' share of the exit clock
+        cadence = save_intervals(plan, time_limit_hours=training / 3600)
         ckpt = cfg.checkpoint
         if cadence.bound and cadence.non_persistent and cadence.non_persistent != ckpt.non_persistent_save_interval:
             ckpt.non_persistent_save_interval, ckpt.non_persistent_ckpt_type = cadence.non_persistent, "global"
@@ -415,9 +436,9 @@ def time_findings(cfg, plan: Plan, job: JobCheck | None, settings, smoke: bool, 
         return []
     from ..checks import raise_for_errors
     from ..cost import estimate_step
-    from ..cost.wallclock import phase_time, write_seconds
+    from ..cost.wallclock import phase_time
     from .job_checks import FINAL_SAVE_MARGIN_MIN, slurm_minutes, training_time_finding
-    from .resilience import FIRST_STEP_EXTRA_SECONDS, exit_margin_minutes
+    from .resilience import exit_margin_minutes
 
     checkpoint = cfg.checkpoint
     limit = slurm_minutes(settings.time)
@@ -425,8 +446,7 @@ def time_findings(cfg, plan: Plan, job: JobCheck | None, settings, smoke: bool, 
     resilient = bool(job and job.resilience and job.resilience.enabled)
     margin = (limit - exit_at if exit_at and exit_at < limit else
               exit_margin_minutes(plan) if resilient else FINAL_SAVE_MARGIN_MIN)  # what a longer --time must leave
-    loads = bool(getattr(checkpoint, "load", None) or getattr(checkpoint, "pretrained_checkpoint", None))
-    startup = FIRST_STEP_EXTRA_SECONDS + (write_seconds(plan) if loads else 0.0)  # inside megatron's exit clock
+    startup = startup_seconds(cfg, plan)
     finding = training_time_finding(cfg.train.train_iters, estimate_step(plan).step_seconds, settings.time,
                                     chained, getattr(checkpoint, "save_interval", None),
                                     bool(getattr(checkpoint, "save", None)), margin, startup,

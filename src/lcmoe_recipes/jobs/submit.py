@@ -116,7 +116,7 @@ def _materialize(cfg, meta: dict, output: str | Path | None, extra: list[str] = 
     if output is None:
         staged = emit.write_yaml(loaded, Path("out") / f".{meta['recipe']}.staged.yaml", meta)
         digest = hashlib.sha1(staged.read_bytes()).hexdigest()[:8]
-        target = staged.with_name(f"{meta['recipe']}-{digest}.yaml")
+        target = staged.with_name(f"{meta['recipe']}+{digest}.yaml")  # launch's separator
         os.replace(staged, target)
     else:
         target = emit.write_yaml(loaded, output, meta)
@@ -161,7 +161,7 @@ def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False,
             on ``smoke_nodes`` nodes, each checking that the config's paths exist there.
         dry_run: build the torchrun command / sbatch script and return it without running anything.
         wait: Slurm: wait for the job and read its state and logs.
-        output: where to write the YAML (default for a ConfigContainer: ``out/<recipe>-<first 8 hex of the YAML's
+        output: where to write the YAML (default for a ConfigContainer: ``out/<recipe>+<first 8 hex of the YAML's
             SHA-1>.yaml``, so two different configs never share a file; for a YAML with our header: that file, or
             ``<stem>.slurm.yaml`` beside it when the Slurm job's resiliency changes it).
         nproc_per_node: local: ranks (default the planned world size).
