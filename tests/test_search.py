@@ -309,7 +309,7 @@ def test_compare_gpu_counts_and_refusals(capsys):
     assert main(["dsv3", "--seq", "131072", "--gpus", "64,256", "--hardware", "h100"]) == 0
     out = capsys.readouterr().out
     assert "at fp8_blockwise: the precision chosen for DeepSeek-V3 (671B, 37B active) on every GPU compared" in out
-    assert "64 x h100: no layout for dsv3 at seq_length 131072 on 64 x h100" in out and "fix: use 128 GPUs (the smallest count above 64 tried at which a layout fits; 72, 80, 88 and 96 do not)" in out
+    assert "64 x h100: no layout for dsv3 at seq_length 131072 on 64 x h100" in out and "fix: use 128 GPUs (the smallest count above 64 tried at which a layout fits; of the counts tried, 72, 80, 88 and 96 do not)" in out
     assert main(["dsv3", "--seq", "131072", "--gpus", "256", "--hardware", "h100", "--compare", "gb200"]) == 2
     assert "give --compare h100,gb200 alone, or --hardware NAME alone" in capsys.readouterr().err
     assert main(["dsv3", "--seq", "131072", "--gpus", "256,512", "--hardware", "h100", "--plot", "x"]) == 2

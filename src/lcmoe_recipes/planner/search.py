@@ -915,7 +915,8 @@ def _result_or_raise(ctx: _Request, result) -> SearchResult:
     if fix is None and main == "memory/exceeds-hbm":
         fix = _memory_fix(ctx)
     raise InfeasibleConfig(
-        f"no layout for {asked}: {considered} candidates considered, most rejected by {main} "
+        f"no layout for {asked}: {considered} candidates considered, "
+        f"{'all' if rejected[main][0] >= considered else 'most'} rejected by {main} "
         f"({', '.join(f'{k}: {v[0]}' for k, v in sorted(rejected.items(), key=lambda kv: -kv[1][0]))}){split}",
         fix or rejected[main][1])
 
@@ -965,8 +966,8 @@ def _memory_fix(ctx: _Request) -> str:
     if down:
         options.append(f"{down} GPUs (fewer, but a layout fits there: the layouts {n} GPUs fold into do not)")
     if up:
-        skipped = (f"; {', '.join(map(str, failed[:-1]))} and {failed[-1]} do not" if len(failed) > 1 else
-                   f"; {failed[0]} does not" if failed else "")
+        skipped = (f"; of the counts tried, {', '.join(map(str, failed[:-1]))} and {failed[-1]} do not"
+                   if len(failed) > 1 else f"; {failed[0]}, also tried, does not" if failed else "")
         options.append(f"{up} GPUs (the smallest count above {n} tried at which a layout fits{skipped})")
     if options:
         return "use " + " or ".join(options) + ", " + MEMORY_FIX_OTHERS
