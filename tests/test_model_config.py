@@ -149,8 +149,12 @@ def test_a_yaml_given_as_the_model_names_the_commands_that_take_it(tmp_path):
     path.write_text("# lcmoe_recipes: {}\nmodel: {}\n")
     with pytest.raises(ModelConfigError) as err:
         get_model(str(path))
-    assert err.value.message == f"'{path}' is a YAML file, not a model's config.json"
+    assert err.value.message == (f"'{path}' is a YAML file (a ConfigContainer): the first argument is a model, a name "
+                                 "or a Hugging Face config.json")
     assert f"lcmoe_recipes.launch.submit('{path}', executor)" in err.value.fix and f"--from {path} --seq N" in err.value.fix
+    with pytest.raises(ModelConfigError) as err:  # a mistyped one: not "model config ... does not exist"
+        get_model(str(tmp_path / "y.yaml"))
+    assert err.value.message == f"'{tmp_path / 'y.yaml'}' does not exist (and a YAML is a ConfigContainer, not a model)"
 
 
 def test_cli_refuses_bad_config_with_exit_2(tmp_path):

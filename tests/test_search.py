@@ -320,7 +320,7 @@ def test_compare_gpu_counts_and_refusals(capsys):
     # a fresh user's --gpus 256,256 planned the same target twice, and --top was ignored by a comparison
     with pytest.raises(SystemExit):
         main(["dsv3", "--seq", "131072", "--gpus", "256,512,256", "--hardware", "h100"])
-    assert "'256,512,256' lists 256 more than once (give each once: 256,512)" in capsys.readouterr().err
+    assert "'256,512,256' lists 256 more than once\n  fix: give each once: --gpus 256,512\n" in capsys.readouterr().err
     assert main(["dsv3", "--seq", "131072", "--gpus", "256,512", "--hardware", "h100", "--top", "3"]) == 2
     assert "--top works on one target" in capsys.readouterr().err
 

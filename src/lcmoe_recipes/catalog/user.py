@@ -61,6 +61,10 @@ def _file_of(path: str | os.PathLike) -> Path:
     p = Path(path).expanduser()
     if p.is_dir():
         p = p / "config.json"
+    if not p.is_file() and p.suffix in (".yaml", ".yml"):
+        raise ModelConfigError(f"'{path}' does not exist (and a YAML is a ConfigContainer, not a model)",
+                               "give a model (a name, or a Hugging Face config.json); a ConfigContainer YAML that "
+                               "exists runs with lcmoe_recipes.launch.submit or re-plans with launch --from")
     if not p.is_file():
         raise ModelConfigError(f"model config '{path}' does not exist" + (" (no config.json in that folder)"
                                                                            if Path(path).is_dir() else ""),
@@ -77,7 +81,8 @@ def read_config_json(path: str | os.PathLike) -> dict[str, Any]:
     file = _file_of(path)
     if file.suffix in (".yaml", ".yml"):  # a fresh user's `launch out/x.yaml`: a ConfigContainer, not a model
         raise ModelConfigError(
-            f"'{path}' is a YAML file, not a model's config.json",
+            f"'{path}' is a YAML file (a ConfigContainer): the first argument is a model, a name or a Hugging Face "
+            "config.json",
             f"to run a ConfigContainer YAML as written: lcmoe_recipes.launch.submit('{path}', executor) in Python, or "
             f"torchrun ... -m lcmoe_recipes.train --config {path}; to re-plan it for another length: python -m "
             f"lcmoe_recipes.launch --from {path} --seq N; to check it: python -m lcmoe_recipes.check {path}")

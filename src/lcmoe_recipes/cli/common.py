@@ -15,14 +15,20 @@ from ..core.request import ROPE_CHOICES, TrainingRequest
 _NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
+FIX = "; fix: "
+"""Between an ``argparse.ArgumentTypeError``'s message and its fix: :class:`ArgumentParser` prints the fix on its own
+line (else it points at ``--help``)."""
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with the commands' error format: one ``error: ...`` line and a ``  fix: ...`` line (exit 2), not the
     whole usage block; and a negative number after an option that takes a value is that value (``--lr -1e-5``,
     ``--seq -4096``), so the request's own check answers it with its fix."""
 
     def error(self, message: str):  # noqa: D401 - argparse's hook
+        message, _, fix = message.partition(FIX)  # a type check's own fix, where it gives one
         print(f"error: {message}", file=sys.stderr)
-        print(f"  fix: see {self.prog} --help", file=sys.stderr)
+        print(f"  fix: {fix or f'see {self.prog} --help'}", file=sys.stderr)
         sys.exit(2)
 
     def _joined(self, args: list[str]) -> list[str]:
@@ -49,12 +55,12 @@ def _counts(text: str) -> list[int]:
     except ValueError:
         counts = []
     if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a GPU count or a comma-separated list of them "
-                                         "(e.g. 256 or 256,512)")
+        raise argparse.ArgumentTypeError(f"'{text}' is not a GPU count or a comma-separated list of them{FIX}give "
+                                         "e.g. 256 or 256,512")
     if len(set(counts)) < len(counts):  # 256,256 planned the same target twice, side by side
         twice = sorted({c for c in counts if counts.count(c) > 1})
-        raise argparse.ArgumentTypeError(f"'{text}' lists {', '.join(map(str, twice))} more than once "
-                                         f"(give each once: {','.join(map(str, dict.fromkeys(counts)))})")
+        raise argparse.ArgumentTypeError(f"'{text}' lists {', '.join(map(str, twice))} more than once{FIX}give each "
+                                         f"once: --gpus {','.join(map(str, dict.fromkeys(counts)))}")
     return counts
 
 
