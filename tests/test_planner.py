@@ -144,6 +144,9 @@ def test_plan_cli(capsys, tmp_path):
                  "--csv", str(csv_path)]) == 0
     out = capsys.readouterr().out
     assert "winner: TP" in out and "rank  TP  CP  EP  PP" in out
+    # the lowered limit of a gated DeltaNet model says why (a fresh user asked where 128.4 of 173 GiB came from)
+    assert re.search(r"of the 128\.4 GiB limit \(74% of HBM: the memory model predicts 0\.45-0\.78 of gated DeltaNet "
+                     r"models' published peaks, so the search plans them as if their memory were 1\.28x", out)
     assert csv_path.read_text().splitlines()[0].startswith("rank,TP,CP,EP,PP,VPP,DP,EDP,recompute,offload")
     assert len(csv_path.read_text().splitlines()) == 4
     # the CSV says what the tie-break made of each row (rank 1 is the winner, not always the fastest): the README's

@@ -1003,7 +1003,11 @@ def _why(best: Candidate, fastest: Candidate, ties: list[Candidate], limit: floa
     free = (limit - best.memory.hbm_total) / gib
     text = (f"{lay.describe()}, MBS {best.plan.micro_batch_size}: predicted {step.step_seconds:.2f} s per step "
             f"({step.tflops_per_gpu:.0f} TFLOP/s/GPU), HBM {best.memory.hbm_total / gib:.1f} of the "
-            f"{limit / gib:.1f} GiB limit")
+            f"{limit / gib:.1f} GiB limit" + (
+                f" ({limit / best.plan.hardware_spec.hbm_bytes:.0%} of HBM: the memory model predicts "
+                f"{GDN_MEASURED_RATIOS[0]:.2f}-{UNCALIBRATED_FACTOR:.2f} of gated DeltaNet models' published peaks, "
+                f"so the search plans them as if their memory were {1 / UNCALIBRATED_FACTOR:.2f}x the prediction; "
+                "docs/accuracy.md N1-N3)" if best.plan.model_spec.gated_delta_net else ""))
     band_text = f"the step model's error band {band[1]}"
     if len(ties) == 1:
         return text + f"; the fastest fitting candidate, and no other within {band_text}"
