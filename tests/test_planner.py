@@ -271,3 +271,15 @@ def test_plot_labels_tell_the_mbs_apart():
     for c in result.ranked:
         parts = memory_parts(c.memory)
         assert parts["nccl"] > 0 and sum(parts.values()) == pytest.approx(c.memory.hbm_total / 2**30)
+
+
+def test_the_offload_reason_cites_the_skill_only_for_deepseek_v3():
+    """The skill's 'all DSV3 long-context configs require optimizer CPU offload' was cited for every model's offload
+    (a fresh user's Qwen3-235B plan): it is DeepSeek-V3's source only; the others cite the offload card and the fit."""
+    from lcmoe_recipes.rules.offload import offload_reason
+
+    assert "all DSV3 long-context configs" in offload_reason(0.5, None, "dsv3").source
+    other = offload_reason(0.5, None, "qwen3_235b").source
+    assert "DSV3" not in other and other.startswith("Megatron-Bridge cpu-offloading card (fractions 0.25-1.0)")
+    best = search_layouts(TrainingRequest(model="dsv3", seq_length=131072, hardware="h100", num_gpus=128), top=1).best
+    assert best.plan.optimizer_cpu_offload and "all DSV3" in best.plan.reasons["optimizer_cpu_offload"].source

@@ -322,7 +322,7 @@ def _reasons(ctx: _Request, plan: Plan, rules: tuple[Reason, Reason], level: int
             COMM_OVERLAP_SOURCE),
         "dispatcher": why_dispatch, "precision": ctx.precision[1],
         "recompute": recompute_reason(level, len(ctx.ladder), granularity, modules),
-        "optimizer_cpu_offload": offload_reason(fraction, ctx.optimizer),
+        "optimizer_cpu_offload": offload_reason(fraction, ctx.optimizer, ctx.model.key),
         "cuda_graphs": choose_cuda_graphs(ctx.hw, ctx.request.variable_length, granularity, modules,
                                           plan.moe_flex_dispatcher_backend, ctx.model.is_moe)[1],
         # an upstream recipe's hazard choice made on the base before the ladder (the EP overlap off on B200: _fit)
