@@ -5,8 +5,10 @@ its target, writes it and runs it -- the Python API (``lcmoe_recipes.launch.subm
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
+import re
 from pathlib import Path
 
 from ..catalog import get_hardware
@@ -141,6 +143,47 @@ def _settings_of(executor) -> SlurmSettings:
                          job_dir=tunnel.job_dir if tunnel is not None else executor.job_dir)
 
 
+PYTHON_TERMS = {"--time": "time", "--container-image": "container_image", "--container-mounts": "container_mounts",
+                "--job-dir": "job_dir", "--save-dir": "save_dir", "--python": "python", "--account": "account",
+                "--partition": "partition", "--qos": "qos", "--train-iters": "cfg.train.train_iters",
+                "--data-path": "data_path", "--tokenizer": "tokenizer", "--nproc-per-node": "nproc_per_node",
+                "--no-resiliency": "resiliency=False", "--smoke": "smoke=True", "--mock-data": "mock_data=True",
+                "--from-scratch": "from_scratch=True"}
+"""``launch``'s flags as the Python API names them (:class:`SlurmSettings` fields, :func:`submit` arguments): the
+checks behind both speak in flags; :func:`python_terms` rewrites what :func:`submit` raises and notes."""
+_FLAG = re.compile(r"(?<![\w-])(" + "|".join(sorted(map(re.escape, PYTHON_TERMS), key=len, reverse=True))
+                   + r")(?![\w-])( (?=[/\d$'\"A-Z~]|\S*[:.,/=]\S))?")  # a value: not a word ending a clause ("destination:")
+
+
+def python_terms(text: str) -> str:
+    """``text`` with each of :data:`PYTHON_TERMS`' flags in Python's words: ``--time 04:00:00`` ->
+    ``time=04:00:00``, a bare ``--no-resiliency`` -> ``resiliency=False`` (a flag followed by a value -- a path, a
+    number, a placeholder in capitals -- becomes ``name=value``; one followed by prose, its name)."""
+    def term(match: re.Match) -> str:
+        name = PYTHON_TERMS[match.group(1)]
+        return f"{name}=" if match.group(2) and "=" not in name else name + (match.group(2) or "")
+
+    return _FLAG.sub(term, text)
+
+
+def _in_python_terms(run):
+    """``run`` (:func:`submit`) with its errors and notes in the Python API's words (:func:`python_terms`:
+    ``time=04:00:00``, not launch's ``--time 04:00:00``); its signature and docstring kept."""
+    @functools.wraps(run)
+    def wrapper(*args, **kwargs) -> LaunchResult:
+        try:
+            result = run(*args, **kwargs)
+        except LcmoeError as exc:
+            exc.message, exc.fix = python_terms(exc.message), python_terms(exc.fix)
+            exc.args = (f"{exc.message}{'; ' + exc.fix if exc.fix else ''}",)
+            raise
+        result.notes = [python_terms(note) for note in result.notes]
+        return result
+
+    return wrapper
+
+
+@_in_python_terms
 def submit(cfg, executor="local", *, smoke: bool = False, dry_run: bool = False, wait: bool = True,
            world_size: int | None = None, hardware: str | None = None, output: str | Path | None = None,
            nproc_per_node: int | None = None, smoke_ranks: int = 2, smoke_nodes: int = 1,
