@@ -3,6 +3,7 @@ walks into: avoided by an equal-cost tie, the upstream recipe's setting made, or
 (lcmoe_recipes.planner.hazards, the 'hazard' rule of lcmoe_recipes.planner.search)."""
 
 import pytest
+from pydantic import ValidationError
 
 from lcmoe_recipes.catalog.versions import installed_versions
 from lcmoe_recipes.checks.known_issues import catalogue
@@ -150,10 +151,9 @@ def test_deepep_wish_on_b200_low_confidence_hang_decides_nothing():
 
 def test_deepep_wish_on_nvl72_is_refused():
     """On GB200 megatron-bridge would replace DeepEP by alltoall (deepep-nvl72-falls-back-to-alltoall): the planner
-    refuses the wish instead of planning a dispatcher that will not run."""
-    with pytest.raises(InfeasibleConfig):
-        search_layouts(TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64,
-                                       dispatcher="deepep"))
+    refuses the wish, with the request, instead of planning a dispatcher that will not run."""
+    with pytest.raises(ValidationError, match="dispatcher 'deepep' does not run on GB200 NVL72"):
+        TrainingRequest(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64, dispatcher="deepep")
 
 
 def test_plan_view_mirrors_the_emitted_fields():

@@ -319,6 +319,13 @@ class TrainingRequest(BaseModel):
         if self.dispatcher and self.model and not get_model(self.model).is_moe:
             raise ValueError(f"dispatcher {self.dispatcher!r} requested for {get_model(self.model).display}, a dense "
                              "model (no experts, no token dispatcher); use no dispatcher")
+        if self.dispatcher in ("deepep", "hybridep") and self.hardware:  # asked of a GPU that cannot run it
+            hw = get_hardware(self.hardware)
+            runs = {"deepep": hw.supports_deepep, "hybridep": hw.supports_hybridep}
+            if not runs[self.dispatcher]:
+                ok = [name for name in DISPATCHER_BACKENDS if runs.get(name, True)]
+                raise ValueError(f"dispatcher {self.dispatcher!r} does not run on {hw.display}; use "
+                                 + " or ".join(f"dispatcher={name}" for name in ok))
         return self
 
     @model_validator(mode="after")
