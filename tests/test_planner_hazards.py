@@ -8,7 +8,6 @@ from pydantic import ValidationError
 from lcmoe_recipes.catalog.versions import installed_versions
 from lcmoe_recipes.checks.known_issues import catalogue
 from lcmoe_recipes.core.request import TrainingRequest
-from lcmoe_recipes.errors import InfeasibleConfig
 from lcmoe_recipes.planner.hazards import (RECIPE_CHOICES, follow_recipe_choices, open_hazards, plan_view)
 from lcmoe_recipes.planner.recipes import recipe_plan
 from lcmoe_recipes.planner.search import search_layouts
