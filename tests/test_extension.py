@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from lcmoe_recipes import NAMED_RECIPES, recipe_plan
+from lcmoe_recipes import NAMED_RECIPES, emit, recipe_plan
 from lcmoe_recipes.catalog import get_model
 from lcmoe_recipes.checks import check_plan
 from lcmoe_recipes.errors import LcmoeError
@@ -320,6 +320,18 @@ def test_retarget_an_upstream_recipe_by_name(tmp_path, monkeypatch, capsys):
     assert changes["model.seq_length"]["before"] == 4096 and changes["model.seq_length"]["after"] == 65536
     precision = next(d for d in doc["decisions"] if d["knob"] == "precision")
     assert precision["reason"].startswith("bf16: the config's own")
+    # --lr and --train-iters change the config's schedule (they were silently ignored: a fresh user's extension
+    # from a pretraining recipe kept its peak LR 3e-4 and its 50 benchmark steps)
+    assert main(["--from", name, "--seq", "65536", "--dry-run", "--json", "--output", "q2.yaml", "--lr", "7.3e-6",
+                 "--train-iters", "1000"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    changes = {c["field"]: c["after"] for c in doc["changes"]}
+    assert (changes["optimizer.lr"], changes["optimizer.min_lr"], changes["train.train_iters"],
+            changes["scheduler.lr_decay_iters"]) == (7.3e-6, 7.3e-6, 1000, 1000)
+    written = emit.read_yaml(tmp_path / "q2.yaml")[0]
+    assert (written.optimizer.lr, written.train.train_iters) == (7.3e-6, 1000)
+    schedule = next(d for d in doc["decisions"] if d["knob"] == "schedule")
+    assert schedule["reason"].startswith("the config's own schedule with peak LR 7.3e-06 (--lr) and 1000 steps")
     assert main(["--from", "qwen3_30b_a3b_pretrain_64gpu_h100", "--seq", "65536", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "is neither a file nor a megatron-bridge recipe this catalogue records" in err and name in err

@@ -601,11 +601,13 @@ RETARGET_SETTINGS = ("layout", "sequence_parallel", "pipeline_model_parallel_lay
                      "checkpoint")
 
 
-def retarget_config(cfg, plan: Plan) -> tuple[object, list[Difference]]:
+def retarget_config(cfg, plan: Plan, schedule: bool = False) -> tuple[object, list[Difference]]:
     """(a copy of ``cfg`` with :data:`RETARGET_SETTINGS` written for ``plan``, every field changed with its setting
-    and reason) -- ``launch --from`` (:func:`lcmoe_recipes.planner.retarget.retarget_plan` makes the plan)."""
+    and reason) -- ``launch --from`` (:func:`lcmoe_recipes.planner.retarget.retarget_plan` makes the plan);
+    ``schedule``: the plan's schedule too (the request gave an LR or a step count)."""
     import copy
 
     out = copy.deepcopy(cfg)
-    return out, parity(out, plan, tuple(s for s in SETTINGS if s.key in RETARGET_SETTINGS))
+    keys = RETARGET_SETTINGS + (("schedule",) if schedule else ())
+    return out, parity(out, plan, tuple(s for s in SETTINGS if s.key in keys))
 

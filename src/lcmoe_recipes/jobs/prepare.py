@@ -130,7 +130,9 @@ def configure(resolution: Resolution, overrides: list[str] = (), container_image
     repeated = _repeated(overrides)  # the user's own, before the derived ones are added
     changes: list = []
     if resolution.source is not None:
-        cfg, changes = emit.retarget_config(resolution.source.cfg, plan)
+        request = resolution.request
+        cfg, changes = emit.retarget_config(resolution.source.cfg, plan,
+                                            schedule=request.lr is not None or request.train_iters is not None)
     else:
         cfg = emit.config_from_plan(plan, validate=False)  # validated once, below, after the overrides
     shown, derived, unchanged = plan, [], []

@@ -268,7 +268,8 @@ def _retargeted(request: TrainingRequest) -> tuple[Plan, Source]:
     before = emit.plan_from_config(source.cfg, hardware, gpus, name, source.meta.get("base_recipe"))
     target = request.replace(num_gpus=gpus, hardware=hardware)
     best = search(retarget_request(before, target)).best.plan
-    return retarget_plan(before, best, name, keep_precision=not request.precision), source
+    return retarget_plan(before, best, name, keep_precision=not request.precision, lr=request.lr,
+                         train_iters=request.train_iters), source
 
 
 def _model_reason(request: TrainingRequest, plan: Plan) -> Reason | None:

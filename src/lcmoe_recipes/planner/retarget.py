@@ -11,6 +11,8 @@ else stays yours: data, tokenizer, optimizer and schedule, checkpointing, loggin
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..core.plan import Plan, Reason
 from ..core.request import TrainingRequest
 from ..cost.memory import ep_overlap_warmup
@@ -27,18 +29,32 @@ def retarget_request(before: Plan, request: TrainingRequest) -> TrainingRequest:
                            pretrained_checkpoint=before.pretrained_checkpoint)
 
 
-def retarget_plan(before: Plan, best: Plan, name: str, keep_precision: bool = True) -> Plan:
+def retarget_plan(before: Plan, best: Plan, name: str, keep_precision: bool = True, lr: float | None = None,
+                  train_iters: int | None = None) -> Plan:
     """The Plan of ``before`` retargeted: the search's ``best`` plan for :func:`retarget_request`, with the config's
-    own schedule, weights, data loading and EP-overlap choice kept.
+    own schedule (its peak LR and steps replaced by ``lr`` and ``train_iters`` where given), weights, data loading and
+    EP-overlap choice kept.
 
     Args:
         before: the config's own Plan (:func:`lcmoe_recipes.emit.plan_from_config`).
         best: the search's winner for ``retarget_request(before, request)``.
         name: the new plan's name.
         keep_precision: the precision is the config's own (no precision was asked for): its reason says so.
+        lr, train_iters: the request's (``--lr``, ``--train-iters``): the final LR is lowered to ``lr`` where it was
+            above it; warm-up and decay style stay the config's.
     """
+    schedule, why = before.schedule, "the config's own schedule, kept (--lr / --train-iters change it)"
+    if schedule is not None and (lr is not None or train_iters is not None):
+        peak = schedule.lr if lr is None else lr
+        schedule = dataclasses.replace(schedule, lr=peak, min_lr=min(schedule.min_lr, peak),
+                                       train_iters=schedule.train_iters if train_iters is None else train_iters)
+        why = ("the config's own schedule with " + " and ".join(
+            text for given, text in ((lr, f"peak LR {peak:g} (--lr)"), (train_iters, f"{schedule.train_iters} steps "
+                                                                                     "(--train-iters)"))
+            if given is not None) + f": final LR {schedule.min_lr:g}, {schedule.lr_warmup_iters} warm-up steps, "
+               f"{schedule.lr_decay_style} decay over the steps")
     reasons = {**best.reasons,
-               "schedule": Reason("the config's own schedule, kept (--lr / --train-iters change it)", "your config"),
+               "schedule": Reason(why, "your config; your request"),
                "base_recipe": Reason("the config given to --from: every field this retargeting does not list as "
                                      "changed is kept as it was", "your config")}
     if keep_precision:
@@ -51,5 +67,5 @@ def retarget_plan(before: Plan, best: Plan, name: str, keep_precision: bool = Tr
     if ep_overlap_warmup(own) > ep_overlap_warmup(best):
         own = best.with_changes(reasons=reasons)
     best = follow_recipe_choices(with_ep_overlap(own))
-    return best.with_changes(name=name, schedule=before.schedule, num_workers=before.num_workers,
+    return best.with_changes(name=name, schedule=schedule, num_workers=before.num_workers,
                              eval_iters=before.eval_iters, pin_cpu_grads=before.pin_cpu_grads, reasons=best.reasons)
