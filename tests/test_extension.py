@@ -348,3 +348,23 @@ def test_check_of_launch_output_with_run_options_is_not_an_edit(tmp_path, monkey
     capsys.readouterr()
     assert check(["n.yaml"]) == 0
     assert "edited" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_retarget_keeps_the_configs_ep_overlap_off_and_says_what_it_costs(tmp_path, monkeypatch, capsys):
+    """A fresh user's qwen3_235b_128k_gb200 YAML (EP overlap off, as upstream's recipe) retargeted to 256K: the search
+    ranks the layout with the overlap on, the config's own 'off' is kept (the YAML says false), and the reason says
+    so with the price and the overrides that take it (it explained the overlap as on while the YAML had it off)."""
+    from lcmoe_recipes.cli.launch import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["qwen3_235b", "--seq", "131072", "--dry-run", "--output", "q.yaml"]) == 0
+    capsys.readouterr()
+    assert main(["--from", "q.yaml", "--seq", "262144", "--dry-run", "--json", "--output", "q256.yaml"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    why = next(d for d in doc["decisions"] if d["knob"] == "moe_ep_overlap")["reason"]
+    assert why.startswith("EP all-to-all overlap off: the config's own setting, kept (overlap_moe_expert_parallel_comm"
+                          "); megatron-core allows it here and the step model prices the step ")
+    assert why.endswith("set comm_overlap.overlap_moe_expert_parallel_comm=true comm_overlap.delay_wgrad_compute=true "
+                        "to take it")
+    assert not emit.read_yaml(tmp_path / "q256.yaml")[0].comm_overlap.overlap_moe_expert_parallel_comm

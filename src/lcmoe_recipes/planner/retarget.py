@@ -15,8 +15,9 @@ import dataclasses
 
 from ..core.plan import Plan, Reason
 from ..core.request import TrainingRequest
+from ..cost import estimate_step
 from ..cost.memory import ep_overlap_warmup
-from ..rules.extension import with_ep_overlap
+from ..rules.extension import EP_OVERLAP_SOURCE, with_ep_overlap
 from .hazards import follow_recipe_choices
 
 
@@ -66,6 +67,17 @@ def retarget_plan(before: Plan, best: Plan, name: str, keep_precision: bool = Tr
     own = best.with_changes(moe_ep_overlap=before.moe_ep_overlap, reasons=reasons)
     if ep_overlap_warmup(own) > ep_overlap_warmup(best):
         own = best.with_changes(reasons=reasons)
-    best = follow_recipe_choices(with_ep_overlap(own))
+    searched, best = best, follow_recipe_choices(with_ep_overlap(own))
+    if searched.moe_ep_overlap and not best.moe_ep_overlap and not before.moe_ep_overlap:
+        # the search ranked the layout with the overlap on; the config's own "off" is kept: say so, and what it costs
+        on, off = (estimate_step(p).step_seconds for p in (best.with_changes(moe_ep_overlap=True), best))
+        reasons = {**best.reasons, "moe_ep_overlap": Reason(
+            "EP all-to-all overlap off: the config's own setting, kept (overlap_moe_expert_parallel_comm); megatron-core "
+            f"allows it here and the step model prices the step {off - on:.2f} s faster with it ({off:.2f} s -> "
+            f"{on:.2f} s; the layout was ranked with it): set comm_overlap.overlap_moe_expert_parallel_comm=true "
+            "comm_overlap.delay_wgrad_compute=true" + (" model.moe_shared_expert_overlap=false" if
+                                                       best.model_spec.shared_expert_ffn_hidden_size else "")
+            + " to take it", f"your config; {EP_OVERLAP_SOURCE}")}
+        best = best.with_changes(reasons=reasons)
     return best.with_changes(name=name, schedule=schedule, num_workers=before.num_workers,
                              eval_iters=before.eval_iters, pin_cpu_grads=before.pin_cpu_grads, reasons=best.reasons)

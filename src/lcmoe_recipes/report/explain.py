@@ -42,6 +42,7 @@ def decisions(plan: Plan) -> list[tuple[str, str, str, str]]:
         "global_batch_size": f"GBS {plan.global_batch_size}, MBS {plan.micro_batch_size}, "
                              f"{plan.num_microbatches} microbatches per DP rank",
         "sequence_parallel": "on" if plan.sequence_parallel else "off",
+        **({"moe_ep_overlap": "on" if plan.moe_ep_overlap else "off"} if plan.model_spec.is_moe else {}),
         "positions": plan.positions.describe() if plan.positions else "as the model was trained",
         "schedule": schedule_text(plan),
         "pretrained_checkpoint": plan.pretrained_checkpoint or "none: random initialisation",
