@@ -157,6 +157,13 @@ def test_yaml_checked_for_another_target_warns(configs, tmp_path, capsys):
             "env_vars.NVLINK_DOMAIN_SIZE=8 env_vars.USE_MNNVL=0 (what launch writes for this GPU)") in out
     main([str(path)])
     assert "env/nvlink-domain" not in capsys.readouterr().out  # on its own target: nothing to say
+    # a fresh user's hand edit of EP (32 -> 16, the fix check had named) left HybridEP's ranks at 32, unsaid
+    edited = tmp_path / "q16.yaml"
+    edited.write_text(path.read_text().replace("expert_model_parallel_size: 32", "expert_model_parallel_size: 16"))
+    main([str(edited)])
+    assert ("warning env/hybridep-ranks: env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=32, but EP x ETP = 16 x 1 = "
+            "16: HybridEP sizes its groups from it\n        fix: set env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=16 "
+            "(what launch derives for EP=16, ETP=1)") in capsys.readouterr().out
 
 
 def test_check_of_a_plan_is_fast_and_light():

@@ -93,8 +93,9 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
 
 
 def hardware_env_findings(cfg, hw: Hardware) -> list:
-    """A warning (``env/nvlink-domain``) when the config runs HybridEP (flex dispatcher) with HybridEP's NVLink-domain
-    variables set for another system than ``hw`` (:data:`~lcmoe_recipes.emit.settings.HARDWARE_ENV`): a GB200 recipe
+    """Warnings for a config that runs HybridEP (flex dispatcher): ``env/hybridep-ranks`` when its
+    ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN`` is not EP x ETP (launch derives it; a hand edit of EP leaves it
+    behind), and ``env/nvlink-domain`` when HybridEP's NVLink-domain variables are set for another system than ``hw`` (:data:`~lcmoe_recipes.emit.settings.HARDWARE_ENV`): a GB200 recipe
     checked for H100 keeps ``NVLINK_DOMAIN_SIZE=72`` and ``USE_MNNVL=1``, which HybridEP reads to size its
     intra-domain groups and to choose multi-node NVLink."""
     from .settings import HARDWARE_ENV
@@ -102,14 +103,22 @@ def hardware_env_findings(cfg, hw: Hardware) -> list:
     m, env = cfg.model, dict(getattr(cfg, "env_vars", None) or {})
     if m.moe_token_dispatcher_type != "flex" or getattr(m, "moe_flex_dispatcher_backend", None) != "hybridep":
         return []
+    out = []
+    etp = m.expert_tensor_parallel_size or m.tensor_model_parallel_size  # megatron-core: ETP None means TP
+    ranks, key = m.expert_model_parallel_size * etp, "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
+    if key in env and str(env[key]) != str(ranks):  # a hand-edited EP that left the variable behind
+        out.append(Finding("warning", "env/hybridep-ranks", f"env_vars.{key}={env[key]}, but EP x ETP = "
+                           f"{m.expert_model_parallel_size} x {etp} = {ranks}: HybridEP sizes its groups from it",
+                           f"set env_vars.{key}={ranks} (what launch derives for EP={m.expert_model_parallel_size}, "
+                           f"ETP={etp})"))
     wanted = {k: v for k, v in HARDWARE_ENV.get(hw.nvlink_domain, {}).items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
     wrong = {k: env[k] for k, v in wanted.items() if k in env and str(env[k]) != str(v)}
-    if not wrong:
-        return []
-    return [Finding("warning", "env/nvlink-domain", "env_vars " + ", ".join(f"{k}={v}" for k, v in wrong.items())
-                    + f" describe another system than {hw.display} (NVLink domain of {hw.nvlink_domain} GPUs), and "
-                    "HybridEP reads them", "set " + " ".join(f"env_vars.{k}={wanted[k]}" for k in wrong)
-                    + " (what launch writes for this GPU)")]
+    if wrong:
+        out.append(Finding("warning", "env/nvlink-domain", "env_vars " + ", ".join(f"{k}={v}" for k, v in wrong.items())
+                           + f" describe another system than {hw.display} (NVLink domain of {hw.nvlink_domain} GPUs), "
+                           "and HybridEP reads them", "set " + " ".join(f"env_vars.{k}={wanted[k]}" for k in wrong)
+                           + " (what launch writes for this GPU)"))
+    return out
 
 
 def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str, te_version: str | None = None,
