@@ -142,8 +142,11 @@ def test_yaml_checked_for_another_target_warns(configs, tmp_path, capsys):
     plan, cfg = configs["dsv3_128k_h100"]
     path = write_yaml(cfg, tmp_path / "d.yaml", {"recipe": "dsv3_128k_h100", "world_size": 256, "hardware": "h100"})
     assert main([str(path), "--gpus", "512"]) == 0
-    assert "warning target/differs-from-header: checking for 512 x h100, but the YAML was written for 256 x h100" in \
-        capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warning target/differs-from-header: checking for 512 x h100, but the YAML was written for 256 x h100" in out
+    # a command to run, not one with '...' in it
+    assert (f"fix: re-plan it for this target: python -m lcmoe_recipes.launch --from {path} --seq 131072 --gpus 512 "
+            "--hardware h100 --dry-run") in out
     path.write_text(path.read_text().split("\n", 1)[1])  # drop the header
     assert main([str(path), "--gpus", "256"]) == 2
     assert "fix: give --hardware NAME" in capsys.readouterr().err

@@ -226,6 +226,10 @@ def test_check_remaining_kinds():
     assert f["divisibility/query-groups-tp"].message == "4 query groups are neither a multiple nor a divisor of TP=3"
     f = _bad("qwen3_235b_128k_gb200", seq_length=131080)  # 131080/8 = 16385 does not split over TP=4
     assert f["divisibility/seq-tp-sp"].message.startswith("with sequence parallel, seq_length/CP = 131080/8")
+    assert f["divisibility/seq-tp-sp"].fix == "use a seq_length divisible by CP·TP = 32, or TP=1"
+    # CP=6 does not divide 131,072 at all: divisibility/seq-cp names the CPs; lowering TP (a fresh user's fix) cannot
+    f = _bad("qwen3_235b_128k_gb200", layout=dataclasses.replace(recipe_plan("qwen3_235b_128k_gb200").layout, cp=6))
+    assert "divisibility/seq-cp" in f and "divisibility/seq-tp-sp" not in f
     f = _bad("qwen3_235b_128k_gb200", pipeline_model_parallel_layout=None)  # 94 layers over PP4 x VPP12, no layout
     assert f["pipeline/even-split"].message == ("94 layers do not split evenly over PP=4·VPP=12 (23.5 per PP rank, "
                                                 "1.96 per virtual stage)")

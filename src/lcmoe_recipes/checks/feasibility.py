@@ -247,10 +247,12 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
             f"{plan.seq_length}/{cp}) to be a multiple of {align}",
             f"use seq_length {near} (multiples of {align}·2·CP = {unit}) at CP={cp}, or a power of two such as "
             f"{power:,}, which every CP splits")
-    if plan.sequence_parallel and tp > 1 and (plan.seq_length % cp or (plan.seq_length // cp) % tp):
+    if plan.sequence_parallel and tp > 1 and plan.seq_length % cp == 0 and (plan.seq_length // cp) % tp:
+        # (a seq_length CP does not divide is refused by divisibility/seq-cp, whose fix names the CPs that do)
+        ok_tp = [t for t in _divisors(tp) if (plan.seq_length // cp) % t == 0 and model.num_attention_heads % t == 0]
         add("error", "divisibility/seq-tp-sp",
             f"with sequence parallel, seq_length/CP = {plan.seq_length}/{cp} does not split over TP={tp}",
-            "choose seq_length divisible by CP·TP, or lower TP")
+            f"use a seq_length divisible by CP·TP = {cp * tp}" + (f", or TP={max(ok_tp)}" if ok_tp else ""))
     if model.gated_delta_net and cp > 1:
         mcore = megatron_core or megatron_core_version()
         if _version_tuple(mcore) < GDN_CP_SINCE:

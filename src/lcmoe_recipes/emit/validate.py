@@ -133,7 +133,8 @@ def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str, t
     model_seq, data_seq = cfg.model.seq_length, getattr(cfg.dataset, "seq_length", cfg.model.seq_length)
     if model_seq != data_seq:
         return [Finding("error", "config/seq-length", f"'seq_length' is {model_seq} on the model but "
-                        f"{data_seq} on the dataset", f"set both: model.seq_length={model_seq} dataset.seq_length={model_seq}")]
+                        f"{data_seq} on the dataset", f"set both to one value (in the YAML, or as launch overrides): model.seq_length={model_seq} "
+                        f"dataset.seq_length={model_seq}")]
     if isinstance(cfg.mixed_precision, str):  # a recipe name: upstream resolves it at setup; an unknown one stops here
         from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 

@@ -184,7 +184,8 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
             "warning", "target/differs-from-header",
             f"checking for {gpus} x {hw.key}, but the YAML was written for {meta.get('world_size')} x "
             f"{meta.get('hardware')}: lcmoe_recipes.train refuses to start on a target other than the header's",
-            f"rewrite it for this target: python -m lcmoe_recipes.launch ... --gpus {gpus} --hardware {hw.key} --dry-run"))
+            f"re-plan it for this target: python -m lcmoe_recipes.launch --from {config} --seq {cfg.model.seq_length} "
+            f"--gpus {gpus} --hardware {hw.key} --dry-run"))
     return _examined(plan, findings, versions, cfg)
 
 
