@@ -103,8 +103,9 @@ def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
     # config's own warnings come with it (they were dropped)
     short = next(n for n in result.notes if n.startswith("warning: job/time-short: "))
     # in the Python API's words (SlurmSettings.time), not launch's --time
-    assert "predicted + 13 min of start-up + " in short and " time=02:00:00 has the job exit after 79 min" in short
-    assert "--time" not in short and "or give time=" in short
+    assert "predicted + 13 min of start-up + " in short
+    assert " SlurmSettings.time=02:00:00 has the job exit after 79 min" in short
+    assert "--time" not in short and "or give SlurmSettings.time=" in short
     assert short.endswith("(41 min for the final save included)")  # 120 - 79: the suggested --time keeps that exit
     # the recovery saves come at least once in the job's steps: 79 min less the 13 min of start-up, over ~874 s steps
     assert "note: checkpoint.non_persistent_save_interval=4: lowered to the job's usable 1.1 h (4 steps)" in (
@@ -119,7 +120,7 @@ def test_sbatch_script_dsv3_h100(configs, nemorun_home, tmp_path):
     assert re.search(r"torchrun .*--nnodes 32 --nproc-per-node 8 .*-m lcmoe_recipes\.train --config plain\.yaml "
                      r"train\.exit_duration_in_mins=100$", line), line  # --time 02:00:00 minus 20 min
     assert "note: train.exit_duration_in_mins=100: megatron-bridge ends training after 100 min and then saves a " \
-           "checkpoint, 20 min before time=02:00:00 (120 min)" in plain.summary()
+           "checkpoint, 20 min before SlurmSettings.time=02:00:00 (120 min)" in plain.summary()
     assert emit.read_yaml(tmp_path / "plain.yaml")[0].ft is None and not (tmp_path / "plain.ft.yaml").exists()
     assert f"note: job folder {nemorun_home}/experiments: every node must see it (a shared filesystem)" in result.summary()
     assert "export PATH=" not in result.script  # in a container, the image's torchrun
@@ -171,11 +172,12 @@ def test_submit_refusals(configs, nemorun_home, tmp_path, monkeypatch):
     with pytest.raises(LcmoeError, match="`save_dir` 'ckpt' is relative"):
         submit(cfg, "slurm", save_dir="ckpt", dry_run=True, output=out)
     # in the Python API's words: SlurmSettings.container_mounts, not launch's --container-mounts
-    with pytest.raises(LcmoeError, match="checkpoint.save '/ckpt/run1/checkpoints' is not inside any container_mounts "
+    with pytest.raises(LcmoeError, match="checkpoint.save ./ckpt/run1/checkpoints. is not inside any "
+                                         "SlurmSettings.container_mounts "
                                          "destination") as err:
         submit(cfg, SlurmSettings(container_image="img", container_mounts=("/lustre:/lustre",)), save_dir="/ckpt/run1",
                dry_run=True, output=out)
-    assert err.value.fix == "add a mount: container_mounts=/lustre:/lustre,/ckpt/run1:/ckpt/run1"
+    assert err.value.fix == "add a mount: SlurmSettings.container_mounts=/lustre:/lustre,/ckpt/run1:/ckpt/run1"
     assert not out.exists()
     with pytest.raises(LcmoeError, match="`tunnel` ssh needs `host`, `user`, `job_dir`"):
         submit(cfg, SlurmSettings(account="a", tunnel="ssh"), dry_run=True, output=out)

@@ -332,6 +332,12 @@ def test_retarget_an_upstream_recipe_by_name(tmp_path, monkeypatch, capsys):
     assert (written.optimizer.lr, written.train.train_iters) == (7.3e-6, 1000)
     schedule = next(d for d in doc["decisions"] if d["knob"] == "schedule")
     assert schedule["reason"].startswith("the config's own schedule with peak LR 7.3e-06 (--lr) and 1000 steps")
+    # the refusal of --from-hf beside --from names the flags, not the request's fields
+    assert main(["--from", name, "--seq", "65536", "--dry-run", "--from-hf", "/models/q"]) == 2
+    assert capsys.readouterr().err.startswith("error: invalid request: --from keeps the checkpoint settings of the "
+                                              "config it retargets\n  fix: use the override checkpoint.pretrained_"
+                                              "checkpoint=DIR (a Megatron checkpoint) instead of --from-hf / "
+                                              "--from-checkpoint")
     assert main(["--from", "qwen3_30b_a3b_pretrain_64gpu_h100", "--seq", "65536", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "is neither a file nor a megatron-bridge recipe this catalogue records" in err and name in err

@@ -305,10 +305,11 @@ class TrainingRequest(BaseModel):
     @model_validator(mode="after")
     def _weights(self) -> "TrainingRequest":
         if self.from_hf and self.from_checkpoint:
-            raise ValueError("from_hf and from_checkpoint both given; use one of them")
+            raise ValueError("`from_hf` and `from_checkpoint` both given; use one of them")
         if self.from_config and (self.from_hf or self.from_checkpoint):
-            raise ValueError("from_config keeps the checkpoint settings of the config it retargets; use the override "
-                             "checkpoint.pretrained_checkpoint=DIR instead of from_hf / from_checkpoint")
+            raise ValueError("`from_config` keeps the checkpoint settings of the config it retargets; use the override "
+                             "checkpoint.pretrained_checkpoint=DIR (a Megatron checkpoint) instead of `from_hf` / "
+                             "`from_checkpoint`")
         if self.convert_to and not self.from_hf:
             raise ValueError("convert_to converts a Hugging Face folder and needs from_hf; use from_hf=DIR, or drop "
                              "convert_to")

@@ -143,9 +143,11 @@ def _settings_of(executor) -> SlurmSettings:
                          job_dir=tunnel.job_dir if tunnel is not None else executor.job_dir)
 
 
-PYTHON_TERMS = {"--time": "time", "--container-image": "container_image", "--container-mounts": "container_mounts",
-                "--job-dir": "job_dir", "--save-dir": "save_dir", "--python": "python", "--account": "account",
-                "--partition": "partition", "--qos": "qos", "--train-iters": "cfg.train.train_iters",
+PYTHON_TERMS = {"--time": "SlurmSettings.time", "--container-image": "container_image",
+                "--container-mounts": "SlurmSettings.container_mounts", "--job-dir": "SlurmSettings.job_dir",
+                "--save-dir": "save_dir", "--python": "SlurmSettings.python", "--account": "SlurmSettings.account",
+                "--partition": "SlurmSettings.partition", "--qos": "SlurmSettings.qos",
+                "--train-iters": "cfg.train.train_iters",
                 "--data-path": "data_path", "--tokenizer": "tokenizer", "--nproc-per-node": "nproc_per_node",
                 "--no-resiliency": "resiliency=False", "--smoke": "smoke=True", "--mock-data": "mock_data=True",
                 "--from-scratch": "from_scratch=True"}
@@ -157,7 +159,7 @@ _FLAG = re.compile(r"(?<![\w-])(" + "|".join(sorted(map(re.escape, PYTHON_TERMS)
 
 def python_terms(text: str) -> str:
     """``text`` with each of :data:`PYTHON_TERMS`' flags in Python's words: ``--time 04:00:00`` ->
-    ``time=04:00:00``, a bare ``--no-resiliency`` -> ``resiliency=False`` (a flag followed by a value -- a path, a
+    ``SlurmSettings.time=04:00:00`` (a setting, not an argument of :func:`submit`), a bare ``--no-resiliency`` -> ``resiliency=False`` (a flag followed by a value -- a path, a
     number, a placeholder in capitals -- becomes ``name=value``; one followed by prose, its name)."""
     def term(match: re.Match) -> str:
         name = PYTHON_TERMS[match.group(1)]
@@ -168,7 +170,7 @@ def python_terms(text: str) -> str:
 
 def _in_python_terms(run):
     """``run`` (:func:`submit`) with its errors and notes in the Python API's words (:func:`python_terms`:
-    ``time=04:00:00``, not launch's ``--time 04:00:00``); its signature and docstring kept."""
+    ``SlurmSettings.time=04:00:00``, not launch's ``--time 04:00:00``); its signature and docstring kept."""
     @functools.wraps(run)
     def wrapper(*args, **kwargs) -> LaunchResult:
         try:
