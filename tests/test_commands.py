@@ -132,3 +132,15 @@ def test_a_resilient_slurm_dry_run_writes_its_own_yaml_that_check_accepts(tmp_pa
     assert launch(["dsv3", "--seq", "131072", "--executor", "slurm", "--time", "12:00:00", "--job-dir",
                    str(nemorun_home), "--dry-run"]) == 0
     assert written.read_text() == first and len(list((tmp_path / "out").glob("dsv3_128k_h100+*.slurm.yaml"))) == 2
+
+
+@pytest.mark.slow
+def test_run_options_do_not_overwrite_the_plain_recipes_yaml(tmp_path, monkeypatch, capsys):
+    """A fresh user's --tokens-per-step wrote out/<recipe>.yaml (GBS 88 in it), which a plain launch then overwrote
+    without a word: run options name the file by a hash, as overrides do."""
+    monkeypatch.chdir(tmp_path)
+    assert launch(["qwen3_235b", "--seq", "131072", "--tokens-per-step", "4194304", "--dry-run"]) == 0
+    capsys.readouterr()
+    (written,) = (tmp_path / "out").glob("qwen3_235b_128k_gb200+*.yaml")
+    assert not (tmp_path / "out" / "qwen3_235b_128k_gb200.yaml").exists()
+    assert '"options": {"tokens_per_step": 4194304}' in written.read_text().splitlines()[0]

@@ -83,9 +83,10 @@ def torchrun_command(yaml_path: str | Path, world_size: int, gpus_per_node: int)
             f"--config {shlex.quote(str(yaml_path))}")
 
 
-def _output(plan: Plan, overrides: list[str], output: str | Path | None, cfg=None) -> Path:
-    """Where the YAML goes: ``output``, else ``out/<plan>.yaml`` (``out/<plan>+<hash of the overrides>.yaml`` with
-    overrides, so the plain recipe's file is never overwritten by an overridden one). Where a resilient Slurm job
+def _output(plan: Plan, overrides: list[str], output: str | Path | None, cfg=None, options: dict | None = None) -> Path:
+    """Where the YAML goes: ``output``, else ``out/<plan>.yaml`` (``out/<plan>+<hash>.yaml`` with overrides or run
+    ``options`` -- the header's ``options`` and ``weights``: ``--tokens-per-step``, ``--rope``, ``--from-hf`` -- the
+    hash over both, so the plain recipe's file is never overwritten by another one). Where a resilient Slurm job
     added its sections to ``cfg`` (given only then), ``out/<plan>+<hash>.slurm.yaml``, the hash also over those
     sections' values (:data:`lcmoe_recipes.emit.yaml_io.RESILIENCY_FIELDS`: they follow the time limit), so neither
     a local dry run's file nor another time limit's is overwritten.
@@ -101,6 +102,7 @@ def _output(plan: Plan, overrides: list[str], output: str | Path | None, cfg=Non
 
             job = [f"{key}={value!r}" for key, value in sorted(flat_fields(cfg).items())
                    if any(key == f or key.startswith(f + ".") for f in RESILIENCY_FIELDS)]
+        job += [f"{key}={value!r}" for key, value in sorted((options or {}).items())]
         digest = hashlib.sha1("\0".join([*overrides, *job]).encode()).hexdigest()[:8]
         suffix = ".slurm.yaml" if cfg is not None else ".yaml"
         output = Path(f"out/{plan.name}+{digest}{suffix}" if overrides or job else f"out/{plan.name}{suffix}")
@@ -302,7 +304,9 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
                                         one.plan.name)
                         + (phase_findings(one.shown, budget_hours or DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
         one.output = _output(one.plan, one.overrides, _phase_output(output, one, index, len(configs), request),
-                             one.cfg if one.meta.get(RESILIENCY_KEY) else None)
+                             one.cfg if one.meta.get(RESILIENCY_KEY) else None,
+                             {key: one.meta[key] for key in ("options", "weights") if one.meta.get(key)
+                              and not (key == "weights" and one.resolution.request.phase)})  # (a phase's: chained)
     if start:  # every phase runs on the same target: a local run needs its ranks' GPUs here
         refuse_to_start([one.cfg for one in configs], mock_data=mock_data, from_scratch=from_scratch,
                         local_ranks=configs[0].plan.layout.world if settings is None else None)
