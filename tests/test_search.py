@@ -310,6 +310,9 @@ def test_compare_gpu_counts_and_refusals(capsys):
     out = capsys.readouterr().out
     assert "at fp8_blockwise: the precision chosen for DeepSeek-V3 (671B, 37B active) on every GPU compared" in out
     assert "64 x h100: no layout for dsv3 at seq_length 131072 on 64 x h100" in out and "fix: use 128 GPUs (the smallest count above 64 tried at which a layout fits; of the counts tried, 72, 80, 88 and 96 do not)" in out
+    # 256 H100 is the named recipe's target: the comparison says launch uses the recipe there, as one target does
+    assert "256 x h100: note: the named recipe dsv3_128k_h100 covers this request, and launch uses it" in out
+    assert "--tp " in out.split("256 x h100: note:")[1]  # the wishes that launch the search's answer instead
     assert main(["dsv3", "--seq", "131072", "--gpus", "256", "--hardware", "h100", "--compare", "gb200"]) == 2
     assert "give --compare h100,gb200 alone, or --hardware NAME alone" in capsys.readouterr().err
     assert main(["dsv3", "--seq", "131072", "--gpus", "256,512", "--hardware", "h100", "--plot", "x"]) == 2

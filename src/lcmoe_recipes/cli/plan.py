@@ -185,4 +185,6 @@ def _compare_main(args, hardware: list[str]) -> int:
     for c in columns:
         if c.result is None:
             print(f"{c.request.num_gpus} x {c.request.hardware}: {c.error.message}\n  fix: {c.error.fix}")
+        elif (named := covering_recipe(c.request)) is not None:  # as for one target: launch uses the recipe there
+            print(f"{c.request.num_gpus} x {c.request.hardware}: " + _named_note(named.name, c.result.best))
     return 0
