@@ -309,6 +309,19 @@ def test_the_hbm_fix_offers_only_what_the_plan_has_not_done():
     assert "selective recompute of layernorm, moe_act (model.recompute_modules=[layernorm,moe_act])" in over.fix
 
 
+def test_an_hbm_fix_is_not_blamed_for_the_plans_own_errors():
+    """A fresh user's 256K edit of qwen3_235b_128k_gb200 breaks the positions (YaRN 4 covers 131,072) and overflows
+    HBM: the offload fix fits, and the positions error is its own finding -- the fix said 'fits, but then seq_length
+    exceeds the positions ...; nothing fits on 128 GPUs: use more GPUs', which more GPUs would not mend."""
+    from lcmoe_recipes.checks.memory import memory_findings
+    from lcmoe_recipes.planner.recipes import recipe_plan
+
+    plan = recipe_plan("qwen3_235b_128k_gb200").with_changes(seq_length=262144)
+    (over,) = [f for f in memory_findings(plan) if f.rule == "memory/exceeds-hbm"]
+    assert over.fix.endswith("optimizer.use_precision_aware_optimizer=true): 152.1 GiB, fits")
+    assert "positions" not in over.fix and "nothing fits" not in over.fix
+
+
 def test_an_hbm_fix_is_priced_before_it_is_offered():
     """DeepSeek-V3 128K on its 256 H100 with PP lowered to 4 (VPP 8) overflows; the fix prices going back to PP=8 x
     VPP=4 (the named recipe's layout, which fits) and says that CP=64 alone and full recompute alone do not fit."""

@@ -66,13 +66,16 @@ def _hbm_fixes(plan: Plan) -> str:
     memory model and judged by the layout rules (:func:`lcmoe_recipes.checks.feasibility.check_plan`) at the same GPU
     count. A fix already applied is not offered; one that does not fit alone says what it leaves; when none fits alone,
     all of them together are priced too."""
+    from .feasibility import check_plan
+
     limit = HBM_MARGIN * plan.hardware_spec.hbm_bytes
     tried = [(label, override, candidate) for label, override, candidate in _candidates(plan)]
+    own = {f.rule for f in check_plan(plan) if f.severity == "error"}  # the plan's own: said on their own, not here
     if not tried:
         return "use more GPUs per model replica (this plan has no further CP, PP, recompute or offload step)"
     parts, fitting = [], 0
     for label, override, candidate in tried:
-        verdict, fits = _verdict(candidate, limit)
+        verdict, fits = _verdict(candidate, limit, own)
         fitting += fits
         parts.append(f"{label} ({override}): {verdict}")
     text = "; ".join(parts)
@@ -81,7 +84,7 @@ def _hbm_fixes(plan: Plan) -> str:
         for _, _, candidate in tried:
             together = together.with_changes(**{name: getattr(candidate, name) for name in _CHANGED
                                                 if getattr(candidate, name) != getattr(plan, name)})
-        verdict, fitting = _verdict(together, limit)
+        verdict, fitting = _verdict(together, limit, own)
         text += f"; all of them together: {verdict}"
     if not fitting:
         text += (f"; nothing fits on {plan.layout.world} GPUs: use more GPUs (room for a larger CP or PP, and more "
@@ -95,14 +98,15 @@ _CHANGED = ("layout", "pipeline_model_parallel_layout", "recompute_granularity",
             "use_precision_aware_optimizer")
 
 
-def _verdict(candidate: Plan, limit: float) -> tuple[str, bool]:
-    """'X GiB, fits' / 'X GiB, still over the Y GiB limit', and what the layout rules still refuse."""
+def _verdict(candidate: Plan, limit: float, own: set[str] = frozenset()) -> tuple[str, bool]:
+    """'X GiB, fits' / 'X GiB, still over the Y GiB limit', and what the layout rules refuse of the fix itself: an
+    error whose rule the plan breaks already (``own``: a position limit, say) is its own finding, not the fix's."""
     from .feasibility import check_plan
 
     total = estimate_memory(candidate).hbm_total
     fits = total <= limit
     text = f"{total / 2**30:.1f} GiB, " + ("fits" if fits else f"still over the {limit / 2**30:.1f} GiB limit")
-    errors = [f for f in check_plan(candidate) if f.severity == "error"]
+    errors = [f for f in check_plan(candidate) if f.severity == "error" and f.rule not in own]
     if errors:
         text += f", but then {errors[0].message} ({errors[0].fix})"
     return text, fits and not errors
