@@ -320,6 +320,10 @@ def test_retarget_an_upstream_recipe_by_name(tmp_path, monkeypatch, capsys):
     assert changes["model.seq_length"]["before"] == 4096 and changes["model.seq_length"]["after"] == 65536
     precision = next(d for d in doc["decisions"] if d["knob"] == "precision")
     assert precision["reason"].startswith("bf16: the config's own")
+    # a perf recipe's schedule is a benchmark's: kept, but said (a fresh user's extension ran it unawares)
+    bench = next(f for f in doc["findings"] if f["rule"] == "real-training/benchmark-schedule")
+    assert bench["message"].startswith(f"the schedule is {name}'s, a benchmark's: ")
+    assert bench["fix"] == "give the phase's --train-iters and --lr (e.g. the base model's final pretraining LR)"
     # --lr and --train-iters change the config's schedule (they were silently ignored: a fresh user's extension
     # from a pretraining recipe kept its peak LR 3e-4 and its 50 benchmark steps)
     assert main(["--from", name, "--seq", "65536", "--dry-run", "--json", "--output", "q2.yaml", "--lr", "7.3e-6",
@@ -330,6 +334,7 @@ def test_retarget_an_upstream_recipe_by_name(tmp_path, monkeypatch, capsys):
             changes["scheduler.lr_decay_iters"]) == (7.3e-6, 7.3e-6, 1000, 1000)
     written = emit.read_yaml(tmp_path / "q2.yaml")[0]
     assert (written.optimizer.lr, written.train.train_iters) == (7.3e-6, 1000)
+    assert not [f for f in doc["findings"] if f["rule"] == "real-training/benchmark-schedule"]
     schedule = next(d for d in doc["decisions"] if d["knob"] == "schedule")
     assert schedule["reason"].startswith("the config's own schedule with peak LR 7.3e-06 (--lr) and 1000 steps")
     # the refusal of --from-hf beside --from names the flags, not the request's fields

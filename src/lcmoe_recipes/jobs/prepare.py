@@ -151,6 +151,7 @@ def configure(resolution: Resolution, overrides: list[str] = (), container_image
         Finding("warning", "override/no-op", f"{text}: the planned config has this value already; the override "
                 "changes nothing",
                 "drop it, or give another value") for text in unchanged] + repeated + warnings
+    warnings += _benchmark_schedule(resolution, cfg)
     one = Configured(resolution, shown, cfg, overrides, warnings, changes)
     one.meta = _header(one)
     return one
@@ -325,6 +326,21 @@ def job_exit(cfg, job: JobCheck | None) -> int | None:
     (the time limit's, or resiliency's), else the config's own (None: no exit set)."""
     return next((int(o[len(EXIT_OVERRIDE):]) for o in (job.overrides if job else ()) if o.startswith(EXIT_OVERRIDE)),
                 getattr(cfg.train, "exit_duration_in_mins", None))
+
+
+def _benchmark_schedule(resolution, cfg) -> list:
+    """A warning (``real-training/benchmark-schedule``) when a retargeting keeps the schedule of one of
+    megatron-bridge's perf recipes (a few dozen steps at a pretraining peak LR, written to time a step, not to train)
+    because the request gave neither an LR nor a step count."""
+    source, request = resolution.source, resolution.request
+    if source is None or not source.meta.get("benchmark") or request.lr is not None or request.train_iters is not None:
+        return []
+    opt = cfg.optimizer
+    return [Finding("warning", "real-training/benchmark-schedule",
+                    f"the schedule is {source.name}'s, a benchmark's: {cfg.train.train_iters} steps at peak LR "
+                    f"{opt.lr:g} ({cfg.scheduler.lr_decay_style} to {opt.min_lr:g}), a pretraining LR that an "
+                    "extension of pretrained weights does not use",
+                    "give the phase's --train-iters and --lr (e.g. the base model's final pretraining LR)")]
 
 
 def startup_seconds(cfg, plan: Plan) -> float:

@@ -48,7 +48,8 @@ class Source:
     Attributes:
         name: what ``from_config`` named (a YAML path or a megatron-bridge recipe function).
         cfg: its ConfigContainer; read-only (:func:`lcmoe_recipes.emit.settings.retarget_config` works on a copy).
-        meta: its YAML header (target, overrides), or the target a megatron-bridge recipe's name states.
+        meta: its YAML header (target, overrides), or the target a megatron-bridge recipe's name states (and
+            ``benchmark``: whether it is one of megatron-bridge's perf recipes, whose schedule is a benchmark's).
     """
 
     name: str
@@ -244,7 +245,8 @@ def read_source(name: str) -> Source:
     from ..emit.upstream import upstream_config
 
     return Source(name, upstream_config(recipe.function, models_by_hf_id()[recipe.hf_id]),
-                  {"world_size": recipe.gpus, "hardware": recipe.hardware})
+                  {"world_size": recipe.gpus, "hardware": recipe.hardware,
+                   "benchmark": ".perf_recipes." in recipe.function})  # a perf recipe: its schedule is a benchmark's
 
 
 def retarget_name(request: TrainingRequest) -> str:
