@@ -190,7 +190,8 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
                                                   f"use {_multiples(folds, world)} GPUs (TP·PP·CP and ETP·EP·PP "
                                                   "divide them)"))
     if vpp is not None and vpp > 1 and pp == 1:
-        add("error", "pipeline/vpp-needs-pp", f"VPP={vpp} with PP=1", "interleaving needs PP > 1: set model.virtual_pipeline_model_parallel_size=null, or PP >= 2")
+        add("error", "pipeline/vpp-needs-pp", f"VPP={vpp} with PP=1",
+            "interleaving needs PP > 1: set model.virtual_pipeline_model_parallel_size=null, or PP >= 2")
 
     # --- divisibility -------------------------------------------------------------------------------
     if model.num_moe_experts % ep:

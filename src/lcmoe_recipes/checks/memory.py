@@ -70,9 +70,9 @@ def _hbm_fixes(plan: Plan) -> str:
 
     limit = HBM_MARGIN * plan.hardware_spec.hbm_bytes
     tried = [(label, override, candidate) for label, override, candidate in _candidates(plan)]
-    own = {f.rule for f in check_plan(plan) if f.severity == "error"}  # the plan's own: said on their own, not here
     if not tried:
         return "use more GPUs per model replica (this plan has no further CP, PP, recompute or offload step)"
+    own = {f.rule for f in check_plan(plan) if f.severity == "error"}  # the plan's own: said on their own, not here
     parts, fitting = [], 0
     for label, override, candidate in tried:
         verdict, fits = _verdict(candidate, limit, own)

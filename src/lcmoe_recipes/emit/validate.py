@@ -95,9 +95,10 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
 def hardware_env_findings(cfg, hw: Hardware) -> list:
     """Warnings for a config that runs HybridEP (flex dispatcher): ``env/hybridep-ranks`` when its
     ``NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN`` is not EP x ETP (launch derives it; a hand edit of EP leaves it
-    behind), and ``env/nvlink-domain`` when HybridEP's NVLink-domain variables are set for another system than ``hw`` (:data:`~lcmoe_recipes.emit.settings.HARDWARE_ENV`): a GB200 recipe
-    checked for H100 keeps ``NVLINK_DOMAIN_SIZE=72`` and ``USE_MNNVL=1``, which HybridEP reads to size its
-    intra-domain groups and to choose multi-node NVLink."""
+    behind), and ``env/nvlink-domain`` when HybridEP's NVLink-domain variables are set for another system than ``hw``
+    (:data:`~lcmoe_recipes.emit.settings.HARDWARE_ENV`): a GB200 recipe checked for H100 keeps
+    ``NVLINK_DOMAIN_SIZE=72`` and ``USE_MNNVL=1``, which HybridEP reads to size its intra-domain groups and to choose
+    multi-node NVLink."""
     from .settings import HARDWARE_ENV
 
     m, env = cfg.model, dict(getattr(cfg, "env_vars", None) or {})
@@ -133,8 +134,8 @@ def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str, t
     model_seq, data_seq = cfg.model.seq_length, getattr(cfg.dataset, "seq_length", cfg.model.seq_length)
     if model_seq != data_seq:
         return [Finding("error", "config/seq-length", f"'seq_length' is {model_seq} on the model but "
-                        f"{data_seq} on the dataset", f"set both to one value (in the YAML, or as launch overrides): model.seq_length={model_seq} "
-                        f"dataset.seq_length={model_seq}")]
+                        f"{data_seq} on the dataset", "set both to one value (in the YAML, or as launch overrides): "
+                        f"model.seq_length={model_seq} dataset.seq_length={model_seq}")]
     if isinstance(cfg.mixed_precision, str):  # a recipe name: upstream resolves it at setup; an unknown one stops here
         from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 

@@ -448,8 +448,8 @@ def time_findings(cfg, plan: Plan, job: JobCheck | None, settings, smoke: bool, 
     training_time_finding`): [] or one warning. ``cfg`` is the config the job runs, ``plan`` it read back, ``job``
     its job check. The exit it judges is the job's own (a resilient job's earlier one, read after
     :func:`job_resilience`), and the start-up megatron-bridge's exit clock counts (the first step's extra, and the
-    checkpoint read where the job loads one) and the phase's evaluations are added to the steps. ``launch`` and the Python ``submit`` both judge
-    a job's time here.
+    checkpoint read where the job loads one) and the phase's evaluations are added to the steps. ``launch`` and the
+    Python ``submit`` both judge a job's time here.
 
     Raises:
         InfeasibleConfig: a phase that would stop early while the next one waits on it (``afterok``).

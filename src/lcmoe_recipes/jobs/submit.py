@@ -153,14 +153,16 @@ PYTHON_TERMS = {"--time": "SlurmSettings.time", "--container-image": "container_
                 "--from-scratch": "from_scratch=True"}
 """``launch``'s flags as the Python API names them (:class:`SlurmSettings` fields, :func:`submit` arguments): the
 checks behind both speak in flags; :func:`python_terms` rewrites what :func:`submit` raises and notes."""
+# a flag, and a space before its value where one follows: a path, a number, a placeholder in capitals, or a token
+# with punctuation inside it (not a word that ends a clause, as "destination:")
 _FLAG = re.compile(r"(?<![\w-])(" + "|".join(sorted(map(re.escape, PYTHON_TERMS), key=len, reverse=True))
-                   + r")(?![\w-])( (?=[/\d$'\"A-Z~]|\S*[:.,/=]\S))?")  # a value: not a word ending a clause ("destination:")
+                   + r")(?![\w-])( (?=[/\d$'\"A-Z~]|\S*[:.,/=]\S))?")
 
 
 def python_terms(text: str) -> str:
     """``text`` with each of :data:`PYTHON_TERMS`' flags in Python's words: ``--time 04:00:00`` ->
-    ``SlurmSettings.time=04:00:00`` (a setting, not an argument of :func:`submit`), a bare ``--no-resiliency`` -> ``resiliency=False`` (a flag followed by a value -- a path, a
-    number, a placeholder in capitals -- becomes ``name=value``; one followed by prose, its name)."""
+    ``SlurmSettings.time=04:00:00`` (a setting, not an argument of :func:`submit`), a bare ``--no-resiliency`` ->
+    ``resiliency=False`` (a flag followed by a value becomes ``name=value``; one followed by prose, its name)."""
     def term(match: re.Match) -> str:
         name = PYTHON_TERMS[match.group(1)]
         return f"{name}=" if match.group(2) and "=" not in name else name + (match.group(2) or "")
