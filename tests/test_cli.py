@@ -99,8 +99,10 @@ def test_override_typos_name_the_fix(capsys, tmp_path, overrides, message, fix):
     ("model.tensor_model_paralel_size=4", "fix: use 'model.tensor_model_parallel_size'"),  # refused before loading
     # dataset.seq_length follows the model's (derived again); 131,076 then splits into 2·CP chunks for no CP > 2
     ("model.seq_length=131076", "CP=8 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split)"),
+    # the one error (seq-tp-sp no longer repeats it), and a fix re-checked with what it then needs
     ("model.seq_length=131076 dataset.seq_length=131076",
-     "CP=8 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split) (and "),
+     "CP=8 does not divide seq_length 131076 into 2·CP chunks (load-balanced causal split)\n  fix: use CP=2, which "
+     "then also needs: use a seq_length divisible by CP·TP = 8, or TP=2"),
     ("model.moe_flex_dispatcher_backend=deepep", "DeepEP does not run on GB200 NVL72"),
     # DP1 (CP8): 63 microbatches, not a multiple of PP for the interleaved schedule
     ("train.global_batch_size=63", "needs microbatches per step (GBS/(MBS·DP) = 63) to be a multiple of PP"),
