@@ -130,12 +130,14 @@ def test_sbatch_refusals_are_reported(slurm, configs, nemorun_home, tmp_path):
         submit(cfg, SlurmSettings(account="lcmoe", time="00:10:00"), output=tmp_path / "d.yaml", mock_data=True,
                from_scratch=True)
     assert caught.value.exit_code == 1 and "gres" in caught.value.message.lower()
+    # in the Python API's words (submit names its settings and arguments, launch its flags)
     assert caught.value.fix.startswith("the partition has no nodes with those GPUs: choose a GPU partition "
-                                       "(--partition), or rehearse on CPUs with --smoke")
+                                       "(SlurmSettings.partition), or rehearse on CPUs with smoke=True")
     _, cfg = configs["qwen3_next_8k_gb200"]  # NVL72: --segment=8, which Slurm 22.05 does not know
     with pytest.raises(LaunchError, match="sbatch: unrecognized option '--segment=8'") as caught:
         submit(cfg, SlurmSettings(account="lcmoe", time="00:10:00"), output=tmp_path / "n.yaml", mock_data=True)
-    assert caught.value.fix.startswith("this Slurm has no --segment (Slurm 24.05+, topology/block): pass --no-segment")
+    assert caught.value.fix.startswith("this Slurm has no --segment (Slurm 24.05+, topology/block): pass "
+                                       "SlurmSettings.segment=False")
 
 
 def test_smoke_job_through_an_overlay(slurm, nemorun_home, tmp_path):

@@ -149,7 +149,8 @@ PYTHON_TERMS = {"--time": "SlurmSettings.time", "--container-image": "container_
                 "--partition": "SlurmSettings.partition", "--qos": "SlurmSettings.qos",
                 "--train-iters": "cfg.train.train_iters",
                 "--data-path": "data_path", "--tokenizer": "tokenizer", "--nproc-per-node": "nproc_per_node",
-                "--no-resiliency": "resiliency=False", "--smoke": "smoke=True", "--mock-data": "mock_data=True",
+                "--no-resiliency": "resiliency=False", "--no-segment": "SlurmSettings.segment=False",
+                "--smoke": "smoke=True", "--mock-data": "mock_data=True",
                 "--from-scratch": "from_scratch=True"}
 """``launch``'s flags as the Python API names them (:class:`SlurmSettings` fields, :func:`submit` arguments): the
 checks behind both speak in flags; :func:`python_terms` rewrites what :func:`submit` raises and notes."""
