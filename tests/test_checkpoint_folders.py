@@ -159,3 +159,50 @@ def test_convert_refuses_an_out_folder_holding_something_else(tmp_path, capsys):
     before = sorted(p.name for p in same.rglob("*"))
     assert convert_main(["--hf", str(folder), "--out", str(same)]) == 0
     assert "reusing" in capsys.readouterr().out and sorted(p.name for p in same.rglob("*")) == before
+
+
+def test_the_weights_a_config_starts_from_are_checked_however_they_were_set(tmp_path):
+    """checkpoint.pretrained_checkpoint set by an override or a hand-edited YAML gets --from-hf's and
+    --from-checkpoint's checks where this machine sees the folder; elsewhere, or before a save exists, it is left to
+    the job's start."""
+    from lcmoe_recipes.checks.weights import pretrained_findings
+
+    spec = get_model("qwen3_30b")
+    (finding,) = pretrained_findings(str(hf_folder(tmp_path / "q235", get_model("qwen3_235b").config)), spec)
+    assert (finding.severity, finding.rule) == ("error", "weights/pretrained-model")
+    assert finding.message.startswith("checkpoint.pretrained_checkpoint: the Hugging Face checkpoint in ")
+    assert "num_hidden_layers is 94 there but 48 for qwen3_30b" in finding.message
+    assert finding.fix == ("It matches catalogue model 'qwen3_235b': plan that model instead, or set "
+                           "checkpoint.pretrained_checkpoint to a Qwen3-30B-A3B checkpoint")
+    (empty,) = pretrained_findings(str(hf_folder(tmp_path / "nothing", spec.config, weights=False)), spec)
+    assert "has a config.json but no weights" in empty.message
+    numbers = megatron_architecture(spec)
+    other = megatron_folder(tmp_path / "other", {**numbers, "num_layers": 24})
+    (finding,) = pretrained_findings(str(other / "iter_0000000"), spec)  # an iteration folder: its root's checkpoint
+    assert "num_layers is 24 there but 48 for qwen3_30b" in finding.message
+    assert finding.fix == "set checkpoint.pretrained_checkpoint to a checkpoint of Qwen3-30B-A3B"
+    assert pretrained_findings(str(hf_folder(tmp_path / "ok", spec.config)), spec) == []
+    assert pretrained_findings(str(megatron_folder(tmp_path / "ok_ck", numbers)), spec) == []
+    assert pretrained_findings(str(megatron_folder(tmp_path / "running", numbers, tracker=False)), spec) == []
+    assert pretrained_findings(str(tmp_path / "not_here"), spec) == []
+    assert pretrained_findings("s3://bucket/ck", spec) == []
+
+
+def test_an_override_naming_other_weights_is_checked_at_launch(tmp_path):
+    """launch ... checkpoint.pretrained_checkpoint=DIR: refused when DIR holds another model, warned when this
+    machine does not see DIR (what --from-hf gets); before, both passed silently."""
+    from lcmoe_recipes import TrainingRequest
+    from lcmoe_recipes.errors import InfeasibleConfig
+    from lcmoe_recipes.jobs.prepare import prepare
+
+    wrong = hf_folder(tmp_path / "q30", get_model("qwen3_30b").config)
+    request = dict(model="qwen3_235b", seq_length=131072, hardware="gb200", num_gpus=128)
+    with pytest.raises(InfeasibleConfig) as err:
+        prepare(TrainingRequest(**request, overrides=(f"checkpoint.pretrained_checkpoint={wrong}",)),
+                output=tmp_path / "a.yaml")
+    assert "checkpoint.pretrained_checkpoint: the Hugging Face checkpoint in" in err.value.message
+    assert "num_hidden_layers is 48 there but 94 for qwen3_235b" in err.value.message
+    (one,) = prepare(TrainingRequest(**request, overrides=("checkpoint.pretrained_checkpoint=/lustre/none/Qwen3",)),
+                     output=tmp_path / "b.yaml")
+    (note,) = [w for w in one.warnings if w.rule == "weights/not-here"]
+    assert note.message.startswith("checkpoint.pretrained_checkpoint=/lustre/none/Qwen3 is not on this machine")

@@ -246,6 +246,48 @@ def check_megatron_checkpoint(folder: str | Path, spec: ModelSpec) -> MegatronCh
 
 
 CHECKPOINTING = "megatron-bridge 0.6.2 training/checkpointing.py"
+PRETRAINED = "checkpoint.pretrained_checkpoint"
+
+
+def not_here(named: str) -> Finding:
+    """The warning (rule ``weights/not-here``) for weights this machine does not see: ``named`` is the flag or field
+    that names them, with the folder (``--from-hf DIR``, ``checkpoint.pretrained_checkpoint=DIR``)."""
+    return Finding("warning", "weights/not-here", f"{named} is not on this machine: it is checked against the "
+                   "planned model where the job starts", "build on a machine that sees it to have it checked now")
+
+
+def pretrained_findings(path: str | None, spec: ModelSpec) -> list[Finding]:
+    """The weights a config starts from (``checkpoint.pretrained_checkpoint``, however it was set: ``--from-hf``, an
+    override, a hand-edited YAML), checked against the planned model where this machine sees the folder (rule
+    ``weights/pretrained-model``).
+
+    A Hugging Face folder (``config.json``) is checked as ``--from-hf``'s (:func:`check_hf_folder`); a folder with a
+    Megatron tracker file as ``--from-checkpoint``'s (:func:`check_megatron_checkpoint`). Existence is not required:
+    a path this machine does not see, or a URL, is read where the job starts (the entry script refuses a missing
+    one, :func:`lcmoe_recipes.jobs.node.problems_here`), and so is a folder that holds no finished save yet (a later
+    phase's, while the phase before it runs).
+
+    Returns:
+        [] or one error :class:`lcmoe_recipes.errors.Finding` naming each mismatching number with both values, or the
+        missing weight files.
+    """
+    if not path or "://" in str(path):
+        return []
+    folder = Path(path)
+    if (folder / "config.json").is_file():
+        check = check_hf_folder
+    elif any((folder / t).is_file() for t in TRACKER_FILES) or (
+            _ITER.match(folder.name) and any((folder.parent / t).is_file() for t in TRACKER_FILES)):
+        check = check_megatron_checkpoint
+    else:
+        return []
+    try:
+        check(folder, spec)
+    except CheckpointError as exc:
+        fix = exc.fix.replace("point --from-hf at", f"set {PRETRAINED} to").replace(
+            "point --from-checkpoint at", f"set {PRETRAINED} to")
+        return [Finding("error", "weights/pretrained-model", f"{PRETRAINED}: {exc.message}", fix)]
+    return []
 
 
 @dataclass(frozen=True)
@@ -293,9 +335,7 @@ def weights_of(request: TrainingRequest, model: str) -> Weights:
                              f"({', '.join(HF_TOKENIZER_FILES)}), yet the run takes its tokenizer from there",
                              "copy the checkpoint's tokenizer files into the folder, or name one with --tokenizer"),)
     else:
-        notes = (Finding("warning", "weights/not-here", f"{flag} {folder} is not on this machine: it is checked "
-                         "against the planned model where the job starts", "build on a machine that sees it to have "
-                         "it checked now"),)
+        notes = (not_here(f"{flag} {folder}"),)
     if request.from_checkpoint:
         return Weights(folder, {"from_checkpoint": folder}, notes, Reason(
             f"model weights from the Megatron checkpoint {folder} (optimizer state fresh, iteration reset)",

@@ -9,10 +9,11 @@ from ..catalog import Hardware, get_hardware
 from ..checks import Finding, raise_for_errors
 from ..checks.config_asserts import config_assert_findings
 from ..checks.known_issues import StackVersions, config_view, known_issue_findings
-from .paths import path_findings
 from ..checks.timeouts import timeout_findings
+from ..checks.weights import pretrained_findings
 from ..errors import InfeasibleConfig
 from .fields import layout_to_str
+from .paths import path_findings
 from .readback import plan_from_config
 from .stack import load_bridge, quiet_upstream
 from .target import resolve_for_target, te_version_as
@@ -148,7 +149,9 @@ def _rule_and_upstream_findings(cfg, hw: Hardware, world_size: int, name: str, t
             return [Finding("error", "precision/name", f"mixed_precision '{cfg.mixed_precision}' is not a "
                             "megatron-bridge mixed-precision recipe name", fix)]
     plan = plan_from_config(cfg, hw, world_size, name)
-    findings = path_findings(cfg) + all_findings(plan)  # + data, tokenizer, checkpoint paths (lcmoe_recipes.emit.paths)
+    # + data, tokenizer, checkpoint paths (lcmoe_recipes.emit.paths), and the weights it starts from where seen here
+    findings = (path_findings(cfg) + pretrained_findings(getattr(cfg.checkpoint, "pretrained_checkpoint", None),
+                                                         plan.model_spec) + all_findings(plan))
     if not any(f.severity == "error" for f in findings):
         try:
             _check_pipeline_layout(cfg, name)

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..catalog import get_hardware
 from ..catalog.config_fields import override_key
 from ..checks.known_issues import job_versions
-from ..checks.weights import Weights
+from ..checks.weights import PRETRAINED, Weights, not_here
 from ..core.plan import Plan, Reason, carry_reasons
 from ..core.request import SAME_QUANTITY, TrainingRequest, seq_tag
 from ..emit.yaml_io import RESILIENCY_KEY
@@ -300,7 +300,7 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
                 if one.job.resilience.enabled:  # the job's sections are in the YAML: its header and name say so
                     one.meta = {**one.meta, RESILIENCY_KEY: True}
             one.warnings = one.warnings + one.job.findings
-        one.warnings = (one.warnings + list(one.weights.notes)
+        one.warnings = (one.warnings + list(one.weights.notes) + _overridden_weights_notes(one)
                         + time_findings(one.cfg, one.shown, one.job, settings, smoke, index < len(configs) - 1,
                                         one.plan.name)
                         + (phase_findings(one.shown, budget_hours or DEFAULT_PHASE_BUDGET_HOURS) if not smoke else []))
@@ -477,6 +477,15 @@ def time_findings(cfg, plan: Plan, job: JobCheck | None, settings, smoke: bool, 
         return []
     raise_for_errors([finding], name)
     return [finding]
+
+
+def _overridden_weights_notes(one) -> list[Finding]:
+    """``weights/not-here`` for weights an override (or the ``--from`` YAML) names instead of the request's, where
+    this machine does not see them (where it does, validation checked them: rule ``weights/pretrained-model``)."""
+    path = getattr(one.cfg.checkpoint, "pretrained_checkpoint", None)
+    if not path or str(path) == str(one.weights.pretrained or "") or "://" in str(path) or Path(path).exists():
+        return []
+    return [not_here(f"{PRETRAINED}={path}")]
 
 
 def validate_for_image(cfg, hardware, world_size: int, name: str, image: str | None, overlay: bool = True) -> list:
