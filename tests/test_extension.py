@@ -257,6 +257,9 @@ def test_hierarchical_cp_is_priced_and_chosen_by_step_time():
     kind, sizes, why = choose_cp_comm(plan)
     faster = "a2a+p2p" if hier.step_seconds < ring.step_seconds else "p2p"
     assert kind == faster and plan.cp_comm_type == faster and "exposed CP" in why.why
+    chosen = hier if kind == "a2a+p2p" else ring
+    # the chosen exchange's step is quoted first: a reason cut to one line shows what this plan runs
+    assert f"predicted step {chosen.step_seconds:.1f} s with " in why.why.split(" vs ")[0]
     assert hierarchical_split(recipe_plan("qwen3_235b_128k_gb200")) is None  # CP4 x TP4 within one NVLink block
 
 

@@ -115,11 +115,13 @@ def priced_cp_comm(plan):
     ring, ring_cp, ring_terms = step_and_cp_exposed(ring_plan)
     hier, hier_cp, hier_terms = step_and_cp_exposed(hier_plan, with_cp_exchange(ring_terms, hier_plan))
     a, p = split
-    numbers = (f"predicted step {ring:.1f} s with the ring of {lay.cp} (exposed CP {ring_cp:.1f} s) vs {hier:.1f} s "
-               f"with a2a over {a} NVLink-local ranks + a ring of {p} (exposed CP {hier_cp:.1f} s; the ring's merges "
-               "grow with its size, the attention calls with the a2a's sequence)")
+    # the chosen exchange's step first: a reason cut to one line still quotes the step this plan runs
+    with_ring = f"with the ring of {lay.cp} (exposed CP {ring_cp:.1f} s)"
+    with_hier = f"with a2a over {a} NVLink-local ranks + a ring of {p} (exposed CP {hier_cp:.1f} s)"
+    why_not = "; the ring's merges grow with its size, the attention calls with the a2a's sequence"
     if hier < ring:
-        return "a2a+p2p", split, Reason(f"hierarchical a2a+p2p, sizes {a} x {p}: {numbers}", HIERARCHICAL_SOURCE), \
+        return "a2a+p2p", split, Reason(f"hierarchical a2a+p2p, sizes {a} x {p}: predicted step {hier:.1f} s "
+                                        f"{with_hier} vs {ring:.1f} s {with_ring}{why_not}", HIERARCHICAL_SOURCE), \
             estimate_step(hier_plan, terms=hier_terms), hier_terms
-    return "p2p", None, Reason(f"p2p ring: {numbers}", HIERARCHICAL_SOURCE), estimate_step(ring_plan, terms=ring_terms), \
-        ring_terms
+    return "p2p", None, Reason(f"p2p ring: predicted step {ring:.1f} s {with_ring} vs {hier:.1f} s {with_hier}"
+                               f"{why_not}", HIERARCHICAL_SOURCE), estimate_step(ring_plan, terms=ring_terms), ring_terms
