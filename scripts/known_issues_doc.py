@@ -80,8 +80,10 @@ def build() -> str:
         "tag containing it; closed and open bug reports of those repositories, TransformerEngine and DeepEP; and "
         "recipe changes NVIDIA made to avoid a failure (open hazards). Each entry's *status* says what was read.", "",
         "The versions are the installed ones (package metadata; Transformer Engine, absent in the light environment, "
-        "is taken as the target's `lcmoe_recipes.emit.target.TARGET_TE_VERSION`), or with `--container-image` those "
-        "of a [listed container](#containers). On the cluster the entry script checks again with the versions "
+        "is taken as the full environment's, `lcmoe_recipes.emit.target.TARGET_TE_VERSION`, which no NeMo image "
+        "ships), or with `--container-image` those of a [listed container](#containers). Where that assumed TE hides "
+        "a bug that holds for the config and affects the newest listed image, a `known-issue/assumed-version` "
+        "warning names it and the images it affects. On the cluster the entry script checks again with the versions "
         "installed in the job. List the catalogue and whether these versions are affected:", "",
         "```bash", "python -m lcmoe_recipes.check --known-issues", "```", "",
         f"{len(issues)} entries: " + ", ".join(

@@ -55,8 +55,9 @@ def test_stack_versions_describe_says_where_each_version_comes_from():
     from lcmoe_recipes.catalog.versions import StackVersions
 
     stack = StackVersions({"megatron-core": "0.19.2", "megatron-bridge": "0.6.2", "transformer-engine": "2.20.2"},
-                          "installed here", {"transformer-engine": "assumed: the target container's; not installed here"})
+                          "installed here",
+                          {"transformer-engine": "assumed: the full environment's, requirements/te.txt; not installed here"})
     assert stack.describe() == ("megatron-core 0.19.2, megatron-bridge 0.6.2 (installed here); transformer-engine "
-                                "2.20.2 (assumed: the target container's; not installed here)")
-    assert stack.describe(("transformer-engine",)) == ("transformer-engine 2.20.2 (assumed: the target container's; "
-                                                       "not installed here)")
+                                "2.20.2 (assumed: the full environment's, requirements/te.txt; not installed here)")
+    assert stack.describe(("transformer-engine",)) == ("transformer-engine 2.20.2 (assumed: the full environment's, "
+                                                       "requirements/te.txt; not installed here)")

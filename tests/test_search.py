@@ -313,6 +313,10 @@ def test_compare_gpu_counts_and_refusals(capsys):
     # 256 H100 is the named recipe's target: the comparison says launch uses the recipe there, as one target does
     assert "256 x h100: note: the named recipe dsv3_128k_h100 covers this request, and launch uses it" in out
     assert "--tp " in out.split("256 x h100: note:")[1]  # the wishes that launch the search's answer instead
+    # the recipe keeps upstream's optimizer CPU offload and its confirmed checkpoint bug; the winner fits without it
+    assert ("it walks into open upstream bug(s) the winner avoids: optimizer-cpu-offload-checkpoint (warning, "
+            "confidence confirmed)") in out.split("256 x h100: note:")[1]
+    assert "avoids" not in out.split("256 x h100: note:")[0]  # 64 x h100 has no named recipe, so no note
     assert main(["dsv3", "--seq", "131072", "--gpus", "256", "--hardware", "h100", "--compare", "gb200"]) == 2
     assert "give --compare h100,gb200 alone, or --hardware NAME alone" in capsys.readouterr().err
     assert main(["dsv3", "--seq", "131072", "--gpus", "256,512", "--hardware", "h100", "--plot", "x"]) == 2

@@ -9,9 +9,13 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .known_issues import COMPONENTS, IMAGE_COMPONENTS
 
-# TE in the cluster container our recipes target; the version pip resolves for transformer-engine[pytorch] with
+# TE of the full environment (what megatron-core's TE gates and the known issues assume where TE is not installed):
+# the version pip resolves for transformer-engine[pytorch] with
 # megatron-core 0.19.2 / torch 2.14 (requirements/te.txt). Override with LCMOE_TARGET_TE_VERSION.
 TARGET_TE_VERSION = os.environ.get("LCMOE_TARGET_TE_VERSION", "2.20.2")
+# No NeMo image ships it (26.08 has 2.17.1): a bug of an image's TE is judged with --container-image, and
+# lcmoe_recipes.checks.known_issues.assumed_version_findings names the ones this assumption hides.
+ASSUMED_TE = "assumed: the full environment's, requirements/te.txt; not installed here"
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,8 @@ class StackVersions:
 
     def describe(self, components: tuple[str, ...] = COMPONENTS) -> str:
         """The components' versions with where they come from: ``megatron-core 0.19.2, megatron-bridge 0.6.2
-        (installed here); transformer-engine 2.20.2 (assumed: the target container's; not installed here)`` -- a
-        component with a note carries its note in place of the origin."""
+        (installed here); transformer-engine 2.20.2 (assumed: the full environment's, requirements/te.txt; not installed
+        here)`` -- a component with a note carries its note in place of the origin."""
         def shown(c: str) -> str:
             return f"{c} {self.versions.get(c) or 'unknown'}"
 
@@ -78,5 +82,5 @@ def installed_versions() -> StackVersions:
     notes = {}
     if found["transformer-engine"] is None:
         found["transformer-engine"] = TARGET_TE_VERSION
-        notes["transformer-engine"] = "assumed: the target container's; not installed here"
+        notes["transformer-engine"] = ASSUMED_TE
     return StackVersions(found, "installed here", notes)

@@ -120,6 +120,47 @@ def known_issue_findings(view: ConfigView | Any, versions: StackVersions | None 
             and holds(issue.trigger, view, refs)]
 
 
+def assumed_version_findings(view: ConfigView | Any, versions: StackVersions | None = None) -> list[Finding]:
+    """Catalogued bugs that an assumed version hides (rule ``known-issue/assumed-version``, warnings).
+
+    Where ``versions`` assume a component instead of reading it (Transformer Engine in the light environment:
+    :func:`lcmoe_recipes.catalog.versions.installed_versions`), a bug whose trigger holds for the config but whose
+    range misses the assumed version is silent, even when every listed NeMo image (``catalog/containers.yaml``, with
+    the overlay of the pinned megatron-core / megatron-bridge that launch adds) is affected -- as TE's fused
+    cross-entropy before 2.18 is on every image up to 26.08. One warning per such bug that affects the newest listed
+    image names the images it affects and asks for the image the job runs (a bug of older images only is left to
+    ``--container-image``).
+
+    Returns:
+        [] when nothing is assumed (TE installed, or a listed ``--container-image``'s versions), else one
+        :class:`Finding` per bug that holds, is not judged affected for the assumed versions, and affects a listed
+        image.
+    """
+    view = view if isinstance(view, ConfigView) else ConfigView(view)
+    versions = versions or installed_versions()
+    if not versions.notes:
+        return []
+    issues, refs = catalogue()
+    arch, images = _architecture(view), containers()[0]
+    pinned = {c: versions.versions.get(c) for c in OVERLAID}
+    out = []
+    for issue in issues:
+        if not set(issue.affected) & set(versions.notes) or issue.affects(versions.versions) \
+                or issue.on_architecture(arch) == "safe" or not holds(issue.trigger, view, refs):
+            continue
+        hit = [c for c in images if issue.affects({**c.stack, **pinned})]
+        if not hit or hit[0] is not images[0]:  # the newest listed image (what a new job would run) is spared
+            continue
+        assumed = versions.describe(tuple(c for c in issue.affected if c in versions.notes))
+        tags = ", ".join(c.tag for c in hit)
+        out.append(Finding("warning", "known-issue/assumed-version",
+                           f"known issue '{issue.id}' ({issue.title}) holds for this config and affects jobs on "
+                           f"nvcr.io/nvidia/nemo {tags} ({issue.affected_text()}), but was judged for {assumed}",
+                           f"name the image the job runs (--container-image IMAGE) to have it judged; on an affected "
+                           f"image: {issue.fix}"))
+    return out
+
+
 def catalogue_rows(versions: StackVersions) -> list[tuple[str, str, str, str, str, tuple[str, ...], str, str]]:
     """(id, severity, affected versions, whether ``versions`` are affected: yes / no / unknown, title with its package
     and, for an open report, its confidence, source URLs, architectures (``seen on hopper; blackwell: unknown``),

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from ..errors import LcmoeError
+from ..planner.hazards import decides, describe, open_hazards
 from ..planner.recipes import recipe_plan
 from ..planner.resolve import covering_recipe, search
 from ..report.text import (Citations, aligned, csv_table, format_result, json_records, table_columns, table_rows,
@@ -131,6 +132,10 @@ def _named_note(name: str, best) -> str:
     if slower >= SLOWER_NOTED:
         text += (f"; the cost model predicts it {slower:.1f}x slower per sequence than the winner -- measure both "
                  "before a long run (the model's error on held-out rows: docs/accuracy.md)")
+    avoided = [h for h in open_hazards(plan) if h not in open_hazards(best.plan) and decides(h)]
+    if avoided:  # e.g. DeepSeek-V3 128K: upstream's optimizer CPU offload and its checkpoint bug, where one fits without
+        text += ("; it walks into open upstream bug(s) the winner avoids: " + ", ".join(map(describe, avoided))
+                 + " (docs/known_issues.md)")
     return text + f"; to launch the search's answer instead, give its layout as wishes ({_wishes(best.plan)})"
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..catalog import Hardware, get_hardware
 from ..checks import Finding, raise_for_errors
 from ..checks.config_asserts import config_assert_findings
-from ..checks.known_issues import StackVersions, config_view, known_issue_findings
+from ..checks.known_issues import StackVersions, assumed_version_findings, config_view, known_issue_findings
 from ..checks.timeouts import timeout_findings
 from ..checks.weights import pretrained_findings
 from ..errors import InfeasibleConfig
@@ -85,7 +85,7 @@ def config_findings(cfg, hardware: str | Hardware, world_size: int, name: str = 
     findings = _rule_and_upstream_findings(cfg, hw, world_size, name, te, own)
     # 5. Known upstream bugs for the versions the config will run with (catalog/known_issues.yaml).
     view = config_view(cfg, hw, world_size)
-    findings += known_issue_findings(view, versions)
+    findings += known_issue_findings(view, versions) + assumed_version_findings(view, versions)
     # 6. Timeouts against the cost model's longest waits (checks/timeouts.py), for a layout the checks accept.
     if not any(f.severity == "error" for f in findings):
         findings += timeout_findings(view, plan_from_config(cfg, hw, world_size, name))
