@@ -15,7 +15,14 @@ def test_named_recipe_is_clean(capsys):
     out = capsys.readouterr().out
     assert "  EP       32              8                      1" in out  # 8 trays, one 64-GPU NVLink block
     # at CP8 (planner/recipes.py QWEN3_235B_CP) it leaves more than the memory model's worst error free: no warning
-    assert "memory/thin-headroom" not in out and out.rstrip().endswith("0 error(s), 0 warning(s)")
+    # the one warning where TE is not installed: every NeMo image's TE fused cross-entropy bug, which the assumed TE
+    # 2.20.2 does not have (known-issue/assumed-version)
+    from lcmoe_recipes.emit.stack import te_installed
+
+    expected = 0 if te_installed() else 1
+    assert "memory/thin-headroom" not in out and out.rstrip().endswith(f"0 error(s), {expected} warning(s)")
+    assert ("warning known-issue/assumed-version: te-fused-cross-entropy-bf16-grad affects every listed NeMo image "
+            "(25.09 to 26.08) [not judged here: transformer-engine 2.20.2 assumed" in out) == (expected == 1)
     assert "\ndata: mock (synthetic tokens; NullTokenizer): --data-path PREFIX --tokenizer NAME" in out
 
 

@@ -151,7 +151,7 @@ def test_overrides(fresh_config):
     assert cfg.train.global_batch_size == 128
     assert cfg.model.recompute_modules is None  # "~" resets a dataclass field to its default
     warnings = validate_config(cfg, "gb200", 128)  # megatron-core then fills in ["core_attn"]: legal but costly
-    assert [w.rule for w in warnings] == ["recompute/core-attn-long-context"]
+    assert [w.rule for w in warnings if w.rule != "known-issue/assumed-version"] == ["recompute/core-attn-long-context"]
 
     with pytest.raises(OverrideError, match="did you mean 'model.tensor_model_parallel_size'"):
         apply_overrides(cfg, ["model.tensor_model_paralel_size=4"])

@@ -555,11 +555,12 @@ def test_te_gated_issue_is_judged_for_the_images_transformer_engine(configs):
     assert "known-issue/te-fused-cross-entropy-bf16-grad" not in here
     if not te_installed():  # TE assumed at 2.20.2, which no NeMo image ships: the bug it hides is named, not silent
         hidden = here["known-issue/assumed-version"]
-        assert hidden.message.startswith("known issue 'te-fused-cross-entropy-bf16-grad' (Transformer Engine fused "
-                                         "cross-entropy before 2.18: its backward loses gradient precision) holds "
-                                         "for this config and affects jobs on nvcr.io/nvidia/nemo 26.08, 26.06.01, "
-                                         "26.06, 26.04.01, 26.04, 26.02.01, 26.02, 25.11, 25.09 (transformer-engine "
-                                         "<2.18), but was judged for transformer-engine 2.20.2 (assumed: ")
+        assert hidden.message.startswith(
+            "te-fused-cross-entropy-bf16-grad affects every listed NeMo image (25.09 to 26.08) [not judged here: "
+            "transformer-engine 2.20.2 assumed; --container-image IMAGE judges yours]. Transformer Engine fused "
+            "cross-entropy before 2.18: its backward loses gradient precision: it holds for this config and affects "
+            "transformer-engine <2.18, on nvcr.io/nvidia/nemo 26.08, 26.06.01, 26.06, 26.04.01, 26.04, 26.02.01, "
+            "26.02, 25.11, 25.09; this check judged transformer-engine 2.20.2 (assumed: ")
         assert hidden.fix.startswith("name the image the job runs (--container-image IMAGE) to have it judged; on an "
                                      "affected image: On an image whose Transformer Engine is older than 2.18")
     versions, _ = job_versions("nvcr.io/nvidia/nemo:26.06")

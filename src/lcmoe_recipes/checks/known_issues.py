@@ -152,10 +152,15 @@ def assumed_version_findings(view: ConfigView | Any, versions: StackVersions | N
         if not hit or hit[0] is not images[0]:  # the newest listed image (what a new job would run) is spared
             continue
         assumed = versions.describe(tuple(c for c in issue.affected if c in versions.notes))
-        tags = ", ".join(c.tag for c in hit)
+        tags = (f"every listed NeMo image ({hit[-1].tag} to {hit[0].tag})" if len(hit) == len(images) else
+                "NeMo images " + ", ".join(c.tag for c in hit))
+        short = ", ".join(f"{c} {versions.versions.get(c)}" for c in issue.affected if c in versions.notes)
+        # "id ... [...]. details": a summary shows it up to the bracket, as it shows a known issue
         out.append(Finding("warning", "known-issue/assumed-version",
-                           f"known issue '{issue.id}' ({issue.title}) holds for this config and affects jobs on "
-                           f"nvcr.io/nvidia/nemo {tags} ({issue.affected_text()}), but was judged for {assumed}",
+                           f"{issue.id} affects {tags} [not judged here: {short} assumed; --container-image IMAGE "
+                           f"judges yours]. {issue.title}: it holds for this config and affects "
+                           f"{issue.affected_text()}, on nvcr.io/nvidia/nemo {', '.join(c.tag for c in hit)}; this "
+                           f"check judged {assumed}",
                            f"name the image the job runs (--container-image IMAGE) to have it judged; on an affected "
                            f"image: {issue.fix}"))
     return out
