@@ -381,6 +381,16 @@ def test_plan_names_the_named_recipe_launch_would_use(capsys):
     assert plan_main(["qwen3_235b", "--seq", "131072", "--gpus", "128", "--hardware", "gb200", "--top", "1",
                       "--tp", "2"]) in (0, 1)
     assert "note: the named recipe" not in capsys.readouterr().out  # a layout wish: launch searches too
+    # at a precision the recipe does not pin, the note prices the recipe as launch runs it (BF16), not at its FP8
+    from lcmoe_recipes.cost import estimate_step
+
+    assert plan_main(["dsv3", "--seq", "131072", "--gpus", "256", "--hardware", "h100", "--precision", "bf16",
+                      "--top", "1"]) == 0
+    launched = resolve(_request("dsv3", "--seq", "131072", "--gpus", "256", "--hardware", "h100", "--precision",
+                                "bf16")).plan
+    assert launched.precision == "bf16" and launched.name == "dsv3_128k_h100"
+    note = capsys.readouterr().out.split("note: the named recipe dsv3_128k_h100 covers this request")[1]
+    assert f"predicted {estimate_step(launched).step_seconds:.2f} s per step against" in note
 
 
 def test_a_launch_that_trains_refuses_mock_data_random_weights_and_missing_gpus(tmp_path, capsys):

@@ -210,8 +210,10 @@ def report_error(exc, as_json: bool = False, warnings: list = ()) -> int:
     print(f"error: {message}", file=sys.stderr)
     if fix:
         print(f"  fix: {fix}", file=sys.stderr)
-    for finding in others:
-        print(f"  also: {finding}", file=sys.stderr)
+    from ..report.text import short_finding
+
+    for finding in others:  # a known upstream issue by its title and sources: the error and its fix stay in view
+        print(f"  also: [{finding.severity}] {short_finding(finding)}", file=sys.stderr)
     for finding in warnings:
         print(f"  warning: {finding}", file=sys.stderr)
     return exc.exit_code

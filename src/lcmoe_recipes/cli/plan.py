@@ -13,8 +13,7 @@ import sys
 
 from ..errors import LcmoeError
 from ..planner.hazards import decides, describe, open_hazards
-from ..planner.recipes import recipe_plan
-from ..planner.resolve import covering_recipe, search
+from ..planner.resolve import covering_recipe, named_plan, search
 from ..report.text import (Citations, aligned, csv_table, format_result, json_records, table_columns, table_rows,
                            write_csv)
 from .common import ArgumentParser, model_argument, report_error, request_arguments, request_from_args, write_plot_files
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(format_result(result, citations, args.explain, calibrated))
     if named is not None and not args.json:
-        print("\n" + _named_note(named.name, result.best))
+        print("\n" + _named_note(named, request, result.best))
     if args.explain and not args.json:
         from ..report.explain import explain_text
 
@@ -116,12 +115,13 @@ def main(argv: list[str] | None = None) -> int:
 SLOWER_NOTED = 1.5  # a named recipe predicted this many times the winner's step is called out (a fresh user's 4x)
 
 
-def _named_note(name: str, best) -> str:
-    """The note that the named recipe ``name`` answers the request at launch, with its predicted step beside the
-    search winner's ``best``; where it is predicted :data:`SLOWER_NOTED` times slower or more, that is said first."""
+def _named_note(named, request, best) -> str:
+    """The note that the named recipe ``named`` answers ``request`` at launch (with the request's precision and run
+    options, as launch applies them), with its predicted step beside the search winner's ``best``; where it is
+    predicted :data:`SLOWER_NOTED` times slower or more, that is said first."""
     from ..cost import estimate_step
 
-    plan = recipe_plan(name)
+    name, plan = named.name, named_plan(named, request)
     ours, theirs = best.step.step_seconds, estimate_step(plan).step_seconds
     gbs, own_gbs = best.plan.global_batch_size, plan.global_batch_size
     slower = (theirs / own_gbs) / (ours / gbs)  # per sequence: the two may batch differently
@@ -191,5 +191,5 @@ def _compare_main(args, hardware: list[str]) -> int:
         if c.result is None:
             print(f"{c.request.num_gpus} x {c.request.hardware}: {c.error.message}\n  fix: {c.error.fix}")
         elif (named := covering_recipe(c.request)) is not None:  # as for one target: launch uses the recipe there
-            print(f"{c.request.num_gpus} x {c.request.hardware}: " + _named_note(named.name, c.result.best))
+            print(f"{c.request.num_gpus} x {c.request.hardware}: " + _named_note(named, c.request, c.result.best))
     return 0

@@ -199,8 +199,9 @@ def _recipe_target(recipe: NamedRecipe, request: TrainingRequest) -> Plan:
                                                                        best.reasons["layout"].source)})
 
 
-def _named_plan(recipe: NamedRecipe, request: TrainingRequest) -> Plan:
-    """The named recipe with the request's run options and precision (one it does not pin: applied and checked)."""
+def named_plan(recipe: NamedRecipe, request: TrainingRequest) -> Plan:
+    """The named recipe with the request's run options and precision (one it does not pin: applied and checked):
+    what :func:`resolve` launches for a request that ``recipe`` covers."""
     plan = recipe_plan(recipe.name, **named_options(request, recipe))
     if request.precision and request.precision != plan.precision:
         changed = plan.with_changes(precision=request.precision)
@@ -313,7 +314,7 @@ def resolve(request: TrainingRequest) -> Resolution:
         elif request.layout_wishes() or _elsewhere(recipe, request):  # the recipe pins what these change: its model
             plan, recipe = _recipe_target(recipe, request), None  # is searched on the target asked for instead
         else:
-            plan, options = _named_plan(recipe, request), named_options(request, recipe)
+            plan, options = named_plan(recipe, request), named_options(request, recipe)
         if weights.reason is not None:
             plan = plan.with_changes(reasons={**plan.reasons, "pretrained_checkpoint": weights.reason})
     if (why := _model_reason(request, plan)) is not None:

@@ -171,11 +171,15 @@ def _is_known_issue(w: Finding) -> bool:
 
 
 def _short_warning(w: Finding) -> str:
-    """A warning as the summary lists it: in full, except a known upstream issue, whose title and sources stand for
-    it (its symptom, affected versions and fix are several lines each; --explain prints them)."""
+    return f"    - {short_finding(w)}"
+
+
+def short_finding(w: Finding) -> str:
+    """A finding as a summary lists it: ``rule: message; fix`` in full, except a known upstream issue, whose title and
+    sources stand for it (its symptom, affected versions and fix are several lines each; --explain prints them)."""
     if _is_known_issue(w):
-        return f"    - {w.rule}: {w.message.split(']. ', 1)[0]}]"
-    return f"    - {w.rule}: {w.message}; {w.fix}"
+        return f"{w.rule}: {w.message.split(']. ', 1)[0]}]"
+    return f"{w.rule}: {w.message}; {w.fix}"
 
 
 TABLE_COLUMNS = ("rank", "TP", "CP", "EP", "PP", "VPP", "DP", "EDP", "recompute", "offload", "MBS", "memory GiB",
