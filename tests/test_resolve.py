@@ -456,3 +456,20 @@ def test_a_relative_weights_folder_is_made_absolute(tmp_path, monkeypatch):
     assert request.convert_to == str(Path("~/mg/q235").expanduser())
     assert TrainingRequest(model="qwen3_30b", seq_length=8192, from_checkpoint="ck").from_checkpoint == str(
         tmp_path / "ck")
+
+
+def test_a_job_smaller_than_a_node_runs_on_one_node_and_a_refused_one_writes_nothing(tmp_path, capsys):
+    """qwen3_30b at 32K on 4 of a node's 8 H100: plan accepts it, so launch runs it on one node (torchrun with 4
+    processes); a Slurm job of whole nodes refuses it by name, and writes no YAML (before, the YAML was written, then
+    the command was refused with "use 8 or 8 GPUs")."""
+    local = tmp_path / "q.yaml"
+    assert launch(["qwen3_30b", "--seq", "32768", "--gpus", "4", "--hardware", "h100", "--dry-run",
+                   "--output", str(local)]) == 0
+    out = capsys.readouterr().out
+    assert "cluster command (on one node, 4 GPUs):\n  torchrun --nnodes 1 --nproc-per-node 4 " in out
+    assert local.is_file()
+    slurm = tmp_path / "s.yaml"
+    assert launch(["qwen3_30b", "--seq", "32768", "--gpus", "4", "--hardware", "h100", "--dry-run", "--executor",
+                   "slurm", "--account", "a", "--partition", "p", "--output", str(slurm)]) == 2
+    assert "error: 4 GPUs do not fill whole nodes of 8\n  fix: use 8 GPUs (one whole node)" in capsys.readouterr().err
+    assert not slurm.exists()

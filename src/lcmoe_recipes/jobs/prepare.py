@@ -75,10 +75,12 @@ def torchrun_command(yaml_path: str | Path, world_size: int, gpus_per_node: int)
     """The command every node of the cluster runs (one torchrun per node; under Slurm: ``srun --ntasks-per-node 1``).
 
     Raises:
-        LcmoeError: ``world_size`` does not fill whole nodes.
+        LcmoeError: ``world_size`` is above one node and does not fill whole nodes.
     """
-    nodes = nodes_for(world_size, gpus_per_node)
-    return (f"torchrun --nnodes {nodes} --nproc-per-node {gpus_per_node} --rdzv-backend c10d "
+    # a job smaller than a node runs on one node with that many GPUs; a larger one fills whole nodes
+    nodes, per_node = (1, world_size) if world_size < gpus_per_node else (nodes_for(world_size, gpus_per_node),
+                                                                         gpus_per_node)
+    return (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d "
             f"--rdzv-endpoint \"$MASTER_ADDR:${{MASTER_PORT:-29500}}\" -m lcmoe_recipes.train "
             f"--config {shlex.quote(str(yaml_path))}")
 
@@ -311,10 +313,11 @@ def prepare(request: TrainingRequest, *, container_image: str | None = None, out
     if start:  # every phase runs on the same target: a local run needs its ranks' GPUs here
         refuse_to_start([one.cfg for one in configs], mock_data=mock_data, from_scratch=from_scratch,
                         local_ranks=configs[0].plan.layout.world if settings is None else None)
+    for one in configs:  # the command first: a world it cannot run is refused before anything is written
+        one.command = torchrun_command(one.output, one.plan.layout.world, one.plan.hardware_spec.gpus_per_node)
     for one in configs:
         emit.write_yaml(one.cfg, one.output, one.meta)
         write_ft_config(one.job, one.output)
-        one.command = torchrun_command(one.output, one.plan.layout.world, one.plan.hardware_spec.gpus_per_node)
     return configs
 
 

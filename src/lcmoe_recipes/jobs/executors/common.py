@@ -104,7 +104,8 @@ def nodes_for(world_size: int, gpus_per_node: int) -> int:
     if world_size % gpus_per_node:
         lower = world_size - world_size % gpus_per_node
         raise LcmoeError(f"{world_size} GPUs do not fill whole nodes of {gpus_per_node}",
-                         f"use {lower or gpus_per_node} or {lower + gpus_per_node} GPUs")
+                         f"use {lower} or {lower + gpus_per_node} GPUs" if lower else
+                         f"use {gpus_per_node} GPUs (one whole node)")
     return world_size // gpus_per_node
 
 
