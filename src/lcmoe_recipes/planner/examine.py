@@ -180,12 +180,20 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
             f"lists) in {len(edited)} field(s): {shown}" + (" ..." if len(edited) > 8 else ""),
             "intended edits need nothing more; the reasons shown for the recipe do not cover them"))
     if meta and (gpus, hw.key) != (meta.get("world_size"), meta.get("hardware")):
+        counts, why = [gpus], ""
+        try:  # a count the planner refuses (not whole nodes) gets the whole-node counts beside it
+            TrainingRequest.parse(model=plan.model, hardware=hw.key, num_gpus=gpus)
+        except LcmoeError:
+            lower = gpus - gpus % hw.gpus_per_node
+            counts = [n for n in (lower, lower + hw.gpus_per_node) if n]
+            why = f" ({gpus} does not fill whole nodes of {hw.gpus_per_node}" + (
+                f"; or --gpus {counts[1]})" if len(counts) > 1 else ")")
         findings.append(Finding(
             "warning", "target/differs-from-header",
             f"checking for {gpus} x {hw.key}, but the YAML was written for {meta.get('world_size')} x "
             f"{meta.get('hardware')}: lcmoe_recipes.train refuses to start on a target other than the header's",
             f"re-plan it for this target: python -m lcmoe_recipes.launch --from {config} --seq {cfg.model.seq_length} "
-            f"--gpus {gpus} --hardware {hw.key} --dry-run"))
+            f"--gpus {counts[0]} --hardware {hw.key} --dry-run{why}"))
     return _examined(plan, findings, versions, cfg)
 
 
