@@ -156,8 +156,8 @@ def test_yaml_checked_for_another_target_warns(configs, tmp_path, capsys):
             "--hardware h100 --dry-run") in out
     # a count the planner refuses gets a whole-node count in the command, not one that launch refuses in turn
     main([str(path), "--gpus", "100"])
-    assert (f"fix: re-plan it for this target: python -m lcmoe_recipes.launch --from {path} --seq 131072 --gpus 96 "
-            "--hardware h100 --dry-run (100 does not fill whole nodes of 8; or --gpus 104)") in capsys.readouterr().out
+    assert (f"fix: re-plan it for this target: python -m lcmoe_recipes.launch --from {path} --seq 131072 --gpus 104 "
+            "--hardware h100 --dry-run (100 does not fill whole nodes of 8; or --gpus 96)") in capsys.readouterr().out
     path.write_text(path.read_text().split("\n", 1)[1])  # drop the header
     assert main([str(path), "--gpus", "256"]) == 2
     assert "fix: give --hardware NAME" in capsys.readouterr().err

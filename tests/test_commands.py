@@ -126,6 +126,12 @@ def test_a_resilient_slurm_dry_run_writes_its_own_yaml_that_check_accepts(tmp_pa
     assert '"slurm_resiliency": true' in written.read_text().splitlines()[0] and "enable_ft_package: true" in (
         written.read_text())
     assert f"--config {written.name}" in out
+    # the summary's resume interval is the one written (lowered to the 4 h job's usable time), not the plan's 30
+    from lcmoe_recipes.emit import read_yaml
+
+    interval = read_yaml(written)[0].checkpoint.non_persistent_save_interval
+    assert f"checkpoint.non_persistent_save_interval={interval}: lowered to the job's usable" in out
+    assert f"  checkpoints: resume points every {interval} steps (" in out
     assert check([str(written)]) in (0, 1)
     assert "config/edited-named-recipe" not in capsys.readouterr().out
     first = written.read_text()

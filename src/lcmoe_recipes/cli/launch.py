@@ -367,6 +367,9 @@ def _print_configured(one: Configured, args: argparse.Namespace, citations: Cita
     if one.shown.schedule is not None:
         print(f"  phase: {phase_time(one.shown).text()}")
     cadence = save_intervals(one.shown)
+    written = getattr(one.cfg.checkpoint, "non_persistent_save_interval", None)
+    if written and written != cadence.non_persistent:  # the job's time limit lowered it (the notes say why)
+        cadence = dataclasses.replace(cadence, non_persistent=written, bound="the job's time limit")
     losses = failure_cost(one.shown, cadence)
     if not args.explain:
         print(f"  checkpoints: {cadence.short()}; {losses.short()}")

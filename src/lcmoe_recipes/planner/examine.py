@@ -185,7 +185,7 @@ def examine(config: str, gpus: int | None = None, hardware: str | None = None, c
             TrainingRequest.parse(model=plan.model, hardware=hw.key, num_gpus=gpus)
         except LcmoeError:
             lower = gpus - gpus % hw.gpus_per_node
-            counts = [n for n in (lower, lower + hw.gpus_per_node) if n]
+            counts = [n for n in (lower + hw.gpus_per_node, lower) if n]  # more GPUs first: more likely to fit
             why = f" ({gpus} does not fill whole nodes of {hw.gpus_per_node}" + (
                 f"; or --gpus {counts[1]})" if len(counts) > 1 else ")")
         findings.append(Finding(
