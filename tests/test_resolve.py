@@ -473,3 +473,23 @@ def test_a_job_smaller_than_a_node_runs_on_one_node_and_a_refused_one_writes_not
                    "slurm", "--account", "a", "--partition", "p", "--output", str(slurm)]) == 2
     assert "error: 4 GPUs do not fill whole nodes of 8\n  fix: use 8 GPUs (one whole node)" in capsys.readouterr().err
     assert not slurm.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source, gpus, hardware, kept", [
+    ("deepseek_v3_pretrain_1024gpu_h100_fp8sc_config", 256, "h100", "grad_dtype"),  # the perf recipe's BF16 grads
+    (str(ROOT / "recipes" / "dsv3_128k_h100.yaml"), 256, "gb200", "moment_dtype"),  # FP32 moments (its offload's)
+])
+def test_a_retargeted_configs_prediction_is_the_written_yamls(tmp_path, source, gpus, hardware, kept):
+    """launch --from printed the memory of the searched plan (FP32 gradients, BF16 moments) while the YAML kept the
+    config's own dtypes, so `check` on it read another peak (57.0 vs 64.8 GiB; 157.5 vs 147.6): the plan keeps them."""
+    from lcmoe_recipes.cost import estimate_memory
+    from lcmoe_recipes.emit import plan_from_config
+    from lcmoe_recipes.jobs.prepare import prepare
+
+    (one,) = prepare(TrainingRequest(from_config=source, seq_length=131072, num_gpus=gpus, hardware=hardware),
+                     output=tmp_path / "r.yaml")
+    back = plan_from_config(one.cfg, one.shown.hardware_spec, gpus, "back")
+    assert estimate_memory(one.shown).hbm_total == estimate_memory(back).hbm_total
+    assert getattr(one.shown, kept) == getattr(back, kept)
+    assert "the config's own, kept; the layout was searched with" in one.shown.reasons[kept].why

@@ -79,5 +79,15 @@ def retarget_plan(before: Plan, best: Plan, name: str, keep_precision: bool = Tr
                                                        best.model_spec.shared_expert_ffn_hidden_size else "")
             + " to take it", f"your config; {EP_OVERLAP_SOURCE}")}
         best = best.with_changes(reasons=reasons)
-    return best.with_changes(name=name, schedule=schedule, num_workers=before.num_workers,
-                             eval_iters=before.eval_iters, pin_cpu_grads=before.pin_cpu_grads, reasons=best.reasons)
+    # the YAML keeps its own gradient and Adam-moment dtypes (neither is retargeted): so does the plan, so what launch
+    # predicts is what `check` reads from the YAML; the search sized the layout with its own, said where they differ
+    reasons, kept = best.reasons, {}
+    for knob, what, fields in (("grad_dtype", "gradient reduction", "ddp.grad_reduce_in_fp32"),
+                               ("moment_dtype", "Adam moments", "optimizer.exp_avg_dtype, optimizer.exp_avg_sq_dtype")):
+        if getattr(before, knob) != getattr(best, knob):
+            kept[knob] = getattr(before, knob)
+            reasons = {**reasons, knob: Reason(
+                f"{getattr(before, knob)} {what} ({fields}): the config's own, kept; the layout was searched with "
+                f"{getattr(best, knob)} (set {fields} for that)", "your config")}
+    return best.with_changes(name=name, schedule=schedule, num_workers=before.num_workers, **kept,
+                             eval_iters=before.eval_iters, pin_cpu_grads=before.pin_cpu_grads, reasons=reasons)
