@@ -543,3 +543,18 @@ def test_plan_piped_into_head_keeps_its_csv(tmp_path):
         os.close(write)
     assert (done.returncode, done.stderr) == (0, "")
     assert csv_file.read_text().splitlines()[0].endswith(",tie-break") and len(csv_file.read_text().splitlines()) == 6
+
+
+def test_a_cp_wish_that_does_not_split_seq_length_names_cps_the_search_finds_layouts_with():
+    """--cp 32 at seq_length 100,000 (not a multiple of 64): the fix was "use CP=16, which then also needs: use
+    GBS=80 or 88" -- one candidate's GBS re-checked -- though --cp 16 alone launches (the search derives GBS)."""
+    from lcmoe_recipes.errors import InfeasibleConfig
+    from lcmoe_recipes.planner.resolve import search
+
+    asked = dict(model="qwen3_235b", seq_length=100000, hardware="gb200", num_gpus=128)
+    with pytest.raises(InfeasibleConfig) as err:
+        search(TrainingRequest(**asked, cp=32))
+    assert err.value.fix == ("use CP=8 or 16 (a CP whose 2·CP chunks split seq_length 100,000; a layout was found "
+                             "with it)")
+    for cp in (8, 16):
+        assert search(TrainingRequest(**asked, cp=cp)).best.plan.layout.cp == cp

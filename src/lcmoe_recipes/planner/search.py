@@ -914,11 +914,28 @@ def _result_or_raise(ctx: _Request, result) -> SearchResult:
     split, fix = _seq_split_note(request, ctx.cp_guess[0])
     if fix is None and main == "memory/exceeds-hbm":
         fix = _memory_fix(ctx)
+    if fix is None and main == "divisibility/seq-cp" and request.cp:
+        fix = _cp_wish_fix(ctx)
     raise InfeasibleConfig(
         f"no layout for {asked}: {considered} candidates considered, "
         f"{'all' if rejected[main][0] >= considered else 'most'} rejected by {main} "
         f"({', '.join(f'{k}: {v[0]}' for k, v in sorted(rejected.items(), key=lambda kv: -kv[1][0]))}){split}",
         fix or rejected[main][1])
+
+
+def _cp_wish_fix(ctx: _Request) -> str | None:
+    """The fix for a CP wish that does not split seq_length into 2·CP chunks: the nearest CPs that do, each searched
+    with the request's other wishes (the search derives GBS, recompute and the rest for it, so a re-check of one
+    candidate's fixed GBS would add a needless condition); None where none of the nearest four finds a layout."""
+    request = ctx.request
+    ok = sorted((c for c in (2**i for i in range(12)) if request.seq_length % (2 * c) == 0 and c != request.cp),
+                key=lambda c: (abs(c - request.cp), c))[:4]
+    found = [c for c in ok if isinstance(_search(_context(request.replace(cp=c), ctx.table, ctx.memory_constants),
+                                                 enumerate_layouts(request.replace(cp=c)), 1, False), SearchResult)]
+    if not found:
+        return None
+    return (f"use CP={' or '.join(str(c) for c in sorted(found[:2]))} (a CP whose 2·CP chunks split seq_length "
+            f"{request.seq_length:,}; a layout was found with it)")
 
 
 NEXT_COUNTS, SCALED_COUNTS = 4, (1.25, 1.5, 2, 3, 4, 8, 16, 32)  # GPU counts the memory fix tries (below)
