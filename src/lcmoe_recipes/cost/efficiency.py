@@ -52,7 +52,11 @@ _FP8_FOR_BF16 = ("no fitted BF16 row on this GPU: its FP8 efficiency (a fraction
                  "one) stands in")
 _OTHER_BLACKWELL = "no fitted row on this GPU at this precision: the same Blackwell tensor cores on GB200 stand in"
 _GDN = "no published gated-DeltaNet row on this GPU: GB200's scan time per chunk stands in"
-_NOT_RUNNABLE = "not a recipe this GPU runs (MXFP8 is a Blackwell format; block-scaled FP8 is Hopper's)"
+_NOT_RUNNABLE = "not a recipe this GPU runs (MXFP8 is a Blackwell, SM 10.x, format)"
+# Transformer Engine runs Float8BlockScaling on SM 9.0 and later (its docs' FP8 blockwise-scaling example requires
+# SM90+), so Blackwell runs it; no published row measures it there, and MXFP8 (the native 1x32 block scaling) stands in
+_BLOCKWISE_ON_BLACKWELL = ("no published blockwise-FP8 row on Blackwell (Transformer Engine runs it on SM 9.0 and "
+                           "later): MXFP8, Blackwell's native block scaling, stands in")
 _HOPPER_ATTENTION = "no fitted long-context row on Blackwell: Hopper's scale on the same cuDNN kernel family stands in"
 
 # (gpu, kind) -> (the key whose value stands in, why), for every GPU x kind; FITTED wins where it has the key. The
@@ -66,10 +70,10 @@ BORROWED: dict[tuple[str, str], tuple[tuple[str, str], str]] = {
     ("h100", "gdn_step"): (("gb200", "gdn_step"), _GDN),
     ("gb200", "bf16"): (("gb200", "mxfp8"), _FP8_FOR_BF16),
     ("gb200", "fp8_cs"): (("gb200", "mxfp8"), _OTHER_FP8),
-    ("gb200", "fp8_blockwise"): (("gb200", "mxfp8"), _NOT_RUNNABLE),
+    ("gb200", "fp8_blockwise"): (("gb200", "mxfp8"), _BLOCKWISE_ON_BLACKWELL),
     ("gb200", "attention"): (("h100", "attention"), _HOPPER_ATTENTION),
     **{(gpu, k): ((gpu, "mxfp8"), why) for gpu in ("gb300", "b200")
-       for k, why in (("bf16", _FP8_FOR_BF16), ("fp8_cs", _OTHER_FP8), ("fp8_blockwise", _NOT_RUNNABLE))},
+       for k, why in (("bf16", _FP8_FOR_BF16), ("fp8_cs", _OTHER_FP8), ("fp8_blockwise", _BLOCKWISE_ON_BLACKWELL))},
     **{(gpu, "mxfp8"): (("gb200", "mxfp8"), _OTHER_BLACKWELL) for gpu in ("gb300", "b200")},
     **{(gpu, "attention"): (("gb200", "attention"), _SAME_KERNEL) for gpu in ("gb300", "b200")},
     **{(gpu, "gdn_step"): (("gb200", "gdn_step"), _GDN) for gpu in ("gb300", "b200")},
