@@ -383,5 +383,6 @@ def _print_configured(one: Configured, args: argparse.Namespace, citations: Cita
     print(f"\nConfigContainer YAML: {one.output}")
     if args.executor == "local" and not args.smoke:  # for slurm, the sbatch script is the command
         nodes = plan.layout.world // hw.gpus_per_node
-        where = f"on each of the {nodes} nodes" if nodes > 1 else f"on one node, {min(plan.layout.world, hw.gpus_per_node)} GPUs"
+        where = (f"on each of the {nodes} nodes" if nodes > 1 else
+                 f"on one node, {min(plan.layout.world, hw.gpus_per_node)} GPUs")
         print(f"cluster command ({where}):\n  {one.command}")

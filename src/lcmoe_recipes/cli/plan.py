@@ -133,7 +133,7 @@ def _named_note(named, request, best) -> str:
         text += (f"; the cost model predicts it {slower:.1f}x slower per sequence than the winner -- measure both "
                  "before a long run (the model's error on held-out rows: docs/accuracy.md)")
     avoided = [h for h in open_hazards(plan) if h not in open_hazards(best.plan) and decides(h)]
-    if avoided:  # e.g. DeepSeek-V3 128K: upstream's optimizer CPU offload and its checkpoint bug, where one fits without
+    if avoided:  # e.g. DeepSeek-V3 128K: upstream's CPU offload and its checkpoint bug, where a layout fits without
         text += ("; it walks into open upstream bug(s) the winner avoids: " + ", ".join(map(describe, avoided))
                  + " (docs/known_issues.md)")
     return text + f"; to launch the search's answer instead, give its layout as wishes ({_wishes(best.plan)})"

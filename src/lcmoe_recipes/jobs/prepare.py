@@ -27,6 +27,7 @@ from ..checks.known_issues import job_versions
 from ..checks.weights import PRETRAINED, Weights, not_here
 from ..core.plan import Plan, Reason, carry_reasons
 from ..core.request import SAME_QUANTITY, TrainingRequest, seq_tag
+from ..emit.paths import is_url
 from ..emit.yaml_io import RESILIENCY_KEY
 from ..errors import Finding, LcmoeError
 from ..planner.resolve import Resolution, phase_requests, resolve
@@ -486,7 +487,7 @@ def _overridden_weights_notes(one) -> list[Finding]:
     """``weights/not-here`` for weights an override (or the ``--from`` YAML) names instead of the request's, where
     this machine does not see them (where it does, validation checked them: rule ``weights/pretrained-model``)."""
     path = getattr(one.cfg.checkpoint, "pretrained_checkpoint", None)
-    if not path or str(path) == str(one.weights.pretrained or "") or "://" in str(path) or Path(path).exists():
+    if not path or str(path) == str(one.weights.pretrained or "") or is_url(str(path)) or Path(path).exists():
         return []
     return [not_here(f"{PRETRAINED}={path}")]
 

@@ -123,5 +123,6 @@ def priced_cp_comm(plan):
         return "a2a+p2p", split, Reason(f"hierarchical a2a+p2p, sizes {a} x {p}: predicted step {hier:.1f} s "
                                         f"{with_hier} vs {ring:.1f} s {with_ring}{why_not}", HIERARCHICAL_SOURCE), \
             estimate_step(hier_plan, terms=hier_terms), hier_terms
-    return "p2p", None, Reason(f"p2p ring: predicted step {ring:.1f} s {with_ring} vs {hier:.1f} s {with_hier}"
-                               f"{why_not}", HIERARCHICAL_SOURCE), estimate_step(ring_plan, terms=ring_terms), ring_terms
+    why = Reason(f"p2p ring: predicted step {ring:.1f} s {with_ring} vs {hier:.1f} s {with_hier}{why_not}",
+                 HIERARCHICAL_SOURCE)
+    return "p2p", None, why, estimate_step(ring_plan, terms=ring_terms), ring_terms
