@@ -213,3 +213,45 @@ def test_a_stale_layout_string_is_refused_by_name_when_priced():
     with pytest.raises(InfeasibleConfig, match=r"'Et\|\(tt\|\)\*46tL' has 48 stages, but PP=8 x VPP=12 needs 96") as err:
         stage_decoder_layers(stale)
     assert "model.pipeline_model_parallel_layout=null" in err.value.fix
+
+
+def _pp8_qwen3_235b():
+    """qwen3_235b_128k_gb200 with PP=8 (VPP 6, the layout launch derives): TP4 PP8 CP8 and EP32 PP8 both need 256 of
+    its 128 GPUs."""
+    import dataclasses
+
+    from lcmoe_recipes.core.pipeline import build_pipeline_layout
+
+    qwen = recipe_plan("qwen3_235b_128k_gb200")
+    return qwen.with_changes(layout=dataclasses.replace(qwen.layout, pp=8, vpp=6),
+                             pipeline_model_parallel_layout=build_pipeline_layout(94, 48, qwen.mtp_num_layers))
+
+
+def test_a_two_rule_fix_says_when_no_pair_of_fixes_fits_in_hbm():
+    """A fresh user applied "use CP=4, which then also needs: use EP=8 or 16" and was refused for HBM: the fix now
+    says no such pair fits, and each pair is over the planning limit by the memory model."""
+    import dataclasses
+
+    from lcmoe_recipes.checks.feasibility import check_plan
+    from lcmoe_recipes.core.plan import HBM_MARGIN
+    from lcmoe_recipes.cost import estimate_memory
+
+    plan = _pp8_qwen3_235b()
+    fixes = {f.rule: f.fix for f in check_plan(plan) if f.severity == "error"}
+    assert fixes["rank-folding/dense"] == (
+        "use CP=4, which then also needs: use EP=8 or 16 (ETP=1 · EP=32 · PP=8 = 256 does not divide the world size "
+        "128); by the memory model no such pair then fits in HBM (its memory finding names what would)")
+    for cp, ep in ((4, 8), (4, 16)):
+        pair = plan.with_changes(layout=dataclasses.replace(plan.layout, cp=cp, ep=ep))
+        assert not [f for f in check_plan(pair) if f.severity == "error" and not f.rule.startswith("memory/")]
+        assert estimate_memory(pair).hbm_total > HBM_MARGIN * pair.hardware_spec.hbm_bytes
+
+
+def test_a_two_rule_fix_names_the_pair_that_fits(monkeypatch):
+    """Where a pair passes every layout rule and fits (here: the memory model's verdict replaced by "fits", to reach
+    the branch), the fix names it: "use CP=4 with EP=16" (the nearer EP to 32 first)."""
+    from lcmoe_recipes.checks import feasibility
+
+    monkeypatch.setattr(feasibility, "_fits_hbm", lambda plan: True)
+    fixes = {f.rule: f.fix for f in feasibility.check_plan(_pp8_qwen3_235b()) if f.severity == "error"}
+    assert fixes["rank-folding/dense"] == "use CP=4 with EP=16"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from functools import lru_cache
 
 from ..errors import Finding, InfeasibleConfig, raise_for_errors  # noqa: F401 (re-exported by checks)
@@ -93,7 +94,42 @@ def _fitting(plan: Plan, candidates: list[int], bad: int, make, n: int = 2) -> s
     if first is None:
         return "none"
     value, error = first
-    return f"{value}, which then also needs: {error.fix} ({error.message})"
+    _RECHECKING[0] = True
+    try:  # the other rule's own fix applied too: named where the two together pass and fit
+        pairs = {f"{v} with {knob}={alt}": _verdict(make(v).with_changes(
+            layout=dataclasses.replace(make(v).layout, **{knob.lower(): alt})))
+            for v in ranked[:4] for knob, alt in _follow_up(make(v))}
+    finally:
+        _RECHECKING[0] = False
+    if fits := [pair for pair, verdict in pairs.items() if verdict == "fits"]:
+        return fits[0]
+    return f"{value}, which then also needs: {error.fix} ({error.message})" + (
+        "; by the memory model no such pair then fits in HBM (its memory finding names what would)"
+        if pairs and set(pairs.values()) == {"hbm"} else "")
+
+
+_LAYOUT_FIX = re.compile(r"^use (TP|CP|EP|PP)=(\d+)(?: or (\d+))?")
+
+
+def _follow_up(plan: Plan) -> list[tuple[str, int]]:
+    """The layout values (knob, value) the first error of ``plan`` names in its fix (``use EP=8 or 16``), nearest
+    first; [] where it names none."""
+    errors = [f for f in check_plan(plan) if f.severity == "error"]
+    match = _LAYOUT_FIX.match(errors[0].fix) if errors else None
+    if match is None:
+        return []
+    knob, now = match.group(1), getattr(plan.layout, match.group(1).lower())
+    return sorted(((knob, int(v)) for v in match.groups()[1:] if v), key=lambda kv: abs(kv[1] - now))
+
+
+def _verdict(plan: Plan) -> str:
+    """``fits`` (no error, and within HBM by the memory model), ``hbm`` (no error, over HBM) or ``rules`` (an error)."""
+    try:
+        if any(f.severity == "error" for f in check_plan(plan)):
+            return "rules"
+    except InfeasibleConfig:
+        return "rules"
+    return "fits" if _fits_hbm(plan) else "hbm"
 
 
 def _fits_hbm(plan: Plan) -> bool:
