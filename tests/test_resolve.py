@@ -493,3 +493,26 @@ def test_a_retargeted_configs_prediction_is_the_written_yamls(tmp_path, source, 
     assert estimate_memory(one.shown).hbm_total == estimate_memory(back).hbm_total
     assert getattr(one.shown, kept) == getattr(back, kept)
     assert "the config's own, kept; the layout was searched with" in one.shown.reasons[kept].why
+
+
+@pytest.mark.slow
+def test_a_retarget_to_blackwell_says_blockwise_fp8_and_writes_a_requested_precision(tmp_path):
+    """An H100 FP8-blockwise config retargeted to GB200 kept blockwise without a word; with --precision mxfp8 the plan
+    was MXFP8 but the YAML kept blockwise (and was refused for HBM): the precision is now written, and the kept
+    blockwise is said (precision/blockwise-on-blackwell)."""
+    from lcmoe_recipes.cost import estimate_memory
+    from lcmoe_recipes.emit import plan_from_config
+    from lcmoe_recipes.emit.fields import precision_of
+    from lcmoe_recipes.jobs.prepare import prepare
+
+    asked = dict(from_config=str(ROOT / "recipes" / "dsv3_128k_h100.yaml"), seq_length=131072, num_gpus=256,
+                 hardware="gb200")
+    (kept,) = prepare(TrainingRequest(**asked), output=tmp_path / "k.yaml")
+    assert precision_of(kept.cfg.mixed_precision) == "fp8_blockwise"
+    (said,) = [w for w in kept.warnings if w.rule == "precision/blockwise-on-blackwell"]
+    assert said.fix.startswith("use mxfp8 (launch --precision mxfp8")
+    (mx,) = prepare(TrainingRequest(**asked, precision="mxfp8"), output=tmp_path / "m.yaml")
+    assert precision_of(mx.cfg.mixed_precision) == mx.shown.precision == "mxfp8"
+    back = plan_from_config(mx.cfg, mx.shown.hardware_spec, 256, "back")
+    assert estimate_memory(mx.shown).hbm_total == estimate_memory(back).hbm_total
+    assert not [w for w in mx.warnings if w.rule == "precision/blockwise-on-blackwell"]

@@ -400,6 +400,12 @@ def check_plan(plan: Plan, megatron_core: str | None = None) -> list[Finding]:
             f"{hw.compute_capability[0]}.{hw.compute_capability[1]}", "use fp8_blockwise or fp8_cs on Hopper, or bf16")
     elif plan.precision.startswith("fp8") and hw.compute_capability < (8, 9):
         add("error", "precision/hardware", f"FP8 needs SM 8.9 or newer; {hw.display} is older", "use bf16")
+    elif plan.precision == "fp8_blockwise" and hw.compute_capability[0] >= 10:  # e.g. an H100 config retargeted
+        add("warning", "precision/blockwise-on-blackwell",
+            f"FP8 blockwise scaling on {hw.display}: Transformer Engine runs it there, but Blackwell's native block "
+            "scaling is MXFP8 (1x32 blocks), what the planner picks on Blackwell for a model trained in block-scaled "
+            "FP8, and no published row measures blockwise FP8 on Blackwell, so its predicted step borrows MXFP8's",
+            "use mxfp8 (launch --precision mxfp8, or mixed_precision=bf16_with_mxfp8_mixed), or keep it and measure")
 
     findings.sort(key=lambda f: f.severity != "error")
     return findings

@@ -594,11 +594,12 @@ _ABSENT = _Absent()
 
 # The settings groups a retarget writes onto a user's config (the rest of the config stays the user's).
 # "checkpoint": the retargeted run saves and resumes in a folder of its own, at a cadence for its step time (kept, the
-# config's folder would resume from the shorter run's saves, whose iteration may already be the new run's last)
-RETARGET_SETTINGS = ("layout", "sequence_parallel", "pipeline_model_parallel_layout", "seq_length", "positions",
-                     "cp_comm_type", "dispatcher", "hardware_env", "recompute", "cuda_graphs", "optimizer_cpu_offload",
-                     "global_batch_size", "loss", "attention_mask", "tp_comm_overlap", "moe_ep_overlap",
-                     "checkpoint")
+# config's folder would resume from the shorter run's saves, whose iteration may already be the new run's last);
+# "precision": a no-op unless --precision asked for another (the plan keeps the config's own otherwise)
+RETARGET_SETTINGS = ("precision", "layout", "sequence_parallel", "pipeline_model_parallel_layout", "seq_length",
+                     "positions", "cp_comm_type", "dispatcher", "hardware_env", "recompute", "cuda_graphs",
+                     "optimizer_cpu_offload", "global_batch_size", "loss", "attention_mask", "tp_comm_overlap",
+                     "moe_ep_overlap", "checkpoint")
 
 
 def retarget_config(cfg, plan: Plan, schedule: bool = False) -> tuple[object, list[Difference]]:
