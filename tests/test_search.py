@@ -88,6 +88,34 @@ def test_bounds_never_exceed_the_prediction(fields):
     assert checked >= 40 * len(ctx.ladder)
 
 
+@pytest.mark.parametrize("fields", [dict(model="dsv3", seq_length=131072, hardware="h100", num_gpus=1024),
+                                    dict(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=64),
+                                    dict(model="gpt_oss_120b", seq_length=65536, hardware="b200", num_gpus=64)])
+def test_rung_bound_never_exceeds_the_priced_step(fields, monkeypatch):
+    """The bound a rung is queued with (its own recompute; CP exchange, EP and TP overlaps at their fastest) is at
+    most the step the search then prices for it, on every layout the exhaustive search fits; and it is tighter than
+    the no-recompute bound wherever the rung recomputes (so a layout that needs recompute is priced later)."""
+    from lcmoe_recipes.planner import search
+
+    seen, priced = [], search._priced
+
+    def record(ctx, rung, rules):
+        candidate = priced(ctx, rung, rules)
+        plans = [p for p in (rung.plan, rung.fallback and rung.fallback[0]) if p]
+        plans = [p.with_changes(moe_ep_overlap=p.moe_ep_overlap or rung.wanted) for p in plans]
+        seen.append((search._rung_bound(ctx, rung), candidate.step.step_seconds,
+                     min(search._step_bound(p, ctx.table) for p in plans), plans[0].recompute_granularity))
+        return candidate
+
+    monkeypatch.setattr(search, "_priced", record)
+    search_layouts(TrainingRequest(**fields), exhaustive=True)
+    assert len(seen) >= 20
+    for bound, step, _, _ in seen:
+        assert bound <= step * (1 + 1e-12)
+    assert all(tight >= loose * (1 - 1e-12) for tight, _, loose, _ in seen)
+    assert any(tight > loose * 1.05 for tight, _, loose, granularity in seen if granularity == "full")
+
+
 def test_step_bound_takes_the_faster_of_tp_overlap_on_and_off():
     """Qwen3-235B 32K on 256 H200, TP2 CP1 EP16 PP1: its TP traffic is small beside the GEMMs it runs with, so the
     microbatch is slower with tp_comm_overlap on than off (the SMs TE's bulk transfers hold cost the GEMMs more than

@@ -107,14 +107,17 @@ def _slowest_compute(model_key: str, hw_key: str, precision: str, seq_length: in
 
 
 def step_lower_bound(plan: Plan, table: dict[tuple[str, str], float] | None = None,
-                     exchange: tuple[str, tuple[int, ...]] | None = None) -> float:
+                     exchange: tuple[str, tuple[int, ...]] | None = None, keep_recompute: bool = False) -> float:
     """Seconds per step, at most ``estimate_step`` of ``plan`` with any recompute, offload and CUDA graphs: the
     microbatch time of ``plan`` without recompute (compute and exposed TP / CP / EP / PP communication of its
     slowest rank), times microbatches plus the pipeline bubble. ``exchange``: another CP exchange
     (``cp_comm_type``, ``hierarchical_cp_sizes``) the plan may run instead; the bound is then the smaller of the two
     (the second priced from the first's once-per-step terms: :func:`~lcmoe_recipes.cost.step.with_cp_exchange`).
-    With ``tp_comm_overlap`` on, each exchange is priced with it on and off and the faster kept (module doc)."""
-    bare = plan if plan.recompute_granularity is None else plan.with_changes(
+    With ``tp_comm_overlap`` on, each exchange is priced with it on and off and the faster kept (module doc).
+    ``keep_recompute``: at ``plan``'s own recompute instead of none -- a bound over offload, CUDA graphs, the CP
+    exchange and the TP overlap of plans with that recompute (the search prices a rung of the memory ladder with it
+    before working the rung's other knobs out)."""
+    bare = plan if keep_recompute or plan.recompute_granularity is None else plan.with_changes(
         recompute_granularity=None, recompute_modules=(), recompute_method=None, recompute_num_layers=None)
     lay = plan.layout
     terms = step_terms(bare)

@@ -402,11 +402,31 @@ def _peak(ctx: _Request, plan: Plan) -> MemoryBreakdown:
     return max(sorted(_rank_peaks(ctx, plan), key=lambda m: m.pp_rank), key=lambda m: m.total)
 
 
+class _Rung(NamedTuple):
+    """Where a layout fits (:func:`_find_rung`): the first rung of the memory ladder that fits with the EP overlap
+    the rung allows (``plan``, its ladder ``level`` and offload ``fraction``; None when none does before ``fallback``
+    is taken), and ``fallback``: with VPP, the first rung that fits only with the EP overlap off ((plan, level,
+    fraction) or None). ``wanted``: the base's EP overlap, before any rung."""
+
+    plan: Plan | None
+    level: int
+    fraction: float
+    fallback: tuple[Plan, int, float] | None
+    wanted: bool
+
+
 def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict, bool], reject: dict) -> Candidate | None:
     """The least recompute, then the smallest offload, that fits ``base`` in the memory limit, with its predicted
-    step; None (rejected) when the checks refuse every fitting choice. With VPP the EP all-to-all overlap keeps one
-    more model chunk in flight (:func:`~lcmoe_recipes.cost.memory.ep_overlap_warmup`): the first rung that fits only
-    with it off is kept aside and priced against the first that fits with it on; the faster wins."""
+    step; None (rejected) when the checks refuse every fitting choice (:func:`_find_rung`, then :func:`_priced`)."""
+    rung = _find_rung(ctx, base, reject)
+    return None if rung is None else _priced(ctx, rung, rules)
+
+
+def _find_rung(ctx: _Request, base: Plan, reject: dict) -> _Rung | None:
+    """The memory half of :func:`_fit`: the first rung that fits and that the checks pass (memory only, no step
+    priced); None (rejected) when there is none. With VPP the EP all-to-all overlap keeps one more model chunk in
+    flight (:func:`~lcmoe_recipes.cost.memory.ep_overlap_warmup`): the first rung that fits only with it off is kept
+    aside (``fallback``) to be priced against the first that fits with it on (:func:`_priced`)."""
     over: dict[int, MemoryBreakdown] = {}  # per recompute level: a rank over the limit without offload
     fallback = None  # (plan, level, fraction): the first rung that fits with the EP overlap off but not on
     if base.moe_ep_overlap:  # an upstream recipe's choice against an open hazard (the overlap off on B200), before
@@ -433,23 +453,47 @@ def _fit(ctx: _Request, base: Plan, rules: tuple[Reason, dict, bool], reject: di
             continue
         if _refused(plan):
             continue
-        found = _finish(ctx, plan, rules, level, fraction, base.moe_ep_overlap)
-        if fallback is None:
-            return found
-        alt, alt_level, alt_fraction = fallback
-        on = found.plan.moe_ep_overlap  # False: this rung forbids the overlap (or an upstream recipe turned it off)
-        other = _finish(ctx, alt, rules, alt_level, alt_fraction, False,
-                        (_knobs_text(ctx, level, fraction), found.step.step_seconds) if on else ())
-        if other.step.step_seconds < found.step.step_seconds or not on:
-            return other
-        return _with_reason(found, "moe_ep_overlap", (
-            f"; with it off this layout would fit with {_knobs_text(ctx, alt_level, alt_fraction)} instead of "
-            f"{_knobs_text(ctx, level, fraction)}, which the step model prices slower: "
-            f"{other.step.step_seconds:.2f} s against {found.step.step_seconds:.2f} s"))
+        return _Rung(plan, level, fraction, fallback, base.moe_ep_overlap)
     if fallback is not None:
-        return _finish(ctx, fallback[0], rules, *fallback[1:], False, ())
+        return _Rung(None, 0, 0.0, fallback, base.moe_ep_overlap)
     _reject(reject, "memory/exceeds-hbm", MEMORY_FIX)
     return None
+
+
+def _rung_bound(ctx: _Request, rung: _Rung) -> float:
+    """A lower bound of the step :func:`_priced` gives ``rung``: :func:`~lcmoe_recipes.cost.bounds.step_lower_bound`
+    at the rung's own recompute (what :func:`_priced` may still change -- the CP exchange, the EP and TP overlaps, an
+    upstream recipe's hazard choice -- priced at its fastest: either exchange, the TP overlap on or off, the EP overlap
+    on wherever the base wanted it), the smaller of the rung and its fallback."""
+    out = float("inf")
+    for plan in (rung.plan, rung.fallback[0] if rung.fallback else None):
+        if plan is not None:
+            if rung.wanted and not plan.moe_ep_overlap:
+                plan = plan.with_changes(moe_ep_overlap=True)  # only hides EP time: a bound of on and off
+            out = min(out, _step_bound(plan, ctx.table, keep_recompute=True))
+    return out
+
+
+def _priced(ctx: _Request, rung: _Rung, rules: tuple[Reason, dict, bool]) -> Candidate:
+    """The pricing half of :func:`_fit`: the candidate of ``rung`` (:func:`_finish`); where a fallback rung fits
+    only with the EP overlap off, the faster of the two, the reason saying why."""
+    wanted = rung.wanted
+    if rung.plan is None:
+        return _finish(ctx, rung.fallback[0], rules, *rung.fallback[1:], False, ())
+    level, fraction = rung.level, rung.fraction
+    found = _finish(ctx, rung.plan, rules, level, fraction, wanted)
+    if rung.fallback is None:
+        return found
+    alt, alt_level, alt_fraction = rung.fallback
+    on = found.plan.moe_ep_overlap  # False: this rung forbids the overlap (or an upstream recipe turned it off)
+    other = _finish(ctx, alt, rules, alt_level, alt_fraction, False,
+                    (_knobs_text(ctx, level, fraction), found.step.step_seconds) if on else ())
+    if other.step.step_seconds < found.step.step_seconds or not on:
+        return other
+    return _with_reason(found, "moe_ep_overlap", (
+        f"; with it off this layout would fit with {_knobs_text(ctx, alt_level, alt_fraction)} instead of "
+        f"{_knobs_text(ctx, level, fraction)}, which the step model prices slower: "
+        f"{other.step.step_seconds:.2f} s against {found.step.step_seconds:.2f} s"))
 
 
 def _refused(plan: Plan) -> bool:
@@ -647,11 +691,12 @@ def _why_no_layout(request: TrainingRequest):
         "change the GPU count" + (f", or drop {' / '.join(fixed)}" if fixed else ""))
 
 
-def _step_bound(base: Plan, table: dict | None = None) -> float:
+def _step_bound(base: Plan, table: dict | None = None, keep_recompute: bool = False) -> float:
     """:func:`~lcmoe_recipes.cost.bounds.step_lower_bound` of ``base`` under either CP exchange :func:`_fit` may
-    choose (the ring, or hierarchical a2a+p2p where the layout allows it): the smaller of the two."""
+    choose (the ring, or hierarchical a2a+p2p where the layout allows it): the smaller of the two.
+    ``keep_recompute``: priced at ``base``'s own recompute (a rung's), not without any."""
     split = hierarchical_split(base) if base.layout.cp > 1 and base.cp_comm_type == "p2p" else None
-    return step_lower_bound(base, table, None if split is None else ("a2a+p2p", split))
+    return step_lower_bound(base, table, None if split is None else ("a2a+p2p", split), keep_recompute)
 
 
 def search_layouts(request: TrainingRequest, top: int = 5, exhaustive: bool = False, step_table: dict | None = None,
@@ -764,11 +809,26 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
                 outcome[unit] = "pending"
                 heapq.heappush(queue, (max(key, bound), i, 1, made))
                 continue
-        outcome[unit] = "rejected"
-        if not _fits_at_all(ctx, made[0], rejected):
-            resolve(unit, "rejected")
-            continue
-        candidate = _fit(ctx, *made, rejected)
+        if stage < 2:
+            outcome[unit] = "rejected"
+            if not _fits_at_all(ctx, made[0], rejected):
+                resolve(unit, "rejected")
+                continue
+            rung = _find_rung(ctx, made[0], rejected)
+            if rung is None:
+                resolve(unit, "rejected")
+                continue
+            if not exhaustive:
+                bound = _rung_bound(ctx, rung)
+                if bound > _cut(steps, top, band):
+                    resolve(unit, "pruned")
+                    continue
+                outcome[unit] = "pending"
+                heapq.heappush(queue, (max(key, bound), i, 2, (made, rung)))
+                continue
+            made = (made, rung)
+        (_, rules), rung = made
+        candidate = _priced(ctx, rung, rules)
         if candidate is not None:
             fits.append((candidate.step.step_seconds, i, candidate))
             bisect.insort(steps, candidate.step.step_seconds)
