@@ -234,8 +234,8 @@ class Plan:
         return _compared(self.__dict__) == _compared(other.__dict__)
 
     def __getstate__(self) -> dict:
-        """Pickle and copy without the cached hash: string hashes differ from process to process."""
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+        """Pickle and copy without the caches (:data:`_CACHES`): string hashes differ from process to process."""
+        return {k: v for k, v in self.__dict__.items() if k not in _CACHES}
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -274,11 +274,15 @@ class Plan:
         # the cost: the search builds thousands of variants per request.
         copy = object.__new__(Plan)
         copy.__dict__.update(self.__dict__, **changes)
-        copy.__dict__.pop("_hash", None)  # the hash of the fields before the change
+        for cache in _CACHES:  # the hash and memory terms of the fields before the change
+            copy.__dict__.pop(cache, None)
         return copy
 
 
 _FIELDS = frozenset(f.name for f in fields(Plan))
+# What a plan caches beside its fields, worked out from them once: its hash (Plan.__hash__) and the memory terms every
+# PP rank shares (lcmoe_recipes.cost.memory._plan_memory).
+_CACHES = ("_hash", "_memory")
 _compared = itemgetter(*(f.name for f in fields(Plan) if f.compare))  # a plan's __dict__ -> its compared values
 
 

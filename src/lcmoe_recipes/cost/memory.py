@@ -96,6 +96,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from typing import NamedTuple
 
 from ..core.pipeline import stage_decoder_layers
 from ..core.plan import Plan
@@ -721,36 +722,65 @@ def _fixed_buffers(plan: Plan) -> dict[str, float]:
     return found
 
 
+class _PlanMemory(NamedTuple):
+    """What :func:`rank_memory` reads of a plan that is the same on every pipeline rank."""
+
+    key: str                          # the model
+    vocab: int
+    stages: tuple[int, ...]           # decoder layers per PP x VPP chunk
+    grad_bytes: int
+    state_bytes: int                  # optimizer state per shard parameter: master weight and two moments
+    on_gpu: float                     # the share of the optimizer state left on the GPU
+    n: float                          # tokens of one microbatch on a rank (MBS x seq_length / CP)
+    micro: int                        # microbatches per step, at least 1
+    warmup: int                       # extra warm-up microbatches (ep_overlap_warmup)
+    modules: tuple[str, ...]          # the recompute modules that apply
+    graph_modules: tuple[str, ...]
+    pre_mlp_norm: bool
+    fp8_cached: bool
+    fixed: dict[str, float]           # _fixed_buffers
+
+
+def _plan_memory(plan: Plan) -> _PlanMemory:
+    """:class:`_PlanMemory` of ``plan``, worked out once per plan (the search prices several PP ranks of each)."""
+    found = plan.__dict__.get("_memory")
+    if found is None:
+        lay = plan.layout
+        state = master_weight_bytes(plan) + 2 * (FP32 if plan.effective_moment_dtype == "fp32" else BF16)
+        found = _PlanMemory(
+            plan.model, shapes(plan.model_spec).vocab, stage_decoder_layers(plan),
+            FP32 if plan.grad_dtype == "fp32" else BF16, state,
+            1.0 - (plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0),
+            plan.micro_batch_size * plan.seq_length / lay.cp, max(1, plan.num_microbatches), ep_overlap_warmup(plan),
+            applied_recompute_modules(plan), tuple(plan.cuda_graph_modules), pre_mlp_norm_recomputed(plan),
+            plan.precision in FP8_CACHED, _fixed_buffers(plan))
+        object.__setattr__(plan, "_memory", found)  # a cache beside Plan._hash: with_changes drops both
+    return found
+
+
 def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATED) -> MemoryBreakdown:
     """Memory breakdown of pipeline rank ``pp_rank``."""
-    spec = plan.model_spec
-    s = shapes(spec)
+    p = _plan_memory(plan)
     lay = plan.layout
-    static, dense, experts = _rank_params(plan, pp_rank)
+    static = _rank_static(p.key, p.stages, lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
+    dense, experts = static.dense / lay.tp + static.replicated, static.experts / (lay.ep * lay.etp)
     last = static.last
     params = dense + experts
-    grad_bytes = FP32 if plan.grad_dtype == "fp32" else BF16
-    state_bytes = master_weight_bytes(plan) + 2 * (FP32 if plan.effective_moment_dtype == "fp32" else BF16)
     shard = _shard(lay, dense, experts)
-    on_gpu = 1.0 - (plan.optimizer_offload_fraction if plan.optimizer_cpu_offload else 0.0)
-
-    n = plan.micro_batch_size * plan.seq_length / lay.cp
-    logits = n * s.vocab * FP32 / lay.tp if last else 0.0
-    in_flight = _in_flight(lay.pp, lay.vpp or 1, max(1, plan.num_microbatches), pp_rank, ep_overlap_warmup(plan))
+    n = p.n
+    logits = n * p.vocab * FP32 / lay.tp if last else 0.0
+    in_flight = _in_flight(lay.pp, lay.vpp or 1, p.micro, pp_rank, p.warmup)
     listed, largest_layer, graphed = _activation_terms(
-        spec.key, static, n, lay.tp, lay.etp, plan.sequence_parallel, plan.recompute_granularity,
-        applied_recompute_modules(plan), plan.mtp_num_layers if last else 0, logits, in_flight,
-        tuple(plan.cuda_graph_modules), pre_mlp_norm_recomputed(plan))
+        p.key, static, n, lay.tp, lay.etp, plan.sequence_parallel, plan.recompute_granularity, p.modules,
+        plan.mtp_num_layers if last else 0, logits, in_flight, p.graph_modules, p.pre_mlp_norm)
     scale = constants.activation_scale
-    activations = scale * listed + logits
-    transient = max(LOGIT_COPIES * logits, scale * largest_layer)
     gemm_weights = dense - static.embed / lay.tp + experts
     return MemoryBreakdown(
-        pp_rank=pp_rank, parameters=params * BF16, gradients=params * grad_bytes,
-        optimizer=shard * state_bytes * on_gpu, activations=activations, transient=transient,
-        overhead=constants.overhead_bytes,
-        weight_cache=2 * gemm_weights if plan.precision in FP8_CACHED else 0.0,
-        cuda_graphs=cuda_graph_bytes(plan, graphed), **_fixed_buffers(plan), cuda_context=CUDA_CONTEXT,
+        pp_rank=pp_rank, parameters=params * BF16, gradients=params * p.grad_bytes,
+        optimizer=shard * p.state_bytes * p.on_gpu, activations=scale * listed + logits,
+        transient=max(LOGIT_COPIES * logits, scale * largest_layer), overhead=constants.overhead_bytes,
+        weight_cache=2 * gemm_weights if p.fp8_cached else 0.0,
+        cuda_graphs=cuda_graph_bytes(plan, graphed) if graphed else 0.0, **p.fixed, cuda_context=CUDA_CONTEXT,
         detail={"listed_activations": listed, "largest_layer": largest_layer, "dense_params": dense,
                 "expert_params": experts, "optimizer_shard_params": shard, "chunks_in_flight": float(sum(in_flight)),
                 "logits_bytes": logits},
