@@ -38,8 +38,11 @@ No torch / megatron import.
 Bounds, not shortcuts: every layout the rules allow is enumerated, then visited best-first on a lower bound of its
 step: first keyed by a compute-time bound (:func:`lcmoe_recipes.cost.bounds.compute_lower_bound`, no plan needed);
 when one comes out first its plan is built and checked and it goes back in keyed by the exact no-recompute bound
-(:func:`~lcmoe_recipes.cost.bounds.step_lower_bound`, communication included), and it is fitted when it comes out
-first again -- so the likely fastest are fitted first and the cut falls fast. A layout is skipped only when its
+(:func:`~lcmoe_recipes.cost.bounds.step_lower_bound`, communication included); when it comes out first again its
+memory rung is found (the least recompute, then the smallest offload, that fits: memory only) and it goes back in
+keyed by the same bound at that rung's recompute (:func:`_rung_bound`), to have its CP exchange, overlaps and step
+priced when it comes out first a third time -- so the likely fastest are priced first and the cut falls fast, and a
+layout that needs much recompute to fit is not priced unless even its recompute leaves it inside the cut. A layout is skipped only when its
 bound is slower than the *cut*: the slower of the fastest fitting step found so far times (1 + the band) and the
 ``top``-th fastest found. Such a layout can be neither the winner, nor a tie, nor one of the ``top`` shown; the
 memory ladder starts with its lower bound (full recompute and full offload). A larger MBS of a layout is visited
@@ -745,12 +748,13 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
     outcome: dict[tuple[ParallelLayout, int], str] = {}  # per unit: "fit", "pruned", "rejected" or "pending"
     cause: dict[tuple[ParallelLayout, int], tuple[str, str]] = {}  # per rejected unit: the (rule, fix) that did it
     last: list = []  # the unit evaluated last and the rejection counts before it
-    # The queue, lowest key first: (key, unit index, stage, its base plan and rules at stage 1). Exhaustive: every
-    # unit in order at stage 0, evaluated whole. Else best-first on lower bounds of the step: stage 0 is keyed by the
-    # compute bound; there the unit's plan is built, checked and given its exact no-recompute bound
-    # (:func:`_step_bound`), with which it goes back in as stage 1, to be fitted when it comes out first. The fits
-    # thus come in order of that tighter bound, so the cut falls fast; once the lowest key left is above the cut,
-    # so is every other, and the rest are skipped.
+    # The queue, lowest key first: (key, unit index, stage, its base plan and rules at stage 1, with its rung at
+    # stage 2). Exhaustive: every unit in order at stage 0, evaluated whole. Else best-first on lower bounds of the
+    # step: stage 0 is keyed by the compute bound; there the unit's plan is built, checked and given its exact
+    # no-recompute bound (:func:`_step_bound`), with which it goes back in as stage 1; there its memory rung is found
+    # (:func:`_find_rung`) and it goes back in as stage 2 keyed by the bound at that rung (:func:`_rung_bound`), to be
+    # priced (:func:`_priced`) when it comes out first. The fits thus come in order of the tightest bound, so the cut
+    # falls fast; once the lowest key left is above the cut, so is every other, and the rest are skipped.
     queue: list[tuple] = []
 
     def enqueue(i: int) -> None:
