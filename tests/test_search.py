@@ -29,7 +29,12 @@ REQUESTS = [dict(model=m, seq_length=s, hardware=h, num_gpus=n)
             for i, m in enumerate(MODELS) for s, h, n in (TARGETS[(2 * i) % len(TARGETS)],
                                                            TARGETS[(2 * i + 1) % len(TARGETS)])]
 REQUESTS += [dict(model="dsv3", seq_length=131072, hardware="h100", num_gpus=1024, allow_cpu_offload=False),
-             dict(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=512, tp=2, memory_margin=0.15)]
+             dict(model="qwen3_235b", seq_length=65536, hardware="gb200", num_gpus=512, tp=2, memory_margin=0.15),
+             # MBS 1 of TP4 CP2 EP64 PP1 fits only with recompute of the experts (its rung bound is over the cut) where
+             # MBS 2 fits with no recompute and the optimizer offloaded, a tie: a larger MBS is not skipped with its
+             # half on the rung bound, nor kept waiting behind it (a review found both, 2026-12-05)
+             dict(model="dsv3", seq_length=8192, hardware="gb200", num_gpus=64),
+             dict(model="minimax_m2", seq_length=8192, hardware="gb200", num_gpus=32, memory_margin=0.1)]
 
 
 def _outcome(request: TrainingRequest, exhaustive: bool):

@@ -46,7 +46,9 @@ layout that needs much recompute to fit is not priced unless even its recompute 
 bound is slower than the *cut*: the slower of the fastest fitting step found so far times (1 + the band) and the
 ``top``-th fastest found. Such a layout can be neither the winner, nor a tie, nor one of the ``top`` shown; the
 memory ladder starts with its lower bound (full recompute and full offload). A larger MBS of a layout is visited
-only after its half: where the half did not fit (or was skipped), neither does it. ``plan(request, exhaustive=True)``
+only once its half's memory rung is known: where the half did not fit (or was skipped on its bound without
+recompute), neither does it; a half skipped on its rung bound does not skip it (the larger MBS may fit on a lighter
+rung, with more offload, and be faster). ``plan(request, exhaustive=True)``
 evaluates every layout; ``tests/test_search.py`` checks that both give the same winner and ranking.
 """
 
@@ -745,7 +747,11 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
     fits: list[tuple[float, int, Candidate]] = []
     steps: list[float] = []  # sorted step times of the fits
     band = ctx.band[0]
-    outcome: dict[tuple[ParallelLayout, int], str] = {}  # per unit: "fit", "pruned", "rejected" or "pending"
+    # per unit: "fit", "pruned", "rejected", "pending" (its step bound known), "rung" (its memory rung known, its step
+    # not yet priced) or "bounded" (skipped on its rung bound). A larger MBS waits for its half only until the half's
+    # rung is known: it may land on a lighter rung -- less recompute, more offload -- and be faster, so it is neither
+    # skipped with a half skipped on its rung bound nor kept waiting behind a half queued on it.
+    outcome: dict[tuple[ParallelLayout, int], str] = {}
     cause: dict[tuple[ParallelLayout, int], tuple[str, str]] = {}  # per rejected unit: the (rule, fix) that did it
     last: list = []  # the unit evaluated last and the rejection counts before it
     # The queue, lowest key first: (key, unit index, stage, its base plan and rules at stage 1, with its rung at
@@ -757,8 +763,12 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
     # falls fast; once the lowest key left is above the cut, so is every other, and the rest are skipped.
     queue: list[tuple] = []
 
+    queued: set[int] = set()
+
     def enqueue(i: int) -> None:
-        heapq.heappush(queue, (i if exhaustive else _compute_bound(ctx, *units[i]), i, 0, None))
+        if i not in queued:
+            queued.add(i)
+            heapq.heappush(queue, (i if exhaustive else _compute_bound(ctx, *units[i]), i, 0, None))
 
     def resolve(unit, state: str) -> None:  # a unit's outcome; its twice-larger MBS may now be evaluated
         outcome[unit] = state
@@ -786,7 +796,8 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
         if stage == 0:
             lay, mbs = unit
             smaller = outcome.get((lay, mbs // 2), "fit") if mbs > 1 else "fit"
-            if smaller != "fit":  # twice the activations of a unit that did not fit (or was slower than the cut)
+            if smaller not in ("fit", "rung", "bounded"):  # twice the activations of a unit that did not fit (or
+                # whose bound without recompute was slower than the cut)
                 if smaller == "rejected":  # refused by the rule that refused the smaller MBS (its own, or memory)
                     cause[unit] = cause.get((lay, mbs // 2), ("memory/exceeds-hbm", MEMORY_FIX))
                     _reject(rejected, *cause[unit])
@@ -823,12 +834,14 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
                 resolve(unit, "rejected")
                 continue
             if not exhaustive:
-                bound = _rung_bound(ctx, rung)
+                # a rung without recompute (nor a fallback) is bounded by the key it came out with already
+                bound = key if rung.fallback is None and rung.plan.recompute_granularity is None else \
+                    _rung_bound(ctx, rung)
                 if bound > _cut(steps, top, band):
-                    resolve(unit, "pruned")
+                    resolve(unit, "bounded")
                     continue
-                outcome[unit] = "pending"
                 heapq.heappush(queue, (max(key, bound), i, 2, (made, rung)))
+                resolve(unit, "rung")  # priced when it comes out again; its larger MBS need not wait for that
                 continue
             made = (made, rung)
         (_, rules), rung = made
@@ -838,7 +851,7 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
             bisect.insort(steps, candidate.step.step_seconds)
         resolve(unit, "fit" if candidate is not None else "rejected")
     settle()
-    pruned = sum(outcome.get(unit) in (None, "pending", "pruned") for unit in units)
+    pruned = sum(outcome.get(unit) in (None, "pending", "pruned", "bounded", "rung") for unit in units)
     if not fits:
         return len(units), rejected
     fits.sort(key=lambda f: f[:2])
