@@ -42,14 +42,14 @@ when one comes out first its plan is built and checked and it goes back in keyed
 memory rung is found (the least recompute, then the smallest offload, that fits: memory only) and it goes back in
 keyed by the same bound at that rung's recompute (:func:`_rung_bound`), to have its CP exchange, overlaps and step
 priced when it comes out first a third time -- so the likely fastest are priced first and the cut falls fast, and a
-layout that needs much recompute to fit is not priced unless even its recompute leaves it inside the cut. A layout is skipped only when its
-bound is slower than the *cut*: the slower of the fastest fitting step found so far times (1 + the band) and the
-``top``-th fastest found. Such a layout can be neither the winner, nor a tie, nor one of the ``top`` shown; the
-memory ladder starts with its lower bound (full recompute and full offload). A larger MBS of a layout is visited
-only once its half's memory rung is known: where the half did not fit (or was skipped on its bound without
-recompute), neither does it; a half skipped on its rung bound does not skip it (the larger MBS may fit on a lighter
-rung, with more offload, and be faster). ``plan(request, exhaustive=True)``
-evaluates every layout; ``tests/test_search.py`` checks that both give the same winner and ranking.
+layout that needs much recompute to fit is not priced unless even its recompute leaves it inside the cut. A layout
+is skipped only when its bound is slower than the *cut*: the slower of the fastest fitting step found so far times
+(1 + the band) and the ``top``-th fastest found. Such a layout can be neither the winner, nor a tie, nor one of the
+``top`` shown; the memory ladder starts with its lower bound (full recompute and full offload). A larger MBS of a
+layout is visited only once its half's memory rung is known: where the half did not fit (or was skipped on its bound
+without recompute), neither does it; a half skipped on its rung bound does not skip it (the larger MBS may fit on a
+lighter rung, with more offload, and be faster). ``plan(request, exhaustive=True)`` evaluates every layout;
+``tests/test_search.py`` checks that both give the same winner and ranking.
 """
 
 from __future__ import annotations
