@@ -686,7 +686,13 @@ def _rank_params(plan: Plan, pp_rank: int):
     lay = plan.layout
     static = _rank_static(plan.model_spec.key, stage_decoder_layers(plan), lay.pp, lay.vpp or 1, plan.mtp_num_layers,
                           pp_rank)
-    return static, static.dense / lay.tp + static.replicated, static.experts / (lay.ep * lay.etp)
+    return (static, *_per_gpu(static, lay))
+
+
+def _per_gpu(static: _RankStatic, lay) -> tuple[float, float]:
+    """(dense parameters per GPU, expert parameters per GPU) of a rank holding ``static``: dense split by TP (the
+    replicated ones whole), experts by EP x ETP."""
+    return static.dense / lay.tp + static.replicated, static.experts / (lay.ep * lay.etp)
 
 
 def optimizer_shard_params(plan: Plan, pp_rank: int) -> float:
@@ -763,7 +769,7 @@ def rank_memory(plan: Plan, pp_rank: int, constants: MemoryConstants = CALIBRATE
     p = _plan_memory(plan)
     lay = plan.layout
     static = _rank_static(p.key, p.stages, lay.pp, lay.vpp or 1, plan.mtp_num_layers, pp_rank)
-    dense, experts = static.dense / lay.tp + static.replicated, static.experts / (lay.ep * lay.etp)
+    dense, experts = _per_gpu(static, lay)
     last = static.last
     params = dense + experts
     shard = _shard(lay, dense, experts)
