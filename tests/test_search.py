@@ -108,8 +108,9 @@ def test_rung_bound_never_exceeds_the_priced_step(fields, monkeypatch):
         candidate = priced(ctx, rung, rules)
         plans = [p for p in (rung.plan, rung.fallback and rung.fallback[0]) if p]
         plans = [p.with_changes(moe_ep_overlap=p.moe_ep_overlap or rung.wanted) for p in plans]
-        seen.append((search._rung_bound(ctx, rung), candidate.step.step_seconds,
-                     min(search._step_bound(p, ctx.table) for p in plans), plans[0].recompute_granularity))
+        loose = min(search._step_bound(p, ctx.table) for p in plans)  # the layout's bound without recompute
+        seen.append((search._rung_bound(ctx, rung, loose), candidate.step.step_seconds, loose,
+                     plans[0].recompute_granularity))
         return candidate
 
     monkeypatch.setattr(search, "_priced", record)

@@ -465,11 +465,14 @@ def _find_rung(ctx: _Request, base: Plan, reject: dict) -> _Rung | None:
     return None
 
 
-def _rung_bound(ctx: _Request, rung: _Rung) -> float:
+def _rung_bound(ctx: _Request, rung: _Rung, known: float) -> float:
     """A lower bound of the step :func:`_priced` gives ``rung``: :func:`~lcmoe_recipes.cost.bounds.step_lower_bound`
     at the rung's own recompute (what :func:`_priced` may still change -- the CP exchange, the EP and TP overlaps, an
     upstream recipe's hazard choice -- priced at its fastest: either exchange, the TP overlap on or off, the EP overlap
-    on wherever the base wanted it), the smaller of the rung and its fallback."""
+    on wherever the base wanted it), the smaller of the rung and its fallback. ``known``: the layout's bound without
+    recompute, returned as it is for a rung without recompute or fallback (pricing it again would give no more)."""
+    if rung.fallback is None and rung.plan.recompute_granularity is None:
+        return known
     out = float("inf")
     for plan in (rung.plan, rung.fallback[0] if rung.fallback else None):
         if plan is not None:
@@ -762,8 +765,7 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
     # priced (:func:`_priced`) when it comes out first. The fits thus come in order of the tightest bound, so the cut
     # falls fast; once the lowest key left is above the cut, so is every other, and the rest are skipped.
     queue: list[tuple] = []
-
-    queued: set[int] = set()
+    queued: set[int] = set()  # units ever put in the queue (a larger MBS is released once, by its half)
 
     def enqueue(i: int) -> None:
         if i not in queued:
@@ -834,9 +836,7 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
                 resolve(unit, "rejected")
                 continue
             if not exhaustive:
-                # a rung without recompute (nor a fallback) is bounded by the key it came out with already
-                bound = key if rung.fallback is None and rung.plan.recompute_granularity is None else \
-                    _rung_bound(ctx, rung)
+                bound = _rung_bound(ctx, rung, key)
                 if bound > _cut(steps, top, band):
                     resolve(unit, "bounded")
                     continue
@@ -846,10 +846,9 @@ def _search(ctx: _Request, layouts: list[ParallelLayout], top: int, exhaustive: 
             made = (made, rung)
         (_, rules), rung = made
         candidate = _priced(ctx, rung, rules)
-        if candidate is not None:
-            fits.append((candidate.step.step_seconds, i, candidate))
-            bisect.insort(steps, candidate.step.step_seconds)
-        resolve(unit, "fit" if candidate is not None else "rejected")
+        fits.append((candidate.step.step_seconds, i, candidate))
+        bisect.insort(steps, candidate.step.step_seconds)
+        resolve(unit, "fit")
     settle()
     pruned = sum(outcome.get(unit) in (None, "pending", "pruned", "bounded", "rung") for unit in units)
     if not fits:
